@@ -1,0 +1,248 @@
+"""The FP8 attention reference: the numerics spec (kernels/README.md) written in plain PyTorch.
+
+Everything is computed in FP32 on dequantised operands (code · scale), which is exactly what an FP8 tensor core with
+FP32 accumulation computes up to summation order: products of two E4M3 codes are exact in FP32. The reference
+materialises the N×N score matrix, so it is the oracle and the CPU simulation, not a fast path.
+
+Forward, every method: S = Q̂K̂ᵀ·scale, lse = logsumexp(S), P = exp(S − lse), O = P̂V̂, O stored (BF16, or E4M3 for the
+cuDNN baseline). Backward recomputes S and P from Q̂, K̂ and the saved lse, then
+
+    dP̂ = dÔ V̂ᵀ,   dS = P ⊙ (dP̂ − δ),   dV = P̂ᵀ dÔ,   dQ = dŜ K̂·scale,   dK = dŜᵀ Q̂·scale,
+
+with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). ``probe_backward`` returns the
+backward's intermediates for all three δ on the same activations, which is what the paper's Table 9 measures.
+"""
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from deltamatch.kernels import quant
+from deltamatch.kernels.inputs import validate_attention_inputs
+from deltamatch.kernels.methods import AttentionMethod, get_method
+
+Q_ROWS, KV_ROWS, P_GROUP, DS_TILE = 128, 64, 64, 64
+P_FIXED_SCALE = 1.0 / quant.E4M3_MAX  # cuDNN quantises P in [0, 1] with a fixed scale
+
+quantization_disabled = quant.rounding_disabled
+
+
+@dataclass
+class Probe:
+    """The backward's intermediates for one δ, internal layout ``(B, H, N, ·)``; gradients in the public layout."""
+
+    delta: torch.Tensor  # (B, H, N)
+    ds_before_cast: torch.Tensor  # (B, H, N, N) FP32
+    ds_after_cast: torch.Tensor  # (B, H, N, N) dequantised dŜ
+    dq: torch.Tensor  # (B, N, H, D)
+    dk: torch.Tensor  # (B, N, H_kv, D)
+    dv: torch.Tensor  # (B, N, H_kv, D)
+
+
+def _bhnd(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).float()
+
+
+def _operands(q, k, v, method: AttentionMethod):
+    """Q̂, K̂, V̂ (dequantised, FP32, ``(B, H, N, D)``; K̂ and V̂ still with H_kv heads) as the method rounds them."""
+    if method.scaling == "none":
+        return quant.round_bf16(q), quant.round_bf16(k), quant.round_bf16(v)
+    if method.scaling == "tensor":
+        return (quant.quantize_tensor(t)[0] for t in (q, k, v))
+    k_centred = k - k.mean(dim=2, keepdim=True)  # shift-invariance: P unchanged, K's range shrinks
+    return (
+        quant.quantize_tiles(q, Q_ROWS, None)[0],
+        quant.quantize_tiles(k_centred, KV_ROWS, None)[0],
+        quant.quantize_tiles(v, KV_ROWS, None)[0],
+    )
+
+
+def _grad_operand(do, method: AttentionMethod) -> torch.Tensor:
+    if method.scaling == "none":
+        return quant.round_bf16(do)
+    if method.scaling == "tensor":
+        return quant.quantize_tensor(do)[0]
+    return quant.quantize_tiles(do, Q_ROWS, None)[0]
+
+
+def _probabilities(qh, kh, lse, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores → (P, lse). With ``lse`` given (the backward) P is recomputed from it, as a kernel does."""
+    s = (qh @ kh.transpose(-1, -2)) * scale
+    if causal:
+        n = s.shape[-1]
+        future = torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(future, float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse[..., None]), lse
+
+
+def _cast_p(p, method: AttentionMethod, for_dv: bool) -> torch.Tensor:
+    """P̂ for PV (per row, per 64-key group) or P̂ᵀ for dV (per key, per 64-query group)."""
+    if method.scaling == "none":
+        return quant.round_bf16(p)
+    if method.scaling == "tensor":
+        return quant.quantize_fixed(p, P_FIXED_SCALE)
+    rows, cols = (P_GROUP, 1) if for_dv else (1, P_GROUP)
+    return quant.quantize_tiles(p, rows, cols)[0]
+
+
+def _cast_ds(ds, method: AttentionMethod) -> torch.Tensor:
+    if method.scaling == "none":
+        return quant.round_bf16(ds)
+    if method.scaling == "tensor":
+        return quant.quantize_tensor(ds)[0]
+    return quant.quantize_tiles(ds, DS_TILE, DS_TILE)[0]
+
+
+def _store_o(o, method: AttentionMethod) -> torch.Tensor:
+    if method.scaling == "tensor":
+        return quant.quantize_tensor(o)[0]
+    return quant.round_bf16(o)
+
+
+def _expand(x: torch.Tensor, group: int) -> torch.Tensor:
+    return x.repeat_interleave(group, dim=1) if group > 1 else x
+
+
+def _reduce(x: torch.Tensor, group: int) -> torch.Tensor:
+    b, h, n, d = x.shape
+    return x.reshape(b, h // group, group, n, d).sum(2) if group > 1 else x
+
+
+def _forward(q, k, v, causal: bool, scale: float, method: AttentionMethod):
+    """Internal-layout forward: returns (O as stored, lse)."""
+    group = q.shape[1] // k.shape[1]
+    qh, kh, vh = _operands(q, k, v, method)
+    p, lse = _probabilities(qh, _expand(kh, group), None, causal, scale)
+    o = _cast_p(p, method, for_dv=False) @ _expand(vh, group)
+    return _store_o(o, method), lse
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: AttentionMethod, delta_kind: str) -> Probe:
+    """Internal-layout backward for one δ (``stale``, ``consistent`` or ``matched``)."""
+    group = q.shape[1] // k.shape[1]
+    qh, kh, vh = _operands(q, k, v, method)
+    kh, vh = _expand(kh, group), _expand(vh, group)
+    do_hat = _grad_operand(do, method)
+    p, _ = _probabilities(qh, kh, lse, causal, scale)
+    dp = do_hat @ vh.transpose(-1, -2)  # FP32 products of the FP8 operands
+    if delta_kind == "matched":
+        delta = (p * dp).sum(-1)
+    elif delta_kind == "consistent" or method.scaling == "tensor":  # cuDNN consumes dO in FP8 for its δ too
+        delta = (do_hat * o).sum(-1)
+    else:  # stale (and BF16's FlashAttention δ): the incoming dO in its own precision against the stored O
+        delta = (quant.round_bf16(do) if method.scaling == "none" else do).mul(o).sum(-1)
+    ds = p * (dp - delta[..., None])
+    ds_hat = _cast_ds(ds, method)
+    dv = _cast_p(p, method, for_dv=True).transpose(-1, -2) @ do_hat
+    dq = (ds_hat @ kh) * scale
+    dk = (ds_hat.transpose(-1, -2) @ qh) * scale
+    return Probe(
+        delta=delta,
+        ds_before_cast=ds,
+        ds_after_cast=ds_hat,
+        dq=dq.transpose(1, 2),
+        dk=_reduce(dk, group).transpose(1, 2),
+        dv=_reduce(dv, group).transpose(1, 2),
+    )
+
+
+def _delta_kind(method: AttentionMethod) -> str:
+    return "stale" if method.delta == "exact" else method.delta
+
+
+@contextlib.contextmanager
+def _fp32_math(device: torch.device) -> Iterator[None]:
+    """No autocast and no TF32 inside the reference: its FP32 must be FP32."""
+    with torch.autocast(device.type, enabled=False):
+        if device.type == "cuda":
+            previous = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = False
+            try:
+                yield
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+        else:
+            yield
+
+
+class _ReferenceAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, method_name, scale):
+        method = get_method(method_name)
+        with _fp32_math(q.device):
+            o, lse = _forward(_bhnd(q), _bhnd(k), _bhnd(v), causal, scale, method)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.method, ctx.scale = causal, method, scale
+        return o.transpose(1, 2).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        with _fp32_math(q.device):
+            parts = _backward(
+                _bhnd(q), _bhnd(k), _bhnd(v), o, lse, _bhnd(do),
+                ctx.causal, ctx.scale, ctx.method, _delta_kind(ctx.method),
+            )  # fmt: skip
+        return parts.dq.to(q.dtype), parts.dk.to(k.dtype), parts.dv.to(v.dtype), None, None, None
+
+
+def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+def attention_reference(q, k, v, causal: bool, method: str, softmax_scale: float | None = None) -> torch.Tensor:
+    """Attention under ``method``'s numerics; layout ``(B, N, H, D)``, GQA through ``H % H_kv == 0``."""
+    validate_attention_inputs(q, k, v, method, softmax_scale)
+    return _ReferenceAttention.apply(q, k, v, bool(causal), method, _scale(q, softmax_scale))
+
+
+def attention_exact(q, k, v, causal: bool, softmax_scale: float | None = None) -> torch.Tensor:
+    """Exact attention in FP64 with plain autograd (the ground truth the methods are measured against)."""
+    validate_attention_inputs(q, k, v, "bf16", softmax_scale)
+    scale = _scale(q, softmax_scale)
+    q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
+    group = q64.shape[1] // k64.shape[1]
+    s = (q64 @ _expand(k64, group).transpose(-1, -2)) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ _expand(v64, group)).transpose(1, 2)
+
+
+def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None = None, method: str = "matched"):
+    """The block-scaled FP8 backward's intermediates for each δ (stale, consistent, matched) on the same activations.
+
+    The forward is shared by the three (they differ only in δ); ``method`` picks the quantisation (``matched``: the
+    paper's block scales; ``cudnn_fp8_sim``: per-tensor). Returns ``{delta_kind: Probe}``.
+    """
+    validate_attention_inputs(q, k, v, method, softmax_scale)
+    if do.shape != q.shape:
+        raise ValueError(f"do must have the shape of q {tuple(q.shape)}, got {tuple(do.shape)}")
+    spec, scale = get_method(method), _scale(q, softmax_scale)
+    with torch.no_grad(), _fp32_math(q.device):
+        qf, kf, vf, dof = (_bhnd(t) for t in (q, k, v, do))
+        o, lse = _forward(qf, kf, vf, causal, scale, spec)
+        return {
+            kind: _backward(qf, kf, vf, o, lse, dof, causal, scale, spec, kind)
+            for kind in ("stale", "consistent", "matched")
+        }
+
+
+class ReferenceBackend:
+    """The reference as a ``dm_attn_func`` backend: runs every valid input, on any device."""
+
+    name = "reference"
+
+    def supports(self, q, k, v, causal, mode) -> str | None:
+        if mode == "cudnn_fp8" and q.is_cuda:
+            return "the cuDNN FP8 baseline on CUDA is the 'cudnn' backend; use mode 'cudnn_fp8_sim' for the simulation"
+        return None
+
+    def apply(self, q, k, v, causal, mode, softmax_scale):
+        method = "cudnn_fp8_sim" if mode == "cudnn_fp8" else mode
+        return attention_reference(q, k, v, causal, method, softmax_scale)
