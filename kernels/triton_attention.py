@@ -1,0 +1,71 @@
+"""The Triton FP8 attention as one autograd function, and its backend for ``dm_attn_func``.
+
+Forward: quantisation pass (Q̂ per 128 rows, K̂ centred and V̂ per 64 keys; token-major copies for the backward's B
+operands) → forward kernel (``triton_fwd``). Backward: dÔ quantisation (+ stale/consistent δ) → matched δ (matched
+only) → dK/dV → dQ (``triton_bwd``). ``stale``, ``consistent`` and ``matched`` share every kernel; they differ only in
+which δ reaches the dS kernels. Saved for the backward: FP8 codes, FP32 block scales and one FP32 lse per row — O(N).
+"""
+
+import torch
+
+from deltamatch.kernels.triton_bwd import attention_backward
+from deltamatch.kernels.triton_fwd import attention_forward
+from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand
+
+MODES = ("stale", "consistent", "matched")
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+class _TritonFP8Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, mode: str, softmax_scale: float):
+        q8, q8t, sq = quantize_operand(q, BLOCK_Q)
+        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True)
+        v8, v8t, sv = quantize_operand(v, BLOCK_KV)
+        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
+        ctx.save_for_backward(q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o)
+        ctx.meta = (causal, mode, softmax_scale, q.shape, k.shape, q.dtype, k.dtype)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        causal, mode, softmax_scale, q_shape, k_shape, q_dtype, k_dtype = ctx.meta
+        q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o = ctx.saved_tensors
+        saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
+        do8, do8t, sdo, delta = quantize_do_and_delta(do.contiguous(), o, mode)
+        dq, dk, dv = attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale,
+                                        q_shape[1], (q_shape, k_shape), (q_dtype, k_dtype))
+        return dq, dk, dv, None, None, None
+
+
+def triton_attention(q, k, v, causal: bool = True, mode: str = "matched", softmax_scale: float | None = None):
+    """FP8 attention through the Triton kernels; q (B, N, H, D), k/v (B, N, H_kv, D). Also runs in the interpreter."""
+    if mode not in MODES:
+        raise ValueError(f"the Triton kernels run modes {MODES}, not {mode!r}")
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _TritonFP8Attention.apply(q, k, v, causal, mode, float(softmax_scale))
+
+
+class TritonBackend:
+    """``dm_attn_func`` backend: the Hopper FP8 kernels, for sm90 CUDA tensors."""
+
+    name = "triton"
+
+    def supports(self, q, k, v, causal, mode) -> str | None:
+        if mode not in MODES:
+            return f"mode {mode!r} is not one of {MODES}"
+        if not q.is_cuda:
+            return "inputs are not CUDA tensors"
+        if torch.cuda.get_device_capability(q.device) != (9, 0):
+            return f"needs an sm90 (Hopper) GPU, found sm{''.join(map(str, torch.cuda.get_device_capability(q.device)))}"
+        if q.shape[-1] not in HEAD_DIMS:
+            return f"head dim {q.shape[-1]} is not one of {HEAD_DIMS}"
+        if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+            return f"dtype {q.dtype} is not one of {DTYPES}"
+        return None
+
+    def apply(self, q, k, v, causal, mode, softmax_scale):
+        return triton_attention(q, k, v, causal, mode, softmax_scale)

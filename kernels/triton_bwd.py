@@ -1,0 +1,250 @@
+"""The backward passes of the Triton FP8 attention: matched δ, dK/dV, dQ — five FP8 matmuls, no N² buffer.
+
+Each pass recomputes S = Q̂K̂ᵀ (matmul 3) and P = exp2(S − lse2) in FP32 from the forward's codes, and dP̂ = dÔ V̂ᵀ
+(matmul 4) — so nothing of size N² is ever stored, only O(B·H·N) rows (lse2, δ):
+
+- ``_attn_bwd_delta_matched_kernel`` (matched only): per query block, δ_i = Σ_j P_ij dP̂_ij, one FP32 per row.
+  ``stale`` and ``consistent`` get δ from the dO quantisation pass instead (``triton_quant``): the same code path
+  below, a different δ.
+- ``_attn_bwd_dkdv_kernel``: per key block (and kv head; GQA sums its query heads in registers), loops over queries:
+  dSᵀ = Pᵀ ⊙ (dPᵀ − δ), dV += P̂ᵀ dÔ (matmul 5, Pᵀ quantised per key per 64-query group), dK += dŜᵀ Q̂ (matmul 7).
+- ``_attn_bwd_dq_kernel``: per query block, loops over keys: dQ += dŜ K̂ (matmul 6).
+
+dS is quantised in 64×64 (query × key) tiles, one scale per tile; both dS kernels compute the same tile values (up to
+FP32 accumulation order in the recomputed products). Programs own disjoint outputs: no atomics, so the result is
+deterministic.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deltamatch.kernels.triton_quant import BLOCK_KV, round_fp32_in_kernels, to_e4m3
+
+DS_TILE = 64
+"""dŜ scale tile (queries × keys)."""
+
+
+@triton.jit
+def _tile_scale_rows(x_abs_rowmax, ROWS: tl.constexpr):
+    """Per-row view of a per-64-row-group scale: amax over each group of 64 rows, broadcast back to its rows."""
+    if ROWS == 64:
+        amax = tl.max(x_abs_rowmax, 0)
+        s = tl.where(amax > 0, amax * (1.0 / 448.0), 1.0)
+        return tl.full([ROWS], 1.0, tl.float32) * s
+    else:
+        grouped = tl.max(tl.reshape(x_abs_rowmax, [ROWS // 64, 64]), 1)  # [ROWS / 64]
+        grouped = tl.where(grouped > 0, grouped * (1.0 / 448.0), 1.0)
+        return tl.reshape(tl.broadcast_to(grouped[:, None], [ROWS // 64, 64]), [ROWS])
+
+
+@triton.jit
+def _attn_bwd_delta_matched_kernel(
+    q8_ptr, k8_ptr, v8_ptr, do8_ptr,  # codes (.., N_pad, D)
+    sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
+    qk_scale, N, N_PAD, H, GROUP,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    tl.static_assert(BLOCK_N == 64, "K̂/V̂ scales are per 64 keys")
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    bh_kv = b * (H // GROUP) + h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ptrs = bh.to(tl.int64) * N_PAD * HEAD_DIM + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q8_ptr + row_ptrs)  # [BLOCK_M, D]
+    do = tl.load(do8_ptr + row_ptrs)  # [BLOCK_M, D]
+    s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
+    s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+    kv_base = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
+    skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
+    delta = tl.zeros([BLOCK_M], tl.float32)
+    hi = N
+    if CAUSAL:
+        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
+        v = tl.load(v8_ptr + kv_ptrs)  # [BLOCK_N, D]
+        s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
+        s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
+        s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # matmul 3: [BLOCK_M, BLOCK_N]
+        visible = (cols[None, :] < N) & (offs_m[:, None] < N)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None])
+        p = tl.where(visible, tl.math.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)  # matmul 4
+        delta += tl.sum(p * dp, 1)
+    tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, delta)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    q8_ptr, q8t_ptr, k8_ptr, v8_ptr, do8_ptr, do8t_ptr,  # codes; *t are (.., D, N_pad)
+    sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
+    dk_ptr, dv_ptr,  # (B, N, H_kv, D)
+    stride_kb, stride_kn, stride_kh,
+    qk_scale, softmax_scale, N, N_PAD, H, GROUP,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
+    tl.static_assert(BLOCK_N % 64 == 0, "a key block holds whole 64-key scale groups")
+    pid_n, bh_kv = tl.program_id(0), tl.program_id(1)
+    H_KV = H // GROUP
+    b, h_kv = bh_kv // H_KV, bh_kv % H_KV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ptrs = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM + offs_n.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
+    v = tl.load(v8_ptr + kv_ptrs)  # [BLOCK_N, D]
+    s_k = tl.load(sk_ptr + bh_kv.to(tl.int64) * (N_PAD // 64) + offs_n // 64)  # [BLOCK_N], per row of A
+    s_v = tl.load(sv_ptr + bh_kv.to(tl.int64) * (N_PAD // 64) + offs_n // 64)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo = 0
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    for g in range(0, GROUP):
+        bh = b * H + h_kv * GROUP + g
+        row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
+        for start_m in range(lo, N, BLOCK_M):
+            offs_m = start_m + offs_m0
+            # B operands, contraction dim contiguous: Q̂ᵀ/dÔᵀ tiles [D, BLOCK_M] read D-major for matmuls 3/4,
+            # token-major (from the transposed copies) for matmuls 5/7.
+            qT = tl.load(q8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+            doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+            s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
+            s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
+            lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+            delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+            sT = tl.dot(k, qT) * (s_k * (s_q * qk_scale))[:, None]  # matmul 3: [BLOCK_N, BLOCK_M]
+            visible = (offs_n[:, None] < N) & (offs_m[None, :] < N)
+            if CAUSAL:
+                visible = visible & (offs_m[None, :] >= offs_n[:, None])
+            pT = tl.where(visible, tl.math.exp2(sT - lse[None, :]), 0.0)
+            dpT = tl.dot(v, doT) * (s_v * s_do)[:, None]  # matmul 4
+            dsT = pT * (dpT - delta[None, :])
+            # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
+            pt_max = tl.max(pT, 1)
+            s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
+            pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
+            do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+            dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
+            # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
+            s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
+            ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
+            q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+            dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
+    out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
+    out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
+    valid = (offs_n < N)[:, None]
+    tl.store(dk_ptr + out, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=valid)
+    tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    q8_ptr, k8_ptr, k8t_ptr, v8_ptr, do8_ptr,
+    sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
+    dq_ptr,  # (B, N, H, D)
+    stride_qb, stride_qn, stride_qh,
+    qk_scale, softmax_scale, N, N_PAD, H, GROUP,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+):
+    tl.static_assert(BLOCK_N == 64, "dŜ and K̂ scales are per 64 keys along dQ's contraction")
+    tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ / dÔ scale block")
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    bh_kv = b * (H // GROUP) + h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ptrs = bh.to(tl.int64) * N_PAD * HEAD_DIM + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q8_ptr + row_ptrs)  # [BLOCK_M, D]
+    do = tl.load(do8_ptr + row_ptrs)
+    s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
+    s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+    delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+    kv_base = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
+    skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    hi = N
+    if CAUSAL:
+        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n0
+        kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
+        v = tl.load(v8_ptr + kv_ptrs)
+        s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
+        s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
+        s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # matmul 3
+        visible = (cols[None, :] < N) & (offs_m[:, None] < N)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None])
+        p = tl.where(visible, tl.math.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)  # matmul 4
+        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+        s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
+        ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
+        k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
+        dq += tl.dot(ds8, tl.trans(k_tok)) * (s_ds * s_k)[:, None]  # matmul 6
+    out_ptrs = dq_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    out_ptrs = out_ptrs + offs_m.to(tl.int64)[:, None] * stride_qn + offs_d[None, :]
+    tl.store(out_ptrs, (dq * softmax_scale).to(dq_ptr.dtype.element_ty), mask=(offs_m < N)[:, None])
+
+
+def backward_config(head_dim: int) -> dict:
+    """Block sizes per head dim: dK/dV hold two BLOCK_N × D FP32 accumulators, dQ one BLOCK_M × D."""
+    if head_dim <= 128:
+        return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+                    dq=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2),
+                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2))
+    return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1),
+                dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=1),
+                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2))
+
+
+def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bool, softmax_scale: float,
+                       n: int, shapes: tuple, dtypes: tuple):
+    """Run (matched δ,) dK/dV and dQ; returns dq (B, N, H, D), dk, dv (B, N, H_kv, D)."""
+    import math
+
+    q8, q8t, k8, k8t, v8 = (saved[name] for name in ("q8", "q8t", "k8", "k8t", "v8"))
+    sq, sk, sv, lse2 = (saved[name] for name in ("sq", "sk", "sv", "lse2"))
+    b, h, n_pad, d = q8.shape
+    h_kv = k8.shape[1]
+    group = h // h_kv
+    qk_scale = softmax_scale * math.log2(math.e)
+    cfg = backward_config(d)
+    round_fp32 = round_fp32_in_kernels()
+    if mode == "matched":
+        c = cfg["delta"]
+        _attn_bwd_delta_matched_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
+            q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, qk_scale, n, n_pad, h, group,
+            HEAD_DIM=d, CAUSAL=causal, **c,
+        )
+    dq = torch.empty(shapes[0], device=q8.device, dtype=dtypes[0])
+    dk = torch.empty(shapes[1], device=q8.device, dtype=dtypes[1])
+    dv = torch.empty(shapes[1], device=q8.device, dtype=dtypes[1])
+    c = cfg["dkdv"]
+    _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
+        q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv,
+        dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, group,
+        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32, **c,
+    )
+    c = cfg["dq"]
+    _attn_bwd_dq_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
+        q8, k8, k8t, v8, do8, sq, sk, sv, sdo, lse2, delta, dq,
+        dq.stride(0), dq.stride(1), dq.stride(2), qk_scale, softmax_scale, n, n_pad, h, group,
+        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32, **c,
+    )
+    return dq, dk, dv

@@ -1,0 +1,177 @@
+"""The quantisation pass of the Triton FP8 attention: E4M3 codes with FP32 block scales, in the layouts wgmma wants.
+
+FP8 ``wgmma`` reads both operands K-major (the contraction dimension contiguous in shared memory). Three of the seven
+matmuls contract over tokens (PV: keys; dV = Pᵀ dO and dK = dSᵀ Q: queries; dQ = dS K: keys), so their B operands
+(V, dO, Q, K) are wanted token-major. This pass therefore writes each code tensor twice: ``x8`` as
+``(B, H, N_pad, D)`` (D contiguous) and ``x8t`` as ``(B, H, D, N_pad)`` (tokens contiguous). ``N_pad`` rounds N up to
+a multiple of 128, the largest quantisation block; padded rows are zero codes and never change a scale.
+
+Scales follow kernels/README.md: one FP32 scale per ``BLOCK_ROWS`` tokens × D (128 for Q and dO, 64 for K and V),
+``s = amax / 448`` (1 for an all-zero block), ``code = rne_e4m3(clamp(x / s, ±448))``. K is centred per (batch, kv
+head) first. The dO pass also forms the row-wise δ of the ``stale`` (Σ dO·O) and ``consistent`` (Σ dÔ·O) methods,
+since it holds both dO and its dequantised codes.
+
+Triton's interpreter casts FP32 to FP8 by truncation, so with ``ROUND_FP32`` the kernels first round to the E4M3 grid
+in FP32 arithmetic (``round_e4m3_fp32``), after which any cast is exact. On the GPU the hardware cast (``cvt.rn``) is
+used directly.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+E4M3_MAX = 448.0
+BLOCK_Q = 128
+"""Query rows per Q̂ / dÔ scale."""
+BLOCK_KV = 64
+"""Keys per K̂ / V̂ scale."""
+
+
+def round_fp32_in_kernels() -> bool:
+    """Whether kernels must round to E4M3 in FP32 before casting (Triton's interpreter casts wrongly)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def padded_len(n: int) -> int:
+    return triton.cdiv(n, BLOCK_Q) * BLOCK_Q
+
+
+@triton.jit
+def round_e4m3_fp32(x):
+    """Round FP32 ``x`` (already within ±448) to the nearest E4M3 value, ties to even, in FP32 arithmetic."""
+    a = tl.abs(x)
+    exponent = ((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    exponent = tl.maximum(exponent, -6)  # subnormals share the lowest normal binade's step
+    step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inv_step = ((127 - exponent + 3) << 23).to(tl.float32, bitcast=True)
+    y = a * inv_step  # exact: power-of-two scaling; y < 16
+    y = (y + 8388608.0) - 8388608.0  # round half to even at integer resolution (FP32 RNE, 0 <= y < 2^23)
+    r = y * step
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def to_e4m3(x, ROUND_FP32: tl.constexpr):
+    """Saturating round-to-nearest-even cast of FP32 ``x`` to E4M3 codes."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    if ROUND_FP32:
+        x = round_e4m3_fp32(x)
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def scale_from_amax(amax):
+    return tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+
+
+@triton.jit
+def _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
+                 HEAD_DIM: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr):
+    """Load one ``[BLOCK_ROWS, D]`` block of ``x`` (public layout), centre it, return (x, codes, scale)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = rows < N
+    ptrs = x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
+    ptrs = ptrs + rows.to(tl.int64)[:, None] * stride_xn + offs_d[None, :]
+    x = tl.load(ptrs, mask=valid[:, None], other=0.0).to(tl.float32)  # [BLOCK_ROWS, D]
+    if CENTRE:
+        mean = tl.load(mean_ptr + (b * H + h).to(tl.int64) * HEAD_DIM + offs_d)  # [D]
+        x = tl.where(valid[:, None], x - mean[None, :], 0.0)
+    scale = scale_from_amax(tl.max(tl.max(tl.abs(x), 1), 0))
+    codes = to_e4m3(tl.math.div_rn(x, scale), ROUND_FP32)
+    return x, codes, scale
+
+
+@triton.jit
+def _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    base = bh.to(tl.int64) * N_PAD * HEAD_DIM
+    tl.store(x8_ptr + base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], codes)
+    tl.store(x8t_ptr + base + offs_d[:, None] * N_PAD + rows[None, :], tl.trans(codes))
+
+
+@triton.jit
+def _quant_pass_kernel(
+    x_ptr, mean_ptr,  # x (B, N, H, D) any float dtype; mean (B, H, D) fp32 when CENTRE
+    x8_ptr, x8t_ptr, scale_ptr,  # codes (B, H, N_pad, D), (B, H, D, N_pad); scales (B, H, N_pad / BLOCK_ROWS)
+    stride_xb, stride_xn, stride_xh,
+    N, N_PAD, H,
+    HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
+):
+    pid_r, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    _, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
+                                   HEAD_DIM, CENTRE, ROUND_FP32)
+    _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM)
+    tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
+
+
+@triton.jit
+def _quant_do_delta_pass_kernel(
+    do_ptr, o_ptr,  # dO (B, N, H, D) and O (B, N, H, D) bf16
+    do8_ptr, do8t_ptr, scale_ptr, delta_ptr,  # codes, scales (B, H, N_pad / 128), δ (B, H, N_pad) fp32
+    stride_db, stride_dn, stride_dh, stride_ob, stride_on, stride_oh,
+    N, N_PAD, H,
+    HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, DELTA: tl.constexpr, ROUND_FP32: tl.constexpr,
+):
+    """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik)."""
+    pid_r, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    do, codes, scale = _quant_block(do_ptr, do_ptr, b, h, H, N, stride_db, stride_dn, stride_dh, rows,
+                                    HEAD_DIM, False, ROUND_FP32)
+    _store_codes(do8_ptr, do8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM)
+    tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
+    if DELTA != 0:
+        offs_d = tl.arange(0, HEAD_DIM)
+        o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+        o_ptrs = o_ptrs + rows.to(tl.int64)[:, None] * stride_on + offs_d[None, :]
+        o = tl.load(o_ptrs, mask=(rows < N)[:, None], other=0.0).to(tl.float32)  # [BLOCK_ROWS, D]
+        if DELTA == 2:
+            do = codes.to(tl.float32) * scale
+        tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + rows, tl.sum(do * o, 1))
+
+
+def _check_public(x: torch.Tensor, name: str) -> None:
+    if x.dim() != 4 or x.stride(-1) != 1:
+        raise ValueError(f"{name} must be (B, N, H, D) with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
+
+
+def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False):
+    """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean."""
+    _check_public(x, "x")
+    b, n, h, d = x.shape
+    n_pad = padded_len(n)
+    x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
+    x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
+    scales = torch.empty((b, h, n_pad // block_rows), device=x.device, dtype=torch.float32)
+    mean = x.float().mean(dim=1).contiguous() if centre else scales  # (B, H, D); unused placeholder otherwise
+    grid = (n_pad // block_rows, b * h)
+    _quant_pass_kernel[grid](
+        x, mean, x8, x8t, scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
+        HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(), num_warps=4,
+    )
+    return x8, x8t, scales
+
+
+DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
+
+
+def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
+    """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for ``matched``."""
+    _check_public(do, "do")
+    _check_public(o, "o")
+    b, n, h, d = do.shape
+    n_pad = padded_len(n)
+    do8 = torch.empty((b, h, n_pad, d), device=do.device, dtype=torch.float8_e4m3fn)
+    do8t = torch.empty((b, h, d, n_pad), device=do.device, dtype=torch.float8_e4m3fn)
+    scales = torch.empty((b, h, n_pad // BLOCK_Q), device=do.device, dtype=torch.float32)
+    delta = torch.empty((b, h, n_pad), device=do.device, dtype=torch.float32)
+    _quant_do_delta_pass_kernel[(n_pad // BLOCK_Q, b * h)](
+        do, o, do8, do8t, scales, delta,
+        do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
+        HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[mode], ROUND_FP32=round_fp32_in_kernels(), num_warps=4,
+    )
+    return do8, do8t, scales, delta
