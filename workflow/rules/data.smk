@@ -1,0 +1,33 @@
+# Data: the corpus, its tokenizer and the token shards of this config (dm-prepare-data replaces the folder atomically).
+
+
+rule data_config:
+    output:
+        f"{RESULTS}/configs/data.yaml",
+    params:
+        text=as_yaml({**config["data"], "out_dir": DATA}),
+    log:
+        f"{LOGS}/configs/data.log",
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "(printf '%s' {params.text:q} > {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
+
+
+rule prepare_data:
+    input:
+        config=rules.data_config.output[0],
+    output:
+        directory(DATA),
+    log:
+        f"{LOGS}/data.log",
+    benchmark:
+        f"{BENCH}/data.tsv"
+    threads: config["resources"]["light"]["threads"]
+    resources:
+        **resources_of("light"),
+    conda:
+        "../../envs/train.yaml"
+    shell:
+        "dm-prepare-data --config {input.config} --out-dir {output} > {log} 2>&1"

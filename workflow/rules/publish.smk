@@ -1,0 +1,24 @@
+# Publishing: a final checkpoint -> a Hub model repo (or, with publish.dry_run, the exact folder that would be
+# uploaded). The token comes from HF_TOKEN in the environment; it never appears on a command line or in a file.
+
+
+rule publish:
+    input:
+        checkpoint=f"{RUN}/final",
+        summary=f"{RUN}/summary.json",
+        evals=lambda wildcards: evals([Run(wildcards.variant, wildcards.size, wildcards.method, int(wildcards.seed))]),
+    output:
+        directory(f"{RESULTS}/publish/{TAG}"),
+    log:
+        f"{LOGS}/publish/{TAG}.log",
+    params:
+        repo_id=repo_id,
+        dry_run="--dry-run" if config["publish"]["dry_run"] else "",
+    threads: 1
+    resources:
+        **resources_of("light"),
+    conda:
+        "../../envs/publish.yaml"
+    shell:
+        "dm-publish --checkpoint {input.checkpoint} --repo-id {params.repo_id} --summary {input.summary}"
+        " --evals {input.evals} {params.dry_run} --out {output} > {log} 2>&1"

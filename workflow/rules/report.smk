@@ -1,0 +1,164 @@
+# Report: every table and figure is its own target (results/<name>/report/tables/<t>.csv, figures/<f>.png + .csv),
+# so `snakemake <that path>` rebuilds one without touching the rest; `render` puts them on one page, HTML and Markdown.
+
+MAIN_RUNS = select(variant=config["report"]["main_variant"], size=config["report"]["main_size"])
+SCALE_RUNS = select(variant=config["report"]["main_variant"])
+FIGURE5_RUNS = [r for r in SCALE_RUNS if r.size in config["report"]["figure5_sizes"]]
+PROBED = Run(*(config["probe"][k] for k in ("variant", "size", "method", "seed")))
+MAPPING = (
+    f"--scale-of {key_values(config['report']['paper_scale_of'])}"
+    f" --alias {key_values(config['report']['metric_alias'])}"
+)
+
+
+rule table_main:
+    input:
+        runs=summaries(MAIN_RUNS),
+        evals=evals(MAIN_RUNS),
+        paper=PAPER,
+    output:
+        f"{REPORT}/tables/main_1p67b.csv",
+    log:
+        f"{LOGS}/report/main_1p67b.log",
+    params:
+        mapping=MAPPING,
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report table main --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
+        " --out {output} > {log} 2>&1"
+
+
+rule table_scale:
+    input:
+        runs=summaries(SCALE_RUNS),
+        evals=evals(SCALE_RUNS),
+        paper=PAPER,
+    output:
+        f"{REPORT}/tables/scale.csv",
+    log:
+        f"{LOGS}/report/scale.log",
+    params:
+        mapping=MAPPING,
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report table scale --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
+        " --out {output} > {log} 2>&1"
+
+
+rule table_ablations:
+    input:
+        runs=summaries(RUNS),
+        evals=evals(RUNS),
+        paper=PAPER,
+    output:
+        f"{REPORT}/tables/ablations.csv",
+    log:
+        f"{LOGS}/report/ablations.log",
+    params:
+        mapping=MAPPING,
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report table ablations --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
+        " --out {output} > {log} 2>&1"
+
+
+rule table_probes:
+    input:
+        probes=f"{RESULTS}/probes/{PROBED.variant}/{PROBED.size}/{PROBED.method}/s{PROBED.seed}.csv",
+        paper=PAPER,
+    output:
+        f"{REPORT}/tables/table9_probes.csv",
+    log:
+        f"{LOGS}/report/table9_probes.log",
+    params:
+        mapping=MAPPING,
+        size=PROBED.size,
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report table probes --probes {input.probes} --size {params.size} --paper {input.paper} {params.mapping}"
+        " --out {output} > {log} 2>&1"
+
+
+rule table_kernel:
+    input:
+        check=rules.kernel_check.output[0],
+        bench=rules.kernel_bench.output[0],
+        paper=PAPER,
+    output:
+        f"{REPORT}/tables/kernel_latency.csv",
+    log:
+        f"{LOGS}/report/kernel_latency.log",
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report table kernel --check {input.check} --bench {input.bench} --paper {input.paper}"
+        " --out {output} > {log} 2>&1"
+
+
+rule table_sweep:
+    input:
+        sweep=rules.sweep.output[0],
+    output:
+        f"{REPORT}/tables/sweep.csv",
+    log:
+        f"{LOGS}/report/sweep.log",
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report table sweep --sweep {input.sweep} --out {output} > {log} 2>&1"
+
+
+rule figure_runs:
+    input:
+        runs=lambda wildcards: summaries(FIGURE5_RUNS if wildcards.figure == "figure5_scales" else MAIN_RUNS),
+        paper=PAPER,
+    output:
+        png=f"{REPORT}/figures/{{figure}}.png",
+        values=f"{REPORT}/figures/{{figure}}.csv",
+    log:
+        f"{LOGS}/report/{{figure}}.log",
+    wildcard_constraints:
+        figure="figure1_loss|figure4_gain|figure5_scales",
+    params:
+        mapping=MAPPING,
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report figure {wildcards.figure} --runs {input.runs} --paper {input.paper} {params.mapping}"
+        " --out {output.png} --values {output.values} > {log} 2>&1"
+
+
+rule figure_sweep:
+    input:
+        sweep=rules.sweep.output[0],
+    output:
+        png=f"{REPORT}/figures/sweep.png",
+        values=f"{REPORT}/figures/sweep.csv",
+    log:
+        f"{LOGS}/report/figure_sweep.log",
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report figure sweep --sweep {input.sweep} --out {output.png} --values {output.values} > {log} 2>&1"
+
+
+rule render:
+    input:
+        report_parts(),
+    output:
+        html=f"{REPORT}/index.html",
+        markdown=f"{REPORT}/report.md",
+    log:
+        f"{LOGS}/report/render.log",
+    params:
+        name=config["name"],
+        note=config["report"]["scale_note"],
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report render --inputs {input} --name {params.name} --scale-note {params.note:q}"
+        " --html {output.html} --markdown {output.markdown} > {log} 2>&1"
