@@ -90,7 +90,7 @@ def forward_config(head_dim: int) -> dict:
     """Block sizes and warps per head dim (the accumulator is BLOCK_M × D FP32 in registers)."""
     if head_dim <= 128:
         return dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3)
-    return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2)
 
 
 def attention_forward(q8, k8, v8t, sq, sk, sv, out_shape, out_dtype, causal: bool, softmax_scale: float):

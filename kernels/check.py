@@ -1,0 +1,179 @@
+"""Build check without a GPU: compile every Triton kernel ahead of time for sm_90a and read its PTX, SASS and resources.
+
+``dm-kernel-check [--head-dims 64 128 256] [--out FILE.jsonl]`` prints one JSON object per (kernel, head dim):
+
+- ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
+- ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
+- ``fp8_wgmma``: ``wgmma.mma_async … e4m3`` instructions in the PTX; ``qgmma``: QGMMA instructions in the SASS;
+- ``other_mma``: any other MMA instruction (BF16/FP16 wgmma, ``mma.sync``, HMMA, HGMMA);
+- ``registers``, ``spill_bytes`` (local memory per thread), ``shared_bytes`` from ``cuobjdump --dump-resource-usage``.
+
+Triton ships ``ptxas`` and ``cuobjdump`` with its NVIDIA backend, so this runs in CPU CI.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from deltamatch.kernels import triton_bwd, triton_fwd, triton_quant
+
+SM90 = GPUTarget("cuda", 90, 32)
+HEAD_DIMS = (64, 128, 256)
+
+
+@dataclass
+class KernelSpec:
+    """One kernel to compile: its function, pointer element types, and how many of the seven matmuls it holds."""
+
+    name: str
+    fn: object
+    pointers: dict[str, str]
+    """Argument name → Triton pointer type (``*fp8e4nv``, ``*fp32``, ``*bf16``); other args are i32 or fp32."""
+    matmuls: int
+    """How many of the seven FP8 matmuls this kernel computes (each must be an FP8 wgmma)."""
+    floats: tuple[str, ...] = ("qk_scale", "softmax_scale")
+    constexprs: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+
+def _fp8(*names):
+    return {n: "*fp8e4nv" for n in names}
+
+
+def _fp32(*names):
+    return {n: "*fp32" for n in names}
+
+
+def kernel_specs(head_dim: int, causal: bool = True) -> list[KernelSpec]:
+    fwd = triton_fwd.forward_config(head_dim)
+    bwd = triton_bwd.backward_config(head_dim)
+
+    def split(cfg):
+        opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
+        return {k: v for k, v in cfg.items() if k not in opts}, opts
+
+    common = dict(HEAD_DIM=head_dim, CAUSAL=causal, ROUND_FP32=False)
+    specs = []
+    c, o = split(fwd)
+    specs.append(KernelSpec("attn_fwd", triton_fwd._attn_fwd_kernel,
+                            {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"), **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"),
+                             "o_ptr": "*bf16"}, 2, constexprs={**c, **common}, options=o))
+    c, o = split(bwd["delta"])
+    specs.append(KernelSpec("attn_bwd_delta_matched", triton_bwd._attn_bwd_delta_matched_kernel,
+                            {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
+                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr")}, 2,
+                            constexprs={**c, "HEAD_DIM": head_dim, "CAUSAL": causal}, options=o))
+    c, o = split(bwd["dkdv"])
+    specs.append(KernelSpec("attn_bwd_dkdv", triton_bwd._attn_bwd_dkdv_kernel,
+                            {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr"),
+                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
+                             "dk_ptr": "*bf16", "dv_ptr": "*bf16"}, 4, constexprs={**c, **common}, options=o))
+    c, o = split(bwd["dq"])
+    specs.append(KernelSpec("attn_bwd_dq", triton_bwd._attn_bwd_dq_kernel,
+                            {**_fp8("q8_ptr", "k8_ptr", "k8t_ptr", "v8_ptr", "do8_ptr"),
+                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
+                             "dq_ptr": "*bf16"}, 3, constexprs={**c, **common}, options=o))
+    specs.append(KernelSpec("quant_pass", triton_quant._quant_pass_kernel,
+                            {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"},
+                            0, constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=64, CENTRE=True, ROUND_FP32=False),
+                            options=dict(num_warps=4)))
+    specs.append(KernelSpec("quant_do_delta_pass", triton_quant._quant_do_delta_pass_kernel,
+                            {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
+                             **_fp32("scale_ptr", "delta_ptr")}, 0,
+                            constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=128, DELTA=1, ROUND_FP32=False),
+                            options=dict(num_warps=4)))
+    return specs
+
+
+def compile_sm90(spec: KernelSpec):
+    """``triton.compile`` for sm_90a with every pointer 16-byte aligned; returns the compiled kernel."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(spec.fn.arg_names):
+        if name in spec.constexprs:
+            signature[name] = "constexpr"
+        elif name in spec.pointers:
+            signature[name] = spec.pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name in spec.floats else "i32"
+    src = ASTSource(spec.fn, signature, constexprs=spec.constexprs, attrs=attrs)
+    return triton.compile(src, target=SM90, options=spec.options)
+
+
+def _cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def _sass_and_resources(cubin: bytes) -> tuple[str, dict]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    found = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    return sass, {k: int(v) for k, v in found.items()}
+
+
+def analyse(spec: KernelSpec, head_dim: int) -> dict:
+    """Compile one kernel and count its matrix instructions."""
+    compiled = compile_sm90(spec)
+    ptx, ttir, ttgir = compiled.asm["ptx"], compiled.asm["ttir"], compiled.asm["ttgir"]
+    sass, res = _sass_and_resources(compiled.asm["cubin"])
+    wgmma_lines = [ln for ln in ptx.splitlines() if "wgmma.mma_async" in ln]
+    fp8_wgmma = sum(".e4m3.e4m3" in ln for ln in wgmma_lines)
+    wgdots = re.findall(r"ttng\.warp_group_dot .*", ttgir)
+    return dict(
+        name=spec.name,
+        head_dim=head_dim,
+        matmuls=spec.matmuls,
+        dots=len(re.findall(r"\btt\.dot\b", ttir)),
+        fp8_wgmma_dots=sum("f8E4M3FN" in ln for ln in wgdots),
+        fp8_wgmma=fp8_wgmma,
+        qgmma=len(re.findall(r"\bQGMMA\b", sass)),
+        other_mma=(len(wgmma_lines) - fp8_wgmma) + ptx.count("mma.sync")
+        + len(re.findall(r"\b(HMMA|HGMMA|IMMA)\b", sass)),
+        registers=res.get("REG"),
+        spill_bytes=res.get("LOCAL", 0) + res.get("STACK", 0),  # ptxas spills into the stack frame
+        stack_bytes=res.get("STACK", 0),
+        shared_bytes=compiled.metadata.shared,
+        num_warps=spec.options.get("num_warps"),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--non-causal", action="store_true", help="compile the non-causal variants")
+    parser.add_argument("--out", help="also write the JSON lines to this file")
+    args = parser.parse_args(argv)
+    for d in args.head_dims:
+        if d not in HEAD_DIMS:
+            raise ValueError(f"head dim {d} is not one of {HEAD_DIMS}")
+    rows, ok = [], True
+    for d in args.head_dims:
+        for spec in kernel_specs(d, causal=not args.non_causal):
+            row = analyse(spec, d)
+            row["ok"] = row["fp8_wgmma_dots"] == row["dots"] == row["matmuls"] and row["other_mma"] == 0
+            ok &= row["ok"]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    if args.out:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, args.out)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The Triton FP8 kernels in Triton's CPU interpreter, against the PyTorch reference simulation of the same spec.
+
+``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, i.e. at import, so the cases run in a child
+process started with it set (this file run as a script prints one JSON object of measurements); the assertions stay
+in the parent. The interpreter casts FP32 to FP8 by truncation, so the kernels round to the E4M3 grid in FP32 first
+(``ROUND_FP32``), which this also exercises.
+
+Tolerances: kernel and reference see the same codes for Q, K, V, dO; they differ in accumulation order and in a few
+FP8 roundings of P and dS (the kernel quantises P before normalising, and multiplies by the reciprocal scale), so the
+kernel–reference distance must be far below the FP8 error itself (kernel or reference against FP64).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CASES = [  # (mode, causal, n, h, h_kv, d)
+    ("matched", True, 130, 2, 1, 64),
+    ("stale", True, 130, 2, 1, 64),
+    ("consistent", False, 80, 2, 2, 64),
+    ("matched", False, 80, 2, 2, 64),
+]
+
+
+def _patch_interpreter_index():
+    """Triton 3.6's interpreter turns a 1-element array into a loop bound with ``int(array)``, which NumPy ≥ 2.4
+    rejects for 1-d arrays; take the element instead (loop bounds that depend on ``tl.program_id``)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def _measure() -> dict:
+    import torch
+
+    from deltamatch.kernels import quant
+    from deltamatch.kernels.measures import relative_error
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_quant import quantize_operand
+
+    _patch_interpreter_index()
+    out = {"quant": {}, "cases": []}
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(1, 200, 2, 64, generator=gen) * 3).to(torch.bfloat16)
+    x[:, :, :, 5] *= 40  # an outlier channel, so scales differ between blocks
+    for rows in (64, 128):
+        x8, x8t, scales = quantize_operand(x, rows)
+        codes = x8[:, :, :200].float()
+        deq = codes * scales.repeat_interleave(rows, dim=-1)[..., :200, None]
+        ref, ref_scales = quant.quantize_tiles(x.float().transpose(1, 2), rows, None)
+        out["quant"][rows] = dict(
+            max_abs_diff=(deq - ref).abs().max().item(),
+            scale_diff=(scales[..., : ref_scales.shape[-2]] - ref_scales[..., 0]).abs().max().item(),
+            transposed_equal=bool(torch.equal(x8.float().transpose(-1, -2), x8t.float())),
+            padding_zero=bool((x8[:, :, 200:].float() == 0).all()),
+        )
+    for mode, causal, n, h, h_kv, d in CASES:
+        q = torch.randn(1, n, h, d, generator=gen) * 1.5
+        k = torch.randn(1, n, h_kv, d, generator=gen) * 1.5 + 0.5  # an offset that K centring removes
+        v = torch.randn(1, n, h_kv, d, generator=gen)
+        do = torch.randn(1, n, h, d, generator=gen)
+        results = {}
+        for name, fn in (("kernel", lambda a, b, c: triton_attention(a, b, c, causal, mode)),
+                         ("reference", lambda a, b, c: attention_reference(a, b, c, causal, mode)),
+                         ("exact", lambda a, b, c: attention_exact(a, b, c, causal))):
+            dtype = torch.float64 if name == "exact" else torch.bfloat16
+            ins = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+            o = fn(*ins)
+            o.backward(do.to(o.dtype))
+            results[name] = [o.detach().double(), *(t.grad.double() for t in ins)]
+        row = dict(mode=mode, causal=causal, n=n)
+        for i, part in enumerate(("o", "dq", "dk", "dv")):
+            row[part] = dict(
+                kernel_vs_reference=relative_error(results["kernel"][i], results["reference"][i]),
+                kernel_vs_exact=relative_error(results["kernel"][i], results["exact"][i]),
+                reference_vs_exact=relative_error(results["reference"][i], results["exact"][i]),
+                finite=bool(torch.isfinite(results["kernel"][i]).all()),
+            )
+        out["cases"].append(row)
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_quant_pass_matches_reference_quantiser(measured):
+    for rows, m in measured["quant"].items():
+        assert m["max_abs_diff"] == 0.0, (rows, m)
+        assert m["scale_diff"] == 0.0, (rows, m)
+        assert m["transposed_equal"] and m["padding_zero"], (rows, m)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
+def test_kernel_matches_reference_simulation(measured, index):
+    row = measured["cases"][index]
+    for part in ("o", "dq", "dk", "dv"):
+        m = row[part]
+        assert m["finite"], (part, m)
+        assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)
+        assert m["kernel_vs_exact"] < 1.15 * m["reference_vs_exact"] + 1e-3, (part, m)
+        assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
+
+
+if __name__ == "__main__":
+    print(json.dumps(_measure()))
