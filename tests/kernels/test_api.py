@@ -1,0 +1,76 @@
+"""dm_attn_func: dispatch through the backend registry, and its errors."""
+
+import pytest
+import torch
+
+from deltamatch.kernels import dm_attn_func, register_backend, use_backend
+from deltamatch.kernels.backends import registered_backends, select_backend
+from deltamatch.kernels.reference import attention_reference
+
+
+def inputs(n=40, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, n, 4, 32, generator=gen, dtype=dtype)
+    k = torch.randn(2, n, 2, 32, generator=gen, dtype=dtype)
+    v = torch.randn(2, n, 2, 32, generator=gen, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("mode", ["bf16", "stale", "consistent", "matched"])
+def test_cpu_dispatches_to_the_reference(mode):
+    q, k, v = inputs()
+    assert select_backend(q, k, v, True, mode).name == "reference"
+    torch.testing.assert_close(dm_attn_func(q, k, v, True, mode), attention_reference(q, k, v, True, mode), rtol=0, atol=0)
+
+
+def test_cudnn_fp8_off_gpu_is_its_simulation():
+    q, k, v = inputs()
+    expect = attention_reference(q, k, v, False, "cudnn_fp8_sim")
+    torch.testing.assert_close(dm_attn_func(q, k, v, causal=False, mode="cudnn_fp8"), expect, rtol=0, atol=0)
+
+
+def test_gradients_flow_through_dm_attn_func():
+    q, k, v = (t.requires_grad_() for t in inputs(dtype=torch.bfloat16))
+    dm_attn_func(q, k, v).float().pow(2).sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad.float()).all() and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+def test_pinned_backend_and_registration():
+    calls = []
+
+    class Recording:
+        name = "recording"
+
+        def supports(self, q, k, v, causal, mode):
+            return None if mode == "matched" else f"mode {mode} not offered"
+
+        def apply(self, q, k, v, causal, mode, softmax_scale):
+            calls.append(mode)
+            return attention_reference(q, k, v, causal, mode, softmax_scale)
+
+    register_backend("recording", Recording)
+    try:
+        q, k, v = inputs()
+        dm_attn_func(q, k, v, mode="matched")
+        assert calls == []  # registered last: the reference answered first
+        with use_backend("recording"):
+            dm_attn_func(q, k, v, mode="matched")
+            with pytest.raises(ValueError, match="mode stale not offered"):
+                dm_attn_func(q, k, v, mode="stale")
+        assert calls == ["matched"]
+    finally:
+        from deltamatch.kernels import backends
+
+        backends._FACTORIES.pop("recording"), backends._INSTANCES.pop("recording", None)
+    assert "recording" not in registered_backends()
+
+
+def test_errors_name_the_problem():
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="unknown attention mode 'fast'"):
+        dm_attn_func(q, k, v, mode="fast")
+    with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
+        with use_backend("nope"):
+            pass
+    with pytest.raises(ValueError, match="softmax_scale"):
+        dm_attn_func(q, k, v, softmax_scale=-1.0)
