@@ -1,0 +1,157 @@
+"""Token shards: flat binary files of token ids that the trainer memory-maps, and the manifest that describes them.
+
+Layout of a data folder (the same for the offline corpus and the Hub path)::
+
+    manifest.json          format, dtype, vocab size, special-token ids, seed, source, per split: tokens, documents,
+                           and per shard: file, tokens, sha256
+    train/00000.bin ...    little-endian uint16 (vocab <= 65536) or uint32 token ids, documents joined by <|eos|>
+    val/00000.bin ...
+    tokenizer/             transformers tokenizer folder
+    val_docs.jsonl         the held-out raw documents, one {"text": ...} per line
+
+Every shard is written to a temporary name and renamed once complete, and its sha256 is computed from the bytes
+written, so the manifest can be checked against the files (``verify``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "deltamatch-token-shards-v1"
+MANIFEST = "manifest.json"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned dtype that holds every id of a ``vocab_size`` vocabulary."""
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass
+class ShardWriter:
+    """Appends documents (token ids) to one split, cutting a new shard every ``shard_tokens`` tokens."""
+
+    folder: Path
+    """The split folder (``data/train``)."""
+    dtype: np.dtype
+    """Token dtype on disk."""
+    eos_id: int
+    """Appended after every document."""
+    shard_tokens: int = 1 << 24
+    """Tokens per shard file (16 Mi tokens = 32 MiB at uint16)."""
+    shards: list[dict] = field(default_factory=list)
+    """Manifest entries of the shards written so far."""
+    documents: int = 0
+    """Documents added."""
+    _buffer: list[np.ndarray] = field(default_factory=list)
+    _buffered: int = 0
+
+    def __post_init__(self) -> None:
+        if self.shard_tokens <= 0:
+            raise ValueError(f"shard_tokens must be > 0, got {self.shard_tokens}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens added, flushed or not."""
+        return sum(s["tokens"] for s in self.shards) + self._buffered
+
+    def add(self, ids: Iterable[int]) -> None:
+        """Append one document's ids followed by EOS."""
+        arr = np.fromiter(ids, dtype=np.int64)
+        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(self.dtype).max):
+            raise ValueError(f"token id out of range for {self.dtype}: [{arr.min()}, {arr.max()}]")
+        self._buffer.append(np.append(arr, self.eos_id).astype(self.dtype))
+        self._buffered += arr.size + 1
+        self.documents += 1
+        while self._buffered >= self.shard_tokens:
+            self._flush(self.shard_tokens)
+
+    def close(self) -> list[dict]:
+        """Write what is buffered and return the shard entries."""
+        if self._buffered:
+            self._flush(self._buffered)
+        return self.shards
+
+    def _flush(self, n: int) -> None:
+        flat = np.concatenate(self._buffer)
+        head, rest = flat[:n], flat[n:]
+        self._buffer, self._buffered = ([rest] if rest.size else []), rest.size
+        name = f"{len(self.shards):05d}.bin"
+        path = self.folder / name
+        tmp = path.with_name(f".{name}.tmp")
+        data = head.tobytes()
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        self.shards.append({"file": f"{self.folder.name}/{name}", "tokens": int(n),
+                            "sha256": hashlib.sha256(data).hexdigest()})
+
+
+def write_manifest(folder: Path, *, vocab_size: int, special: dict[str, int], seed: int, source: dict,
+                   splits: dict[str, ShardWriter]) -> dict:
+    """Close every split and write ``manifest.json``; returns the manifest."""
+    manifest = {
+        "format": FORMAT,
+        "dtype": token_dtype(vocab_size).name,
+        "vocab_size": vocab_size,
+        "special_tokens": special,
+        "seed": seed,
+        "source": source,
+        "splits": {name: {"tokens": w.tokens, "documents": w.documents, "shards": w.close()}
+                   for name, w in splits.items()},
+    }
+    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """Load and sanity-check ``manifest.json`` of a data folder."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"not a data folder (no {MANIFEST}): {folder}; run dm-prepare-data first")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def verify(folder: str | Path) -> None:
+    """Check every shard's size and sha256 against the manifest; ValueError naming the first bad shard."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            path = folder / shard["file"]
+            if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
+                raise ValueError(f"shard {path} is missing or has the wrong size")
+            digest = hashlib.sha256()
+            with path.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    digest.update(block)
+            if digest.hexdigest() != shard["sha256"]:
+                raise ValueError(f"shard {path} does not match its sha256 in the manifest")
+
+
+def open_split(folder: str | Path, split: str) -> list[np.memmap]:
+    """Memory-map every shard of ``split`` read-only, in manifest order."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if split not in manifest["splits"]:
+        raise ValueError(f"data folder {folder} has no split {split!r} (has {sorted(manifest['splits'])})")
+    dtype = np.dtype(manifest["dtype"])
+    return [np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],))
+            for s in manifest["splits"][split]["shards"]]
