@@ -84,4 +84,5 @@ def select_backend(q, k, v, causal: bool, mode: str) -> Any:
 # Order matters: the Hopper kernels first, the reference simulation last (it supports everything valid).
 register_backend("triton", "deltamatch.kernels.triton_attention:TritonBackend")
 register_backend("cudnn", "deltamatch.kernels.cudnn_fp8:CudnnFP8Backend")
+register_backend("sdpa", "deltamatch.kernels.sdpa_backend:SDPABackend")
 register_backend("reference", "deltamatch.kernels.reference:ReferenceBackend")
