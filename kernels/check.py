@@ -54,6 +54,11 @@ def _fp32(*names):
 
 
 def kernel_specs(head_dim: int, causal: bool = True) -> list[KernelSpec]:
+    return _kernel_specs(head_dim, causal)
+
+
+def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
+    """The six kernels at their launch configuration for ``head_dim``."""
     fwd = triton_fwd.forward_config(head_dim)
     bwd = triton_bwd.backward_config(head_dim)
 

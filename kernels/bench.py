@@ -1,0 +1,211 @@
+"""Kernel benchmark: FP8 attention (stale / consistent / matched) against SDPA cuDNN BF16, SDPA flash BF16, cuDNN FP8.
+
+``dm-kernel-bench --out DIR`` times forward and forward+backward on one GPU (``triton.testing.do_bench``, median) and
+writes ``kernel_bench.csv`` and ``kernel_bench.md`` (date, commit, GPU in the header) to DIR; and, with ``--memory``,
+the peak extra memory of each backward at long sequence lengths.
+
+FLOP convention (FlashAttention's): forward 4·B·H·N²·D, halved for causal; backward 2.5× forward; fwd+bwd 3.5×.
+Matched's δ recompute pass (two more matmuls, one forward's worth) is not in the convention; ``executed_tflops``
+counts it, so the column shows what the chip actually did.
+"""
+
+import argparse
+import datetime
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+FP8_MODES = ("stale", "consistent", "matched")
+BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", "cudnn_fp8")
+
+
+@dataclass
+class BenchConfig:
+    """What one benchmark run measures."""
+
+    head_dims: list[int] = field(default_factory=lambda: [64, 128, 256])
+    """Head dims to time."""
+    seq_lens: list[int] = field(default_factory=lambda: [2048, 4096, 8192, 16384])
+    """Sequence lengths to time."""
+    batch_heads: int = 64
+    """B·H, held constant (H = 2048 / D heads, B = batch_heads / H)."""
+    causal: list[bool] = field(default_factory=lambda: [True, False])
+    """Mask settings to time (non-causal only at D = 128)."""
+    memory_seq_lens: list[int] = field(default_factory=lambda: [16384, 65536])
+    """Sequence lengths for the peak-memory table (B = 1, H = 16, D = 128)."""
+    warmup_ms: int = 50
+    """``do_bench`` warm-up (ms)."""
+    rep_ms: int = 200
+    """``do_bench`` repetitions (ms)."""
+
+
+def flops(b, h, n, d, causal, bwd: bool) -> float:
+    fwd = 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
+    return fwd * (3.5 if bwd else 1.0)
+
+
+def _attention(method: str, causal: bool) -> Callable:
+    """method → f(q, k, v) on public-layout (B, N, H, D) tensors."""
+    if method in FP8_MODES:
+        from deltamatch.kernels.triton_attention import triton_attention
+
+        return lambda q, k, v: triton_attention(q, k, v, causal, method)
+    if method == "cudnn_fp8":
+        from deltamatch.kernels.cudnn_fp8 import cudnn_fp8_attention
+
+        return lambda q, k, v: cudnn_fp8_attention(q, k, v, causal)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"sdpa_cudnn_bf16": SDPBackend.CUDNN_ATTENTION, "sdpa_flash_bf16": SDPBackend.FLASH_ATTENTION}[method]
+
+    def sdpa(q, k, v):  # SDPA's native layout is (B, H, N, D): transposed views of the public layout
+        with sdpa_kernel(backend):
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+        return o.transpose(1, 2)
+
+    return sdpa
+
+
+def _inputs(b, n, h, d):
+    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    return [t.requires_grad_() for t in (q, k, v)], do
+
+
+def time_method(method, b, h, n, d, causal, cfg: BenchConfig) -> dict:
+    from triton.testing import do_bench
+
+    fn = _attention(method, causal)
+    (q, k, v), do = _inputs(b, n, h, d)
+    t_fwd = do_bench(lambda: fn(q, k, v), warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="median")
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    t_all = do_bench(fwd_bwd, warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="median")
+    extra = flops(b, h, n, d, causal, False) if method == "matched" else 0.0
+    return dict(
+        method=method, head_dim=d, seq_len=n, batch=b, heads=h, causal=causal,
+        fwd_ms=t_fwd, fwd_bwd_ms=t_all,
+        fwd_tflops=flops(b, h, n, d, causal, False) / t_fwd * 1e-9,
+        fwd_bwd_tflops=flops(b, h, n, d, causal, True) / t_all * 1e-9,
+        executed_tflops=(flops(b, h, n, d, causal, True) + extra) / t_all * 1e-9,
+    )
+
+
+def peak_backward_memory(method, n, causal=True, h=16, d=128) -> dict:
+    """Peak memory the backward allocates beyond what is live when it starts (inputs, O, saved tensors, dO)."""
+    fn = _attention(method, causal)
+    (q, k, v), do = _inputs(1, n, h, d)
+    o = fn(q, k, v)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del grads, o
+    return dict(method=method, seq_len=n, heads=h, head_dim=d, causal=causal, peak_extra_backward_gib=peak / 2**30)
+
+
+def _available(method) -> str | None:
+    if method != "cudnn_fp8":
+        return None
+    try:
+        from deltamatch.kernels.cudnn_fp8 import CudnnFP8Backend
+
+        return CudnnFP8Backend().unavailable_reason()
+    except ImportError as exc:
+        return str(exc)
+
+
+def _commit() -> str:
+    if os.environ.get("DM_COMMIT"):
+        return os.environ["DM_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _write(df: pd.DataFrame, path: str, header: str) -> None:
+    tmp = path + ".tmp"
+    if path.endswith(".csv"):
+        df.to_csv(tmp, index=False)
+    else:
+        with open(tmp, "w") as f:
+            f.write(header + "\n\n" + df.to_markdown(index=False, floatfmt=".1f") + "\n")
+    os.replace(tmp, path)
+
+
+def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
+    from tqdm import tqdm
+
+    if not torch.cuda.is_available():
+        raise ValueError("dm-kernel-bench needs a CUDA GPU (sm90 for the FP8 kernels)")
+    os.makedirs(out_dir, exist_ok=True)
+    skipped = {m: r for m in methods if (r := _available(m)) is not None}
+    cases = [(d, n, c) for d in cfg.head_dims for n in cfg.seq_lens for c in cfg.causal if c or d == 128]
+    rows = []
+    for d, n, causal in tqdm(cases, desc="shapes"):
+        h = max(1, 2048 // d)
+        b = max(1, cfg.batch_heads // h)
+        for method in methods:
+            if method in skipped:
+                continue
+            try:
+                rows.append(time_method(method, b, h, n, d, causal, cfg))
+            except Exception as exc:  # a baseline that cannot run this shape: record why, keep going
+                rows.append(dict(method=method, head_dim=d, seq_len=n, causal=causal, error=repr(exc)[:200]))
+            torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    header = (f"# Kernel benchmark\n\ndate {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
+              f"commit {_commit()}, GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+              f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention"
+              + "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items()))
+    _write(df, os.path.join(out_dir, "kernel_bench.csv"), header)
+    _write(df, os.path.join(out_dir, "kernel_bench.md"), header)
+    if memory:
+        mem = []
+        for n in cfg.memory_seq_lens:
+            for method in methods:
+                if method in skipped:
+                    continue
+                try:
+                    mem.append(peak_backward_memory(method, n))
+                except Exception as exc:
+                    mem.append(dict(method=method, seq_len=n, error=repr(exc)[:200]))
+                torch.cuda.empty_cache()
+        mem = pd.DataFrame(mem)
+        _write(mem, os.path.join(out_dir, "kernel_memory.csv"), header)
+        _write(mem, os.path.join(out_dir, "kernel_memory.md"), header.replace("Kernel benchmark", "Backward memory"))
+    return df
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Time the FP8 attention kernels against BF16 and FP8 baselines.")
+    parser.add_argument("--out", required=True, help="folder for kernel_bench.{csv,md} (and kernel_memory.*)")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    parser.add_argument("--methods", nargs="+", default=[*FP8_MODES, *BASELINES])
+    parser.add_argument("--causal-only", action="store_true")
+    parser.add_argument("--memory", action="store_true", help="also measure peak backward memory (16K, 64K)")
+    args = parser.parse_args(argv)
+    unknown = set(args.methods) - set(FP8_MODES) - set(BASELINES)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {FP8_MODES + BASELINES}")
+    cfg = BenchConfig(head_dims=args.head_dims, seq_lens=args.seq_lens,
+                      causal=[True] if args.causal_only else [True, False])
+    df = run(cfg, args.out, args.methods, args.memory)
+    cols = [c for c in ("method", "head_dim", "seq_len", "causal", "fwd_tflops", "fwd_bwd_tflops") if c in df]
+    print(df[cols].to_string(index=False, float_format="%.0f"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

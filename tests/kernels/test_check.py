@@ -1,0 +1,45 @@
+"""The AOT build check: every one of the seven attention matmuls compiles to an FP8 (E4M3) wgmma for sm_90a."""
+
+import json
+
+import pytest
+
+from deltamatch.kernels import check
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {spec.name: check.analyse(spec, 128) for spec in check.kernel_specs(128, causal=True)}
+
+
+def test_each_of_the_seven_matmuls_is_an_fp8_wgmma(rows):
+    assert sum(r["matmuls"] for name, r in rows.items() if name != "attn_bwd_delta_matched") == 2 + 4 + 3
+    for name, r in rows.items():
+        # every dot in the kernel is a warp-group dot on E4M3 operands, and nothing else issues an MMA
+        assert r["dots"] == r["matmuls"], r
+        assert r["fp8_wgmma_dots"] == r["matmuls"], r
+        assert r["other_mma"] == 0, r
+        assert (r["fp8_wgmma"] > 0) == (r["matmuls"] > 0), r
+        assert r["qgmma"] == r["fp8_wgmma"], r  # one QGMMA in the SASS per wgmma.mma_async e4m3 in the PTX
+        assert r["registers"] is not None and r["registers"] <= 255, r
+
+
+def test_the_seven_matmuls_are_where_the_spec_puts_them(rows):
+    # forward: QKᵀ, PV; dK/dV: QKᵀ recompute, dO Vᵀ, Pᵀ dO, dSᵀ Q; dQ: QKᵀ, dO Vᵀ, dS K; matched δ: QKᵀ, dO Vᵀ
+    expected = {"attn_fwd": 2, "attn_bwd_dkdv": 4, "attn_bwd_dq": 3, "attn_bwd_delta_matched": 2,
+                "quant_pass": 0, "quant_do_delta_pass": 0}
+    assert {name: r["fp8_wgmma_dots"] for name, r in rows.items()} == expected
+
+
+def test_cli_prints_one_json_object_per_kernel(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(check, "kernel_specs", lambda d, causal=True: check._kernel_specs(d, causal)[-1:])
+    out = tmp_path / "check.jsonl"
+    assert check.main(["--head-dims", "64", "--out", str(out)]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"] for r in printed] == ["quant_do_delta_pass"]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == printed
+
+
+def test_cli_rejects_unknown_head_dim():
+    with pytest.raises(ValueError, match="head dim 96"):
+        check.main(["--head-dims", "96"])

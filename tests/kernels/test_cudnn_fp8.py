@@ -1,0 +1,54 @@
+"""The cuDNN FP8 baseline: a clear "unavailable" off Hopper or without the frontend; on an H200, its numerics."""
+
+import pytest
+import torch
+
+from deltamatch.kernels.cudnn_fp8 import CudnnFP8Backend, cudnn_fp8_attention
+from deltamatch.kernels.measures import relative_error
+from deltamatch.kernels.reference import attention_exact, attention_reference
+
+
+def test_backend_declines_cpu_tensors_and_other_modes():
+    q = torch.randn(1, 8, 2, 64)
+    backend = CudnnFP8Backend()
+    assert "CUDA" in backend.supports(q, q, q, True, "cudnn_fp8")
+    assert "cudnn_fp8" in backend.supports(q, q, q, True, "matched")
+
+
+def test_unavailable_frontend_is_reported_by_name(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_cudnn(name, *args, **kwargs):
+        if name == "cudnn":
+            raise ImportError("No module named 'cudnn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cudnn)
+    reason = CudnnFP8Backend().unavailable_reason()
+    assert reason is not None and "unavailable" in reason and "nvidia-cudnn-frontend" in reason
+    with pytest.raises(ImportError, match="unavailable"):
+        cudnn_fp8_attention(torch.randn(1, 8, 2, 64), torch.randn(1, 8, 2, 64), torch.randn(1, 8, 2, 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_cudnn_fp8_against_its_simulation_and_fp64(causal):
+    pytest.importorskip("cudnn")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 512, 4, 128, device="cuda", generator=gen).bfloat16() for _ in range(4))
+    results = {}
+    for name, fn, dtype in (("cudnn", lambda a, b, c: cudnn_fp8_attention(a, b, c, causal), torch.bfloat16),
+                            ("sim", lambda a, b, c: attention_reference(a, b, c, causal, "cudnn_fp8_sim"),
+                             torch.bfloat16),
+                            ("exact", lambda a, b, c: attention_exact(a, b, c, causal), torch.float64)):
+        for _ in range(2 if name == "cudnn" else 1):  # the second call uses the delayed dS scale
+            ins = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+            o = fn(*ins)
+            o.backward(do.to(o.dtype))
+        results[name] = [o.detach(), *(t.grad for t in ins)]
+    for part, ours, sim, exact in zip(("o", "dq", "dk", "dv"), results["cudnn"], results["sim"], results["exact"]):
+        assert torch.isfinite(ours).all(), part
+        ours_err, sim_err = relative_error(ours, exact), relative_error(sim, exact)
+        assert ours_err < 2.0 * sim_err + 0.02, (part, ours_err, sim_err)
