@@ -1,0 +1,141 @@
+"""Atomic distributed checkpoints (``torch.distributed.checkpoint``) and automatic resume.
+
+A checkpoint holds the model and optimizer state (sharded as FSDP2 holds them, so any rank count can save it), the
+trainer state (optimizer steps done, which is the data position, and the wall time so far) and every rank's RNG state.
+
+Atomicity: all ranks write into ``checkpoints/.tmp-step_XXXXXXXX``; after a barrier rank 0 writes ``COMPLETE`` into it
+and renames it to ``checkpoints/step_XXXXXXXX`` (a rename within one folder is atomic on POSIX and on Lustre/GPFS).
+Only folders with the final name *and* ``COMPLETE`` *and* DCP's ``.metadata`` are ever loaded, so a run killed in the
+middle of a save resumes from the previous checkpoint and deletes the leftover temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from deltamatch.models.train.distributed import Layout, barrier
+
+COMPLETE = "COMPLETE"
+_NAME = re.compile(r"^step_(\d{8})$")
+
+
+def _rng_state(layout: Layout) -> dict[str, torch.Tensor]:
+    state = {f"cpu.rank{layout.rank}": torch.get_rng_state()}
+    if layout.device.type == "cuda":
+        state[f"cuda.rank{layout.rank}"] = torch.cuda.get_rng_state(layout.device)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], layout: Layout) -> None:
+    torch.set_rng_state(state[f"cpu.rank{layout.rank}"])
+    if layout.device.type == "cuda":
+        torch.cuda.set_rng_state(state[f"cuda.rank{layout.rank}"], layout.device)
+
+
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every complete checkpoint under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and (path / COMPLETE).is_file() and (path / ".metadata").is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+class Checkpointer:
+    """Saves and restores the training state under ``root``; ``keep`` newest complete checkpoints are kept."""
+
+    def __init__(self, root: str | Path, keep: int, layout: Layout):
+        self.root, self.keep, self.layout = Path(root), keep, layout
+
+    def latest(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint, or None."""
+        found = complete_checkpoints(self.root)
+        return found[-1] if found else None
+
+    def _state(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], trainer: dict[str, int | float]):
+        model_sd, optim_sd = get_state_dict(model, optimizers)
+        trainer_sd = {k: torch.tensor(v, dtype=torch.float64) for k, v in trainer.items()}
+        return {"model": model_sd, "optim": optim_sd, "trainer": trainer_sd, "rng": _rng_state(self.layout)}
+
+    def save(self, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer],
+             trainer: dict[str, int | float]) -> Path:
+        """Write checkpoint ``step`` atomically; ``trainer`` holds scalars (``step``, ``wall_s``)."""
+        final = self.root / f"step_{step:08d}"
+        tmp = self.root / f".tmp-{final.name}"
+        if self.layout.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+        barrier(self.layout)
+        with warnings.catch_warnings():  # one process without a process group is a supported layout, not a mistake
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(self._state(model, optimizers, trainer), checkpoint_id=str(tmp))
+        barrier(self.layout)
+        if self.layout.is_main:
+            (tmp / COMPLETE).write_text(json.dumps({"step": step, "world": self.layout.world}) + "\n")
+            if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            self._prune()
+        barrier(self.layout)
+        return final
+
+    def load(self, path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
+        """Restore model, optimizers and RNG from ``path``; returns the trainer scalars."""
+        state = self._state(model, optimizers, {"step": 0, "wall_s": 0.0})
+        # another rank count leaves some rank's RNG key absent: load what exists, keep the fresh seed for the rest
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
+        set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        _set_rng_state(state["rng"], self.layout)
+        return {k: float(v) for k, v in state["trainer"].items()}
+
+    def clean_partial(self) -> None:
+        """Delete temporary folders of saves that never completed (rank 0)."""
+        if self.layout.is_main and self.root.is_dir():
+            for path in self.root.glob(".tmp-step_*"):
+                shutil.rmtree(path, ignore_errors=True)
+        barrier(self.layout)
+
+    def _prune(self) -> None:
+        for _, path in complete_checkpoints(self.root)[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def load_model_weights(model: nn.Module, source: str | Path) -> None:
+    """Initialise an unsharded ``model`` from an HF folder (``config.json`` + safetensors) or a DCP checkpoint
+    (a ``step_*`` folder, or a run's ``checkpoints/`` whose newest complete one is taken): the context-extension start.
+    """
+    source = Path(source)
+    if (source / "config.json").is_file():
+        from transformers import AutoModelForCausalLM
+
+        src = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    else:
+        if not (source / ".metadata").is_file():
+            found = complete_checkpoints(source) or complete_checkpoints(source / "checkpoints")
+            if not found:
+                raise ValueError(f"config key 'model.init_from': {source} is neither an HF folder nor a checkpoint")
+            source = found[-1][1]
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(source), planner=DefaultLoadPlanner(allow_partial_load=True))
+        missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    if missing or unexpected:
+        raise ValueError(f"config key 'model.init_from': {source} does not match the model "
+                         f"(missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -1,0 +1,40 @@
+"""``dm-train --config FILE``: train (or resume, or finish) the run a YAML config describes (see ``config.RunConfig``).
+
+Run it as it is on one process, or under ``torchrun --nproc-per-node N -m deltamatch.models.train.cli --config FILE``
+(``dm-launch`` wraps that for SLURM). Bad configs exit with status 2 and a message naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deltamatch.models.train.config import RunConfig, load_yaml
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dm-train", description=__doc__)
+    parser.add_argument("--config", required=True, help="YAML run config")
+    parser.add_argument("--run-dir", help="override run_dir of the config")
+    args = parser.parse_args(argv)
+    try:
+        config = load_yaml(RunConfig, args.config)
+        if args.run_dir:
+            config.run_dir = args.run_dir
+    except ValueError as err:
+        print(f"dm-train: error: {err}", file=sys.stderr)
+        return 2
+    from deltamatch.models.train.loop import train  # after validation: a bad config fails before torch spins up
+
+    try:
+        summary = train(config)
+    except ValueError as err:
+        print(f"dm-train: error: {err}", file=sys.stderr)
+        return 2
+    if summary:
+        print(f"dm-train: {config.run_dir}: {summary['steps']} steps, final val loss {summary['final_val_loss']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The training run, top to bottom: set up, resume, step, measure, checkpoint, export.
+
+One function, :func:`train`, runs on one CPU process and on every rank of a ``torchrun`` job alike:
+
+1. layout and numerics: torchrun environment, device, threads, deterministic algorithms;
+2. model: ``get_config(size, attn_method, vocab and special tokens of the data, **overrides)``, seeded identically on
+   every rank; for a context-extension phase its weights come from ``model.init_from``; activation checkpointing;
+   FSDP2 sharding;
+3. optimizers (AdamW, or Muon + AdamW) and the newest complete checkpoint of the run, if any (automatic resume: the
+   data position is the optimizer step, so the next batch is rebuilt exactly);
+4. per step: ``grad_accum`` micro-batches (gradient sync only on the last), clipping, schedule, a ``train`` record;
+   every ``probe_every`` steps ``gain`` and ``residual`` records; every ``val_every`` steps a ``val`` record;
+   every ``checkpoint.every`` steps an atomic checkpoint;
+5. at the end: validation, a final checkpoint, the HF export under ``final/`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from deltamatch.models.data.loader import TokenWindows, TrainBatches, val_batches
+from deltamatch.models.data.shards import read_manifest, verify
+from deltamatch.models.train import probes
+from deltamatch.models.train.checkpoint import Checkpointer, load_model_weights
+from deltamatch.models.train.config import RunConfig
+from deltamatch.models.train.distributed import (Layout, init_distributed, mean_over_ranks, shard_model, shutdown,
+                                                 sum_over_ranks)
+from deltamatch.models.train.export import export_hf, write_summary
+from deltamatch.models.train.metrics import MetricsWriter
+from deltamatch.models.train.optim import build_optimizers, set_lr
+from deltamatch.models.train.schedule import lr_multiplier
+
+
+def configure_numerics(config: RunConfig, layout: Layout) -> None:
+    """Threads and determinism; must run before the first CUDA matmul."""
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    if config.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        if layout.device.type == "cuda":
+            torch.backends.cudnn.benchmark = False
+
+
+def build_model(config: RunConfig, manifest: dict) -> torch.nn.Module:
+    """The configured model with the data's vocabulary and special tokens, seeded by ``config.seed``."""
+    from deltamatch.models import HybridForCausalLM, get_config
+
+    special = manifest["special_tokens"]
+    fields = {"vocab_size": manifest["vocab_size"], "bos_token_id": special.get("bos"),
+              "eos_token_id": special.get("eos"), "pad_token_id": special.get("pad"),
+              "attn_method": config.model.attn_method, **config.model.overrides}
+    if fields["vocab_size"] < manifest["vocab_size"]:
+        raise ValueError(f"config key 'model.overrides.vocab_size' ({fields['vocab_size']}) is smaller than the "
+                         f"data's vocabulary ({manifest['vocab_size']})")
+    torch.manual_seed(config.seed)
+    return HybridForCausalLM(get_config(config.model.size, **fields))
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak bytes: CUDA allocator peak on GPU, the process's peak resident set on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def train_step(model, micro_batches: list[torch.Tensor], optimizers, config: RunConfig, layout: Layout,
+               autocast) -> tuple[float, float]:
+    """Accumulate gradients over the micro-batches, clip, step; returns (mean loss over ranks, grad norm)."""
+    total = 0.0
+    for i, batch in enumerate(micro_batches):
+        batch = batch.to(layout.device, non_blocking=True)
+        if layout.sharded:
+            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+        with autocast():
+            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        (loss / len(micro_batches)).backward()
+        total += float(loss.detach()) / len(micro_batches)
+    max_norm = config.optim.grad_clip or float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    for opt in optimizers:
+        opt.step()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    return mean_over_ranks(total, layout), float(grad_norm)
+
+
+@torch.no_grad()
+def evaluate(model, batches: list[torch.Tensor], layout: Layout, autocast) -> float:
+    """Mean next-token cross-entropy over this rank's validation batches, averaged over ranks by token count."""
+    was_training = model.training
+    model.eval()
+    loss_sum = count = 0.0
+    for batch in batches:
+        batch = batch.to(layout.device)
+        with autocast():
+            loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        n = batch.numel() - batch.shape[0]  # predictions per batch (HF shift)
+        loss_sum += float(loss) * n
+        count += n
+    model.train(was_training)
+    loss_sum, count = sum_over_ranks([loss_sum, count], layout)
+    return loss_sum / count
+
+
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def train(config: RunConfig) -> dict:
+    """Run (or resume, or finish) the training run of ``config``; returns the summary on rank 0, {} elsewhere."""
+    layout = init_distributed(config.train.device)
+    try:
+        return _train(config, layout)
+    finally:
+        shutdown(layout)
+
+
+def _train(config: RunConfig, layout: Layout) -> dict:
+    start_wall = time.perf_counter()
+    configure_numerics(config, layout)
+    run_dir, data_dir = Path(config.run_dir), Path(config.data.dir)
+    manifest = read_manifest(data_dir)
+    if config.data.verify_sha256 and layout.is_main:
+        verify(data_dir)
+    autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
+
+    model = build_model(config, manifest)
+    ckpt = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, layout)
+    latest = ckpt.latest()
+    if latest is None and config.model.init_from:
+        load_model_weights(model, config.model.init_from)
+    model.to(layout.device)
+    if config.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    shard_model(model, layout)
+    optimizers = build_optimizers(model, config.optim)
+
+    start_step, wall_before = 0, 0.0
+    ckpt.clean_partial()
+    if latest is not None:
+        state = ckpt.load(latest[1], model, optimizers)
+        start_step, wall_before = int(state["step"]), state["wall_s"]
+        if layout.is_main:
+            print(f"dm-train: resumed from {latest[1]} (step {start_step})", file=sys.stderr, flush=True)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
+    metrics.truncate_after(start_step)
+
+    seq_len = config.data.seq_len
+    batches = TrainBatches(TokenWindows(data_dir, "train", seq_len), config.seed, config.train.micro_batch,
+                           config.train.grad_accum, layout.rank, layout.world)
+    val = val_batches(TokenWindows(data_dir, "val", seq_len), config.train.micro_batch, config.metrics.val_batches,
+                      layout.rank, layout.world)
+    tokens_per_step = batches.samples_per_step * seq_len
+    steps = config.train.steps
+    bar = tqdm(total=steps, initial=start_step, unit="step", desc=f"train {config.model.attn_method}",
+               disable=not (layout.is_main and config.train.progress), dynamic_ncols=True)
+    val_loss = None
+    for step in range(start_step, steps):
+        tick = time.perf_counter()
+        lr_mult = lr_multiplier(step, steps, config.schedule)
+        set_lr(optimizers, lr_mult)
+        micro = batches.step(step)
+        loss, grad_norm = train_step(model, micro, optimizers, config, layout, autocast)
+        if layout.device.type == "cuda":
+            torch.cuda.synchronize(layout.device)
+        done = step + 1
+        tok_s = tokens_per_step / (time.perf_counter() - tick)
+        metrics.write("train", step=done, tokens=done * tokens_per_step, loss=loss, lr=config.optim.lr * lr_mult,
+                      grad_norm=grad_norm, tokens_per_s=tok_s, peak_mem_bytes=peak_memory(layout.device))
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+        bar.update(1)
+        if _due(done, config.metrics.probe_every):
+            _probe(model, micro[0], config, layout, autocast, metrics, done)
+        if _due(done, config.metrics.val_every) and done != steps:
+            metrics.write("val", step=done, loss=evaluate(model, val, layout, autocast))
+        if _due(done, config.checkpoint.every) and done != steps:
+            ckpt.save(done, model, optimizers, {"step": done, "wall_s": wall_before + time.perf_counter() - start_wall})
+    bar.close()
+
+    val_loss = evaluate(model, val, layout, autocast)
+    metrics.write("val", step=steps, loss=val_loss)
+    metrics.close()
+    wall = wall_before + time.perf_counter() - start_wall
+    if start_step < steps:
+        ckpt.save(steps, model, optimizers, {"step": steps, "wall_s": wall})
+    export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
+    summary = {"final_val_loss": val_loss, "steps": steps, "tokens": steps * tokens_per_step,
+               "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall}
+    if not layout.is_main:
+        return {}
+    write_summary(run_dir / "summary.json", summary)
+    return summary
+
+
+def _probe(model, batch: torch.Tensor, config: RunConfig, layout: Layout, autocast, metrics: MetricsWriter,
+           step: int) -> None:
+    for record in probes.gain_records(model):
+        metrics.write("gain", step=step, **record)
+    probe_batch = batch[: config.metrics.probe_batch, : config.metrics.probe_seq_len].to(layout.device)
+    for record in probes.residual_records(model, probe_batch, layout, autocast):
+        metrics.write("residual", step=step, **record)
