@@ -1,5 +1,6 @@
-# Kernel: ahead-of-time build check (PTX/SASS of every kernel, runs without a GPU) and the latency benchmark (on a
-# machine without a Hopper GPU dm-kernel-bench records that instead of numbers, and the report says so).
+# Kernel: the ahead-of-time build check (PTX/SASS of every kernel for sm_90a; runs without a GPU, and on a Hopper GPU
+# also runs the GPU correctness tests) and the latency benchmark. `dm-report hardware` records the machine's GPU in
+# bench/hardware.json; without a Hopper GPU nothing is timed and the report says so.
 
 
 rule kernel_check:
@@ -16,6 +17,8 @@ rule kernel_check:
         "../../envs/kernel.yaml"
     shell:
         "dm-kernel-check --out {output} > {log} 2>&1"
+        " && if dm-report hardware --has-hopper >> {log} 2>&1;"
+        " then python -m pytest -q -m gpu tests/kernels >> {log} 2>&1; fi"
 
 
 rule kernel_bench:
@@ -33,4 +36,6 @@ rule kernel_bench:
     conda:
         "../../envs/kernel.yaml"
     shell:
-        "dm-kernel-bench --out {output} {params.extra} > {log} 2>&1"
+        "dm-report hardware --out {output}/hardware.json > {log} 2>&1"
+        " && if dm-report hardware --has-hopper >> {log} 2>&1;"
+        " then dm-kernel-bench --out {output} {params.extra} >> {log} 2>&1; fi"

@@ -1,0 +1,217 @@
+"""``dm-report``: build one table, one figure, or the whole report page from the pipeline's outputs.
+
+    dm-report table main --runs R/summary.json ... --evals E.json ... --out tables/main_1p67b.csv
+    dm-report table scale|ablations (same inputs)      dm-report table probes --probes P.csv --size tiny --out ...
+    dm-report table kernel --check C.jsonl --bench DIR --out ...     dm-report table sweep --sweep S.csv --out ...
+    dm-report figure figure1_loss|figure4_gain|figure5_scales --runs ... --out F.png --values F.csv
+    dm-report figure sweep --sweep S.csv --out F.png --values F.csv
+    dm-report render --inputs tables/*.csv figures/* --name NAME --scale-note TEXT --html H --markdown M
+    dm-report all --results results/NAME          (every artefact from a finished results folder, without Snakemake)
+    dm-report hardware --out FILE | --has-hopper  (record the GPU; exit status 0 only on Hopper with --has-hopper)
+
+``--scale-of tiny=1.67B`` says which paper scale each of our sizes stands beside; ``--alias dm_ruler_8k=ruler_8k``
+renames our metric names to the paper's. Every output is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from deltamatch.reports import figures, tables
+from deltamatch.reports.atomic import write_csv, write_text
+from deltamatch.reports.inputs import load_evals, load_metrics, load_probes, load_summaries, load_sweep
+from deltamatch.reports.paper import PAPER_YAML, load_paper
+from deltamatch.reports.render import render
+
+RUN_TABLES = {"main": tables.main_table, "scale": tables.scale_table, "ablations": tables.ablation_table}
+RUN_FIGURES = {"figure1_loss": figures.figure_loss, "figure4_gain": figures.figure_gain,
+               "figure5_scales": figures.figure_scales}
+
+
+def pairs(words: list[str] | None, option: str) -> dict[str, str]:
+    out = {}
+    for word in words or []:
+        key, sep, value = word.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{option}: expected KEY=VALUE, got {word!r}")
+        out[key] = value
+    return out
+
+
+def hardware() -> dict:
+    """The accelerator of this machine as the report needs it: is it a Hopper (sm90) GPU?"""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"hopper": False, "device": None, "capability": None}
+    major, minor = torch.cuda.get_device_capability()
+    return {"hopper": major == 9, "device": torch.cuda.get_device_name(), "capability": f"sm{major}{minor}"}
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--paper", default=str(PAPER_YAML), help="the paper's values (reports/paper_reported.yaml)")
+    parser.add_argument("--scale-of", nargs="*", default=[], metavar="OURS=PAPER",
+                        help="which paper scale each of our sizes is compared with")
+    parser.add_argument("--alias", nargs="*", default=[], metavar="OURS=PAPER", help="metric names to rename")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dm-report", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    table = sub.add_parser("table", help="build one table (CSV)")
+    table.add_argument("name", choices=[*RUN_TABLES, "probes", "kernel", "sweep"])
+    table.add_argument("--runs", nargs="*", default=[], help="summary.json of each run")
+    table.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files")
+    table.add_argument("--probes", help="dm-probe CSV (table probes)")
+    table.add_argument("--size", help="our size of the probed checkpoint (table probes)")
+    table.add_argument("--check", help="dm-kernel-check JSON lines (table kernel)")
+    table.add_argument("--bench", help="dm-kernel-bench folder with hardware.json (table kernel)")
+    table.add_argument("--sweep", help="dm-sweep CSV (table sweep)")
+    table.add_argument("--out", required=True)
+    _common(table)
+
+    figure = sub.add_parser("figure", help="draw one figure (PNG) and its numbers (CSV)")
+    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep"])
+    figure.add_argument("--runs", nargs="*", default=[], help="summary.json of each run (metrics.jsonl beside it)")
+    figure.add_argument("--sweep", help="dm-sweep CSV (figure sweep)")
+    figure.add_argument("--out", required=True, help="PNG to write")
+    figure.add_argument("--values", required=True, help="CSV of the numbers the paper states, beside ours")
+    _common(figure)
+
+    page = sub.add_parser("render", help="render the page (HTML and Markdown) from tables and figures")
+    page.add_argument("--inputs", nargs="+", required=True, help="tables/*.csv, figures/*.png and figures/*.csv")
+    page.add_argument("--name", required=True, help="config name shown in the title")
+    page.add_argument("--scale-note", required=True, help="where and at what scale our numbers were measured")
+    page.add_argument("--html", required=True)
+    page.add_argument("--markdown", required=True)
+    page.add_argument("--paper", default=str(PAPER_YAML))
+
+    whole = sub.add_parser("all", help="every table and figure and the page from a finished results folder")
+    whole.add_argument("--results", required=True, help="results/<name>")
+    whole.add_argument("--scale-note", default="", help="where and at what scale our numbers were measured")
+    _common(whole)
+
+    hw = sub.add_parser("hardware", help="record this machine's GPU; --has-hopper exits 1 without an sm90 GPU")
+    hw.add_argument("--out", help="JSON file to write")
+    hw.add_argument("--has-hopper", action="store_true")
+    return parser
+
+
+def build_table(args, paper: pd.DataFrame) -> pd.DataFrame:
+    scale_of, aliases = pairs(args.scale_of, "--scale-of"), pairs(args.alias, "--alias")
+    if args.name in RUN_TABLES:
+        return RUN_TABLES[args.name](load_summaries(args.runs), load_evals(args.evals), paper, scale_of, aliases)
+    if args.name == "probes":
+        if not args.probes or not args.size:
+            raise ValueError("table probes needs --probes and --size")
+        return tables.probe_table(load_probes(args.probes), args.size, paper, scale_of)
+    if args.name == "sweep":
+        if not args.sweep:
+            raise ValueError("table sweep needs --sweep")
+        return tables.sweep_table(load_sweep(args.sweep))
+    if not args.check or not args.bench:
+        raise ValueError("table kernel needs --check and --bench")
+    return kernel_from_files(args.check, args.bench)
+
+
+def kernel_from_files(check_path: str, bench_dir: str) -> pd.DataFrame:
+    bench = Path(bench_dir)
+    if not Path(check_path).is_file():
+        raise ValueError(f"missing input file: {check_path}")
+    if not (bench / "hardware.json").is_file():
+        raise ValueError(f"missing input file: {bench / 'hardware.json'}")
+    check = pd.read_json(check_path, lines=True)
+    optional = {name: pd.read_csv(bench / f"{name}.csv") if (bench / f"{name}.csv").is_file() else None
+                for name in ("kernel_bench", "kernel_memory")}
+    hw = json.loads((bench / "hardware.json").read_text())
+    return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw)
+
+
+def draw_figure(args, paper: pd.DataFrame) -> None:
+    if args.name == "sweep":
+        if not args.sweep:
+            raise ValueError("figure sweep needs --sweep")
+        grid, numbers = figures.figure_sweep(load_sweep(args.sweep))
+    else:
+        metrics = load_metrics(load_summaries(args.runs))
+        grid, numbers = RUN_FIGURES[args.name](metrics, paper, pairs(args.scale_of, "--scale-of"))
+    figures.save_figure(grid, args.out)
+    write_csv(args.values, numbers)
+
+
+def build_all(args) -> int:
+    """The whole report from a results folder laid out by the pipeline, without Snakemake: the main size is the
+    first size of the ``base`` variant; Figure 5 shows every base size."""
+    root, paper = Path(args.results), load_paper(args.paper)[0]
+    report, outputs = root / "report", []
+    scale_of, aliases = pairs(args.scale_of, "--scale-of"), pairs(args.alias, "--alias")
+    summaries = load_summaries(sorted(str(p) for p in root.glob("runs/*/*/*/s*/summary.json")))
+    evals = load_evals(sorted(str(p) for p in root.glob("evals/*/*/*/s*/*.json")))
+    base = summaries[summaries["variant"] == "base"]
+    if base.empty:
+        raise ValueError(f"{root}: no runs/base/<size>/<method>/s<seed>/summary.json")
+    main_size = base["size"].iloc[0]
+    main_runs = base[base["size"] == main_size]
+    main_evals = evals[(evals["variant"] == "base") & (evals["size"] == main_size)]
+
+    def table(name, frame):
+        outputs.append(str(report / "tables" / f"{name}.csv"))
+        write_csv(outputs[-1], frame)
+
+    def figure(name, drawn):
+        outputs.extend([str(report / "figures" / f"{name}.png"), str(report / "figures" / f"{name}.csv")])
+        figures.save_figure(drawn[0], outputs[-2])
+        write_csv(outputs[-1], drawn[1])
+
+    table("main_1p67b", tables.main_table(main_runs, main_evals, paper, scale_of, aliases))
+    table("scale", tables.scale_table(base, evals[evals["variant"] == "base"], paper, scale_of, aliases))
+    table("ablations", tables.ablation_table(summaries, evals, paper, scale_of, aliases))
+    figure("figure1_loss", figures.figure_loss(load_metrics(main_runs), paper, scale_of))
+    figure("figure4_gain", figures.figure_gain(load_metrics(main_runs), paper, scale_of))
+    figure("figure5_scales", figures.figure_scales(load_metrics(base), paper, scale_of))
+    for probes in sorted(root.glob("probes/base/*/*/s*.csv"))[:1]:
+        table("table9_probes", tables.probe_table(load_probes(str(probes)), probes.parent.parent.name, paper, scale_of))
+    if (root / "kernel" / "check.jsonl").is_file() and (root / "kernel" / "bench").is_dir():
+        table("kernel_latency", kernel_from_files(str(root / "kernel" / "check.jsonl"), str(root / "kernel" / "bench")))
+    if (root / "sweep" / "sweep.csv").is_file():
+        sweep = load_sweep(str(root / "sweep" / "sweep.csv"))
+        table("sweep", tables.sweep_table(sweep))
+        figure("sweep", figures.figure_sweep(sweep))
+    render(outputs, root.name, args.scale_note or "(scale not stated)", str(report / "index.html"),
+           str(report / "report.md"), args.paper)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "hardware":
+            found = hardware()
+            if args.out:
+                write_text(args.out, json.dumps(found, indent=2) + "\n")
+            print(json.dumps(found))
+            return 0 if found["hopper"] or not args.has_hopper else 1
+        if args.command == "render":
+            render(args.inputs, args.name, args.scale_note, args.html, args.markdown, args.paper)
+        elif args.command == "all":
+            return build_all(args)
+        else:
+            paper, _, _ = load_paper(args.paper)
+            if args.command == "table":
+                write_csv(args.out, build_table(args, paper))
+            else:
+                draw_figure(args, paper)
+    except ValueError as err:
+        print(f"dm-report: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

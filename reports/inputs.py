@@ -1,0 +1,130 @@
+"""Reading the pipeline's outputs into tidy frames: one row per (run, metric) or per (run, step, ...).
+
+The pipeline lays every per-run output out under the run tag ``<variant>/<size>/<method>/s<seed>``
+(``results/<name>/runs/<tag>/summary.json``, ``results/<name>/evals/<tag>/<suite>.json``). The variant is read back
+from that path; size, method and seed come from the files themselves (``summary.json``), or from the path where a file
+does not carry them (eval results). A file outside that layout is a ``ValueError`` naming it.
+
+Units follow the paper: accuracies and RULER scores in percent (lm-eval reports fractions), cross-entropies and
+perplexities as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+RUN_TAG = re.compile(r"(?P<variant>[^/]+)/(?P<size>[^/]+)/(?P<method>[^/]+)/s(?P<seed>\d+)")
+RUN_KEYS = ["variant", "size", "method", "seed"]
+# Metrics that are not fractions of correct answers: kept as they are, never shown in percent.
+NOT_PERCENT = ("perplexity", "bits_per_byte", "loss", "ppl")
+
+
+def run_tag(path: str | Path, anchor: str) -> dict[str, object]:
+    """``variant``, ``size``, ``method``, ``seed`` from a path ``.../<anchor>/<variant>/<size>/<method>/s<seed>/...``."""
+    text = Path(path).as_posix()
+    match = re.search(rf"(?:^|/){anchor}/{RUN_TAG.pattern}(?:/|\.|$)", text)
+    if match is None:
+        raise ValueError(f"{path}: not under {anchor}/<variant>/<size>/<method>/s<seed>/ (the pipeline's layout)")
+    tag = match.groupdict()
+    tag["seed"] = int(tag["seed"])
+    return tag
+
+
+def _read_json(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"missing input file: {path}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_summaries(paths: list[str]) -> pd.DataFrame:
+    """One row per run: variant, size, method, seed, val_ce, steps, tokens, run_dir."""
+    rows = []
+    for path in paths:
+        summary = _read_json(path)
+        tag = run_tag(path, "runs")
+        for key in ("size", "method", "seed"):
+            if key in summary and str(summary[key]) != str(tag[key]):
+                raise ValueError(f"{path}: {key} {summary[key]!r} disagrees with its folder ({tag[key]!r})")
+        if "final_val_loss" not in summary:
+            raise ValueError(f"{path}: no final_val_loss")
+        rows.append({**tag, "val_ce": float(summary["final_val_loss"]), "steps": summary.get("steps"),
+                     "tokens": summary.get("tokens"), "run_dir": str(Path(path).parent)})
+    return pd.DataFrame(rows, columns=[*RUN_KEYS, "val_ce", "steps", "tokens", "run_dir"])
+
+
+def _in_percent(metric: str) -> bool:
+    return not any(word in metric for word in NOT_PERCENT)
+
+
+def load_evals(paths: list[str]) -> pd.DataFrame:
+    """Long rows: run keys, suite, metric, value. A task's averaged metric is named ``<task>``, any other reported
+    metric ``<task>:<metric>``, the suite average ``<suite>_avg``."""
+    rows = []
+    for path in paths:
+        result = _read_json(path)
+        for key in ("suite", "tasks", "average"):
+            if key not in result:
+                raise ValueError(f"{path}: eval result has no {key!r}")
+        tag, suite = run_tag(path, "evals"), result["suite"]
+        averaged = result.get("metric_per_task", {})
+        for task, metrics in result["tasks"].items():
+            for metric, value in metrics.items():
+                if value is None or isinstance(value, str):
+                    continue
+                name = task if averaged.get(task) == metric else f"{task}:{metric}"
+                rows.append({**tag, "suite": suite, "metric": name,
+                             "value": float(value) * (100.0 if _in_percent(metric) else 1.0)})
+        if result["average"] is not None:
+            rows.append({**tag, "suite": suite, "metric": f"{suite}_avg", "value": 100.0 * float(result["average"])})
+    return pd.DataFrame(rows, columns=[*RUN_KEYS, "suite", "metric", "value"])
+
+
+def load_metrics(summaries: pd.DataFrame, kinds: tuple[str, ...] = ("train", "gain", "val")) -> pd.DataFrame:
+    """Every ``metrics.jsonl`` record of the given kinds beside each run's summary, with the run keys added.
+
+    A resumed run may repeat steps it had logged before it was interrupted; the last record of a step wins.
+    """
+    frames = []
+    for run in summaries.itertuples(index=False):
+        path = Path(run.run_dir) / "metrics.jsonl"
+        if not path.is_file():
+            raise ValueError(f"missing input file: {path}")
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        frame = pd.DataFrame([r for r in records if r.get("kind") in kinds])
+        if frame.empty:
+            continue
+        for key in RUN_KEYS:
+            frame[key] = getattr(run, key)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=[*RUN_KEYS, "kind", "step"])
+    frame = pd.concat(frames, ignore_index=True)
+    dedup = [*RUN_KEYS, "kind", "step"] + (["layer"] if "layer" in frame else [])
+    return frame.drop_duplicates(subset=dedup, keep="last").reset_index(drop=True)
+
+
+def load_probes(path: str) -> pd.DataFrame:
+    """Table 9 rows from ``dm-probe``: layer, delta, before_cast, after_cast, dk_colsum."""
+    if not Path(path).is_file():
+        raise ValueError(f"missing input file: {path}")
+    frame = pd.read_csv(path)
+    missing = {"layer", "delta", "before_cast", "after_cast", "dk_colsum"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"{path}: probe table lacks columns {sorted(missing)}")
+    return frame
+
+
+def load_sweep(path: str) -> pd.DataFrame:
+    """The random-head sweep's long table: inputs, spread, method, metric, value."""
+    if not Path(path).is_file():
+        raise ValueError(f"missing input file: {path}")
+    frame = pd.read_csv(path)
+    missing = {"inputs", "spread", "method", "metric", "value"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"{path}: sweep table lacks columns {sorted(missing)}")
+    return frame

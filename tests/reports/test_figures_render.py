@@ -1,0 +1,84 @@
+"""Figures and the rendered page from synthetic pipeline outputs: the numbers beside each figure are recomputed here
+from the records the fixture wrote, and the page says what it must (scale, no Hopper GPU, the paper beside ours)."""
+
+import html as htmllib
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from deltamatch.reports.cli import main
+
+STEPS_TAIL = 0.1
+
+
+def _png(path):
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def _expected_final_loss(records):
+    by_step = {}
+    for r in records:
+        if r["kind"] == "train":
+            by_step[r["step"]] = r["loss"]  # later records of a step replace earlier ones (resumed run)
+    losses = [by_step[s] for s in sorted(by_step)]
+    tail = max(1, int(len(losses) * STEPS_TAIL))
+    return float(np.mean(losses[-tail:]))
+
+
+def test_figure1_numbers(synthetic, tmp_path):
+    runs = synthetic["runs"][synthetic["runs"]["variant"] == "base"]
+    png, values = tmp_path / "f1.png", tmp_path / "f1.csv"
+    assert main(["figure", "figure1_loss", "--runs", *runs["summary"], "--scale-of", "tiny=1.67B",
+                 "--out", str(png), "--values", str(values)]) == 0
+    assert _png(png)
+    table = pd.read_csv(values).set_index(["method", "metric"])
+    for method in ("bf16", "stale"):
+        expected = np.mean([_expected_final_loss(r) for r in runs[runs["method"] == method]["records"]])
+        assert table.loc[(method, "final_train_loss"), "ours"] == pytest.approx(expected)
+    assert table.loc[("stale", "final_train_loss"), "paper"] == 1.89
+    assert table.loc[("stale", "final_train_loss"), "paper_scale"] == "1.67B"
+    assert table.loc[("stale", "final_train_loss"), "our_scale"] == "tiny"
+
+
+def test_figure4_and_figure5_numbers(synthetic, tmp_path):
+    runs = synthetic["runs"][synthetic["runs"]["variant"] == "base"]
+    assert main(["figure", "figure4_gain", "--runs", *runs["summary"], "--out", str(tmp_path / "f4.png"),
+                 "--values", str(tmp_path / "f4.csv"), "--scale-of", "tiny=1.67B"]) == 0
+    f4 = pd.read_csv(tmp_path / "f4.csv").set_index(["method", "metric"])
+    stale = runs[runs["method"] == "stale"]["records"]
+    last_k = [[r for r in recs if r["kind"] == "gain" and r["layer"] == 7][-1]["k_gain_max"] for recs in stale]
+    assert f4.loc[("stale", "k_gain_max"), "ours"] == pytest.approx(np.mean(last_k))
+    assert f4.loc[("stale", "k_gain_max"), "paper"] == 5.5
+    assert main(["figure", "figure5_scales", "--runs", *runs["summary"], "--out", str(tmp_path / "f5.png"),
+                 "--values", str(tmp_path / "f5.csv")]) == 0
+    f5 = pd.read_csv(tmp_path / "f5.csv")
+    assert set(f5[f5["ours"].isna()]["paper_scale"]) == {"569M", "5.29B"}  # the paper's scales, not ours: kept apart
+    f5 = f5.dropna(subset=["ours"]).set_index(["method", "metric"])
+    gains = [max(max(r["q_gain_max"], r["k_gain_max"]) for r in recs if r["kind"] == "gain") for recs in stale]
+    assert f5.loc[("stale", "gain_max"), "ours"] == pytest.approx(np.mean(gains))
+    assert _png(tmp_path / "f4.png") and _png(tmp_path / "f5.png")
+
+
+def test_whole_report_page(synthetic, tmp_path):
+    root = synthetic["root"]
+    assert main(["all", "--results", str(root), "--scale-of", "tiny=1.67B", "--alias", "dm_ruler_8k=ruler_8k",
+                 "--scale-note", "Embedded default: tiny models on a CPU."]) == 0
+    report = root / "report"
+    html = htmllib.unescape((report / "index.html").read_text())
+    markdown = (report / "report.md").read_text()
+    for page in (html, markdown):
+        assert "Embedded default: tiny models on a CPU." in page
+        assert "NOT measured at the paper's scale" in page and "ours at tiny beside the paper's 1.67B" in page
+        assert "No Hopper GPU" in page
+        for title in ("Main table", "Scale table", "Figure 1", "Figure 4", "Figure 5", "Table 9", "Ablations",
+                      "Kernel", "Random-head sweep", "Citation"):
+            assert title in page
+    assert 'src="figures/figure1_loss.png"' in html and "](figures/sweep.png)" in markdown
+    # the main table's BF16 row: the paper's 1.4178 beside our mean, and their difference
+    main_table = pd.read_csv(report / "tables" / "main_1p67b.csv")
+    row = main_table[(main_table["method"] == "bf16") & (main_table["metric"] == "val_ce")].iloc[0]
+    line = next(ln for ln in markdown.splitlines() if "| bf16" in ln and "val_ce" in ln)
+    assert "1.4178" in line and f"{row['ours']:.5g}" in line and f"{row['difference']:.5g}" in line
+    assert "≈ 5.5" in markdown  # approximate paper values are marked
