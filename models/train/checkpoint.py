@@ -11,6 +11,7 @@ middle of a save resumes from the previous checkpoint and deletes the leftover t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,14 @@ from deltamatch.models.train.distributed import Layout, barrier
 
 COMPLETE = "COMPLETE"
 _NAME = re.compile(r"^step_(\d{8})$")
+
+
+@contextlib.contextmanager
+def _single_process_ok():
+    """DCP warns when no process group runs; one process is a supported layout here, not a mistake."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _rng_state(layout: Layout) -> dict[str, torch.Tensor]:
@@ -81,8 +90,7 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             self.root.mkdir(parents=True, exist_ok=True)
         barrier(self.layout)
-        with warnings.catch_warnings():  # one process without a process group is a supported layout, not a mistake
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with _single_process_ok():
             dcp.save(self._state(model, optimizers, trainer), checkpoint_id=str(tmp))
         barrier(self.layout)
         if self.layout.is_main:
@@ -98,8 +106,7 @@ class Checkpointer:
         """Restore model, optimizers and RNG from ``path``; returns the trainer scalars."""
         state = self._state(model, optimizers, {"step": 0, "wall_s": 0.0})
         # another rank count leaves some rank's RNG key absent: load what exists, keep the fresh seed for the rest
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with _single_process_ok():
             dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
         set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
         _set_rng_state(state["rng"], self.layout)
@@ -134,7 +141,8 @@ def load_model_weights(model: nn.Module, source: str | Path) -> None:
                 raise ValueError(f"config key 'model.init_from': {source} is neither an HF folder nor a checkpoint")
             source = found[-1][1]
         state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=str(source), planner=DefaultLoadPlanner(allow_partial_load=True))
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(source), planner=DefaultLoadPlanner(allow_partial_load=True))
         missing, unexpected = model.load_state_dict(state["model"], strict=False)
     if missing or unexpected:
         raise ValueError(f"config key 'model.init_from': {source} does not match the model "
