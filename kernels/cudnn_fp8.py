@@ -7,7 +7,8 @@ cuDNN's FP8 SDPA (``pygraph.sdpa_fp8`` / ``sdpa_fp8_backward``) takes E4M3 Q, K,
 Scales: Q, K, V, dO from their current amax (amax / 448). O is a convex combination of V's rows, so |O| ≤ amax(V) and
 ``scale_o = 448 / amax(V)`` never saturates without a second pass. dS has no such bound: like Transformer Engine's
 delayed scaling, its scale comes from the amax cuDNN reported on the previous call of the same shape (history of one);
-the first call of a shape runs the backward twice. dQ, dK, dV are returned in BF16.
+the first call of a shape runs the backward twice. On Hopper cuDNN writes dQ, dK, dV only in FP8 (BF16 gradients
+need Blackwell), so they get delayed scales the same way and are dequantised to the input dtype.
 
 Importing this module never imports cuDNN; ``CudnnFP8Backend.supports`` says "unavailable" with the reason when
 ``cudnn`` (the frontend) cannot be imported or the GPU is not Hopper.
@@ -81,7 +82,7 @@ def _forward_graph(q8, k8, v8, causal, attn_scale):
     return _build(graph, cudnn), t
 
 
-def _backward_graph(q8, k8, v8, o8, do8, stats, causal, attn_scale, grad_dtype):
+def _backward_graph(q8, k8, v8, o8, do8, stats, causal, attn_scale):
     cudnn = _cudnn()
     graph = cudnn.pygraph(io_data_type=cudnn.data_type.FP8_E4M3, intermediate_data_type=cudnn.data_type.FLOAT,
                           compute_data_type=cudnn.data_type.FLOAT)
@@ -101,7 +102,7 @@ def _backward_graph(q8, k8, v8, o8, do8, stats, causal, attn_scale, grad_dtype):
     for out, ref in ((dq, q8), (dk, k8), (dv, v8)):
         b, h, n, d = ref.shape
         out.set_output(True).set_dim((b, h, n, d)).set_stride((h * n * d, n * d, d, 1)).set_data_type(
-            cudnn.data_type.BFLOAT16 if grad_dtype == torch.bfloat16 else cudnn.data_type.HALF)
+            cudnn.data_type.FP8_E4M3)
     for amax in amaxes:
         amax.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(cudnn.data_type.FLOAT)
     t.update(dq=dq, dk=dk, dv=dv, amax_dq=amaxes[0], amax_dk=amaxes[1], amax_dv=amaxes[2], amax_dp=amaxes[3])
@@ -150,26 +151,26 @@ class _CudnnFP8Attention(torch.autograd.Function):
     def backward(ctx, do):
         q8, k8, v8, sq, sk, sv, o8, s_o, stats = ctx.saved_tensors
         do8, sdo = _quant(_bhnd(do))
-        key = ("bwd", _key(q8, k8, v8, o8, do8), ctx.causal, ctx.attn_scale, ctx.dtype)
-        graph, t = _cached(key, lambda: _backward_graph(q8, k8, v8, o8, do8, stats, ctx.causal, ctx.attn_scale,
-                                                        ctx.dtype))
+        key = ("bwd", _key(q8, k8, v8, o8, do8), ctx.causal, ctx.attn_scale)
+        graph, t = _cached(key, lambda: _backward_graph(q8, k8, v8, o8, do8, stats, ctx.causal, ctx.attn_scale))
         one = torch.ones((1, 1, 1, 1), device=do.device, dtype=torch.float32)
-        grads = [torch.empty(x.shape, device=do.device, dtype=ctx.dtype) for x in (q8, k8, v8)]
-        amax = [torch.empty((1, 1, 1, 1), device=do.device, dtype=torch.float32) for _ in range(4)]
-        for attempt in range(2):
-            ds_amax = _DS_AMAX.get(key)
-            s_ds = one if ds_amax is None else torch.where(ds_amax > 0, ds_amax / E4M3_MAX, one)
+        codes = [torch.empty(x.shape, device=do.device, dtype=torch.float8_e4m3fn) for x in (q8, k8, v8)]
+        amax = [torch.empty((1, 1, 1, 1), device=do.device, dtype=torch.float32) for _ in range(4)]  # dQ dK dV dS
+        for _ in range(2):
+            history = _DS_AMAX.get(key)
+            s_dq, s_dk, s_dv, s_ds = (one if history is None else torch.where(a > 0, a / E4M3_MAX, one)
+                                      for a in (history or [None] * 4))
             _execute(graph, t, dict(
                 q=q8, k=k8, v=v8, o=o8, do=do8, stats=stats, descale_q=sq, descale_k=sk, descale_v=sv,
                 descale_o=s_o, descale_do=sdo, descale_s=one / E4M3_MAX, descale_dp=s_ds,
-                scale_s=one * E4M3_MAX, scale_dq=one, scale_dk=one, scale_dv=one, scale_dp=one / s_ds,
-                dq=grads[0], dk=grads[1], dv=grads[2], amax_dq=amax[0], amax_dk=amax[1], amax_dv=amax[2],
-                amax_dp=amax[3]), do.device)
-            _DS_AMAX[key] = amax[3].clone()  # delayed scaling: the next call of this shape uses this amax
-            if ds_amax is not None:
+                scale_s=one * E4M3_MAX, scale_dq=one / s_dq, scale_dk=one / s_dk, scale_dv=one / s_dv,
+                scale_dp=one / s_ds, dq=codes[0], dk=codes[1], dv=codes[2], amax_dq=amax[0], amax_dk=amax[1],
+                amax_dv=amax[2], amax_dp=amax[3]), do.device)
+            _DS_AMAX[key] = [a.clone() for a in amax]  # delayed scaling: the next call of this shape uses these
+            if history is not None:
                 break
-        dq, dk, dv = (g.transpose(1, 2) for g in grads)
-        return dq, dk, dv, None, None
+        grads = [(c.float() * s).to(ctx.dtype).transpose(1, 2) for c, s in zip(codes, (s_dq, s_dk, s_dv))]
+        return grads[0], grads[1], grads[2], None, None
 
 
 def cudnn_fp8_attention(q, k, v, causal: bool = True, softmax_scale: float | None = None):

@@ -15,6 +15,8 @@ FP32 accumulation order in the recomputed products). Programs own disjoint outpu
 deterministic.
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +41,54 @@ def _tile_scale_rows(x_abs_rowmax, ROWS: tl.constexpr):
 
 
 @triton.jit
+def _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m, start_n, N,
+                    qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                    CAUSAL: tl.constexpr):
+    """Matmuls 3 and 4 for one [BLOCK_M, BLOCK_N] tile: P (FP32, from lse) and dP̂, as both row-wise passes see them."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
+    v = tl.load(v8_ptr + kv_ptrs)  # [BLOCK_N, D]
+    s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
+    s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
+    s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # matmul 3: [BLOCK_M, BLOCK_N]
+    p = tl.math.exp2(s - lse[:, None])
+    if MASKED:
+        visible = (cols[None, :] < N) & (offs_m[:, None] < N)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None])
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)  # matmul 4
+    return p, dp, s_k
+
+
+@triton.jit
+def _load_rows(q8_ptr, do8_ptr, sq_ptr, sdo_ptr, lse_ptr, bh, start_m, offs_m, N, N_PAD, HEAD_DIM: tl.constexpr):
+    """A query block's Q̂, dÔ codes, their scales, and lse2."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ptrs = bh.to(tl.int64) * N_PAD * HEAD_DIM + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q8_ptr + row_ptrs)  # [BLOCK_M, D]
+    do = tl.load(do8_ptr + row_ptrs)  # [BLOCK_M, D]
+    scale_idx = bh.to(tl.int64) * (N_PAD // 128) + start_m // 128
+    s_q = tl.load(sq_ptr + scale_idx)
+    s_do = tl.load(sdo_ptr + scale_idx)
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+    return q, do, s_q, s_do, lse
+
+
+@triton.jit
+def _key_ranges(pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """[0, full_end) needs no mask; [full_end, hi) holds the causal diagonal and the ragged end."""
+    full_end = (N // BLOCK_N) * BLOCK_N
+    hi = N
+    if CAUSAL:
+        full_end = tl.minimum(full_end, pid_m * BLOCK_M)
+        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
+    return full_end, hi
+
+
+@triton.jit
 def _attn_bwd_delta_matched_kernel(
     q8_ptr, k8_ptr, v8_ptr, do8_ptr,  # codes (.., N_pad, D)
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
@@ -46,39 +96,73 @@ def _attn_bwd_delta_matched_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     tl.static_assert(BLOCK_N == 64, "K̂/V̂ scales are per 64 keys")
+    tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     bh_kv = b * (H // GROUP) + h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ptrs = bh.to(tl.int64) * N_PAD * HEAD_DIM + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q8_ptr + row_ptrs)  # [BLOCK_M, D]
-    do = tl.load(do8_ptr + row_ptrs)  # [BLOCK_M, D]
-    s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+    q, do, s_q, s_do, lse = _load_rows(q8_ptr, do8_ptr, sq_ptr, sdo_ptr, lse_ptr, bh, pid_m * BLOCK_M, offs_m, N,
+                                       N_PAD, HEAD_DIM)
     kv_base = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
     skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
     delta = tl.zeros([BLOCK_M], tl.float32)
-    hi = N
-    if CAUSAL:
-        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
-        v = tl.load(v8_ptr + kv_ptrs)  # [BLOCK_N, D]
-        s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
-        s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
-        s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # matmul 3: [BLOCK_M, BLOCK_N]
-        visible = (cols[None, :] < N) & (offs_m[:, None] < N)
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None])
-        p = tl.where(visible, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)  # matmul 4
+    full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full_end, BLOCK_N):
+        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
+                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL)
+        delta += tl.sum(p * dp, 1)
+    for start_n in range(full_end, hi, BLOCK_N):
+        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
+                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL)
         delta += tl.sum(p * dp, 1)
     tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, delta)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr, delta_ptr,
+                stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr):
+    """Accumulate dV and (unscaled) dK of one key block over the query tiles [lo, hi) of one query head, skipping
+    from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
+    for tile_m in range(lo, hi - (jump_to - jump_from), BLOCK_M):
+        start_m = tl.where(tile_m < jump_from, tile_m, tile_m + (jump_to - jump_from))
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        # B operands, contraction dim contiguous: Q̂ᵀ/dÔᵀ tiles [D, BLOCK_M] read D-major for matmuls 3/4,
+        # token-major (from the transposed copies) for matmuls 5/7.
+        qT = tl.load(q8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+        doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+        s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
+        s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
+        lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+        delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+        sT = tl.dot(k, qT) * (s_k * (s_q * qk_scale))[:, None]  # matmul 3: [BLOCK_N, BLOCK_M]
+        pT = tl.math.exp2(sT - lse[None, :])
+        if MASKED:
+            visible = (offs_n[:, None] < N) & (offs_m[None, :] < N)
+            if CAUSAL:
+                visible = visible & (offs_m[None, :] >= offs_n[:, None])
+            pT = tl.where(visible, pT, 0.0)
+        dpT = tl.dot(v, doT) * (s_v * s_do)[:, None]  # matmul 4
+        dsT = pT * (dpT - delta[None, :])
+        if DS_STATS:  # diagnostics: dS row sums (over keys) before the cast, summed across key blocks
+            stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
+            tl.atomic_add(stats, tl.sum(dsT, 0), mask=offs_m < N)
+            tl.atomic_add(stats + N_PAD, tl.sum(tl.abs(dsT), 0), mask=offs_m < N)
+        # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
+        pt_max = tl.max(pT, 1)
+        s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
+        pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
+        do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+        dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
+        # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
+        s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
+        ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
+        q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+        dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
+    return dk, dv
 
 
 @triton.jit
@@ -86,10 +170,11 @@ def _attn_bwd_dkdv_kernel(
     q8_ptr, q8t_ptr, k8_ptr, v8_ptr, do8_ptr, do8t_ptr,  # codes; *t are (.., D, N_pad)
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
     dk_ptr, dv_ptr,  # (B, N, H_kv, D)
+    stats_ptr,  # DS_STATS only: (B, H, 2, N_pad) fp32, Σ_j dS_ij and Σ_j |dS_ij|
     stride_kb, stride_kn, stride_kh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, SPLIT: tl.constexpr = True,
 ):
     tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
     tl.static_assert(BLOCK_N % 64 == 0, "a key block holds whole 64-key scale groups")
@@ -98,7 +183,6 @@ def _attn_bwd_dkdv_kernel(
     b, h_kv = bh_kv // H_KV, bh_kv % H_KV
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     kv_ptrs = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM + offs_n.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
     k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
@@ -107,40 +191,27 @@ def _attn_bwd_dkdv_kernel(
     s_v = tl.load(sv_ptr + bh_kv.to(tl.int64) * (N_PAD // 64) + offs_n // 64)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    # query tiles: [lo, diag_end) the causal diagonal (masked), [diag_end, full_end) unmasked, [full_end, N) ragged
+    full_end = (N // BLOCK_M) * BLOCK_M
     lo = 0
+    diag_end = 0
     if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
+        lo = start_n
+        diag_end = tl.maximum(lo, tl.minimum(start_n + BLOCK_N, full_end))
+    tail = tl.maximum(full_end, lo)
+    if not SPLIT:  # one masked loop body for all query tiles: fewer registers, more mask arithmetic
+        diag_end = lo
+        tail = lo
     for g in range(0, GROUP):
         bh = b * H + h_kv * GROUP + g
-        row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
-        for start_m in range(lo, N, BLOCK_M):
-            offs_m = start_m + offs_m0
-            # B operands, contraction dim contiguous: Q̂ᵀ/dÔᵀ tiles [D, BLOCK_M] read D-major for matmuls 3/4,
-            # token-major (from the transposed copies) for matmuls 5/7.
-            qT = tl.load(q8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
-            doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
-            s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
-            s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
-            lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
-            delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
-            sT = tl.dot(k, qT) * (s_k * (s_q * qk_scale))[:, None]  # matmul 3: [BLOCK_N, BLOCK_M]
-            visible = (offs_n[:, None] < N) & (offs_m[None, :] < N)
-            if CAUSAL:
-                visible = visible & (offs_m[None, :] >= offs_n[:, None])
-            pT = tl.where(visible, tl.math.exp2(sT - lse[None, :]), 0.0)
-            dpT = tl.dot(v, doT) * (s_v * s_do)[:, None]  # matmul 4
-            dsT = pT * (dpT - delta[None, :])
-            # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
-            pt_max = tl.max(pT, 1)
-            s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
-            pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
-            do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
-            dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
-            # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
-            s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
-            ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
-            q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
-            dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
+        if SPLIT:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr,
+                                 lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
+                                 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS)
+        # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr,
+                             delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
@@ -149,54 +220,63 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
+def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base,
+              skv_base, offs_m, qk_scale, N, N_PAD, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+              DS_STATS: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        p, dp, s_k = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base,
+                                     offs_m, start_n, N, qk_scale, HEAD_DIM, BLOCK_N, MASKED, CAUSAL)
+        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+        if DS_STATS:
+            rowsum += tl.sum(ds, 1)
+            rowabs += tl.sum(tl.abs(ds), 1)
+        s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
+        ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
+        dq += tl.dot(ds8, tl.trans(k_tok)) * (s_ds * s_k)[:, None]  # matmul 6
+    return dq, rowsum, rowabs
+
+
+@triton.jit
 def _attn_bwd_dq_kernel(
     q8_ptr, k8_ptr, k8t_ptr, v8_ptr, do8_ptr,
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
     dq_ptr,  # (B, N, H, D)
+    stats_ptr,  # DS_STATS only: (B, H, 2, N_pad) fp32, Σ_j dS_ij and Σ_j |dS_ij|
     stride_qb, stride_qn, stride_qh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_N == 64, "dŜ and K̂ scales are per 64 keys along dQ's contraction")
-    tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ / dÔ scale block")
+    tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     bh_kv = b * (H // GROUP) + h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ptrs = bh.to(tl.int64) * N_PAD * HEAD_DIM + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q8_ptr + row_ptrs)  # [BLOCK_M, D]
-    do = tl.load(do8_ptr + row_ptrs)
-    s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+    q, do, s_q, s_do, lse = _load_rows(q8_ptr, do8_ptr, sq_ptr, sdo_ptr, lse_ptr, bh, pid_m * BLOCK_M, offs_m, N,
+                                       N_PAD, HEAD_DIM)
     delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
     kv_base = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
     skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    hi = N
-    if CAUSAL:
-        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n0
-        kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
-        v = tl.load(v8_ptr + kv_ptrs)
-        s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
-        s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
-        s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # matmul 3
-        visible = (cols[None, :] < N) & (offs_m[:, None] < N)
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None])
-        p = tl.where(visible, tl.math.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)  # matmul 4
-        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
-        s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
-        ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
-        k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
-        dq += tl.dot(ds8, tl.trans(k_tok)) * (s_ds * s_k)[:, None]  # matmul 6
+    rowsum = tl.zeros([BLOCK_M], tl.float32)
+    rowabs = tl.zeros([BLOCK_M], tl.float32)
+    full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
+    dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr,
+                                   sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, 0, full_end, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS)
+    dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr,
+                                   sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, full_end, hi, HEAD_DIM,
+                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS)
+    if DS_STATS:
+        stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
+        tl.store(stats, rowsum, mask=offs_m < N)
+        tl.store(stats + N_PAD, rowabs, mask=offs_m < N)
     out_ptrs = dq_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     out_ptrs = out_ptrs + offs_m.to(tl.int64)[:, None] * stride_qn + offs_d[None, :]
     tl.store(out_ptrs, (dq * softmax_scale).to(dq_ptr.dtype.element_ty), mask=(offs_m < N)[:, None])
@@ -205,46 +285,63 @@ def _attn_bwd_dq_kernel(
 def backward_config(head_dim: int) -> dict:
     """Block sizes per head dim: dK/dV hold two BLOCK_N × D FP32 accumulators, dQ one BLOCK_M × D."""
     if head_dim <= 128:
-        return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+        return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2, SPLIT=True),
                     dq=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2),
                     delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2))
-    return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1),
+    return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1, SPLIT=True),
                 dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=1),
                 delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2))
 
 
-def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bool, softmax_scale: float,
-                       n: int, shapes: tuple, dtypes: tuple):
-    """Run (matched δ,) dK/dV and dQ; returns dq (B, N, H, D), dk, dv (B, N, H_kv, D)."""
-    import math
+def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
+    q8, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "v8", "sq", "sk", "sv", "lse2"))
+    b, h, n_pad, d = q8.shape
+    _attn_bwd_delta_matched_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
+        q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, qk_scale, n, n_pad, h, h // k8.shape[1],
+        HEAD_DIM=d, CAUSAL=causal, **c,
+    )
 
-    q8, q8t, k8, k8t, v8 = (saved[name] for name in ("q8", "q8t", "k8", "k8t", "v8"))
-    sq, sk, sv, lse2 = (saved[name] for name in ("sq", "sk", "sv", "lse2"))
+
+def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c):
+    q8, q8t, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "q8t", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
-    group = h // h_kv
-    qk_scale = softmax_scale * math.log2(math.e)
-    cfg = backward_config(d)
-    round_fp32 = round_fp32_in_kernels()
-    if mode == "matched":
-        c = cfg["delta"]
-        _attn_bwd_delta_matched_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
-            q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, qk_scale, n, n_pad, h, group,
-            HEAD_DIM=d, CAUSAL=causal, **c,
-        )
-    dq = torch.empty(shapes[0], device=q8.device, dtype=dtypes[0])
-    dk = torch.empty(shapes[1], device=q8.device, dtype=dtypes[1])
-    dv = torch.empty(shapes[1], device=q8.device, dtype=dtypes[1])
-    c = cfg["dkdv"]
     _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
-        q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv,
-        dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, group,
-        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32, **c,
+        q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
+        dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
+        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None, **c,
     )
-    c = cfg["dq"]
+
+
+def _launch_dq(saved, do8, sdo, delta, dq, stats, causal, qk_scale, softmax_scale, n, c):
+    q8, k8, k8t, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2"))
+    b, h, n_pad, d = q8.shape
     _attn_bwd_dq_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
-        q8, k8, k8t, v8, do8, sq, sk, sv, sdo, lse2, delta, dq,
-        dq.stride(0), dq.stride(1), dq.stride(2), qk_scale, softmax_scale, n, n_pad, h, group,
-        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32, **c,
+        q8, k8, k8t, v8, do8, sq, sk, sv, sdo, lse2, delta, dq, stats if stats is not None else delta,
+        dq.stride(0), dq.stride(1), dq.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // k8.shape[1],
+        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None, **c,
     )
+
+
+def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bool, softmax_scale: float,
+                       n: int, shapes: tuple, dtypes: tuple, ds_stats: dict | None = None,
+                       config: dict | None = None):
+    """Run (matched δ,) dK/dV and dQ; returns dq (B, N, H, D), dk, dv (B, N, H_kv, D).
+
+    ``ds_stats`` (diagnostics, tests): ``{"dq": t, "dkdv": t}`` with zeroed (B, H, 2, N_pad) FP32 tensors that receive
+    Σ_j dS_ij and Σ_j |dS_ij| per query row, as each dS kernel formed dS before its cast. ``config`` overrides
+    ``backward_config`` (the tuning sweep).
+    """
+    device = saved["q8"].device
+    cfg = config or backward_config(saved["q8"].shape[-1])
+    qk_scale = softmax_scale * math.log2(math.e)
+    stats = ds_stats or {}
+    if mode == "matched":
+        _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"])
+    dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
+    dk = torch.empty(shapes[1], device=device, dtype=dtypes[1])
+    dv = torch.empty(shapes[1], device=device, dtype=dtypes[1])
+    _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
+                 cfg["dkdv"])
+    _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"])
     return dq, dk, dv

@@ -22,48 +22,23 @@ from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, round_fp32_in_ker
 
 
 @triton.jit
-def _attn_fwd_kernel(
-    q8_ptr, k8_ptr, v8t_ptr,  # codes: Q̂ (B, H, N_pad, D), K̂ (B, H_kv, N_pad, D), V̂ᵀ (B, H_kv, D, N_pad)
-    sq_ptr, sk_ptr, sv_ptr,  # scales: (B, H, N_pad/128), (B, H_kv, N_pad/64), (B, H_kv, N_pad/64)
-    o_ptr, lse_ptr,  # O (B, N, H, D); lse2 (B, H, N_pad) fp32
-    stride_ob, stride_on, stride_oh,
-    qk_scale,  # softmax scale · log2(e)
-    N, N_PAD, H, GROUP,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
-):
-    tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
-    tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
-    bh_kv = b * (H // GROUP) + h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m, qk_scale, N, N_PAD,
+                    lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr):
+    """Online softmax over the key tiles [lo, hi); only MASKED tiles (the diagonal, the ragged end) pay for a mask."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-
-    q_base = q8_ptr + bh.to(tl.int64) * N_PAD * HEAD_DIM
-    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_M, D] e4m3
-    s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    k_base = k8_ptr + bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
-    vt_base = v8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD
-    skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    hi = N
-    if CAUSAL:
-        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = tl.load(k_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_N, D]
         s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
         # matmul 1: S = Q̂ K̂ᵀ, promoted to FP32 with both block scales
         s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # [BLOCK_M, BLOCK_N]
-        visible = cols[None, :] < N
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None])
-        s = tl.where(visible, s, float("-inf"))
+        if MASKED:
+            visible = cols[None, :] < N
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
         m_tile = tl.max(s, 1)
         m_new = tl.maximum(m_i, m_tile)  # finite: key 0 is visible to every row in the first tile
         alpha = tl.math.exp2(m_i - m_new)
@@ -78,6 +53,49 @@ def _attn_fwd_kernel(
         # matmul 2: O += P̂ V̂
         acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt)) * (s_p * s_v)[:, None]
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q8_ptr, k8_ptr, v8t_ptr,  # codes: Q̂ (B, H, N_pad, D), K̂ (B, H_kv, N_pad, D), V̂ᵀ (B, H_kv, D, N_pad)
+    sq_ptr, sk_ptr, sv_ptr,  # scales: (B, H, N_pad/128), (B, H_kv, N_pad/64), (B, H_kv, N_pad/64)
+    o_ptr, lse_ptr,  # O (B, N, H, D); lse2 (B, H, N_pad) fp32
+    stride_ob, stride_on, stride_oh,
+    qk_scale,  # softmax scale · log2(e)
+    N, N_PAD, H, GROUP,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+):
+    tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
+    tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
+    tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal starts on a key-tile boundary")
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    bh_kv = b * (H // GROUP) + h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    q_base = q8_ptr + bh.to(tl.int64) * N_PAD * HEAD_DIM
+    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_M, D] e4m3
+    s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
+    k_base = k8_ptr + bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
+    vt_base = v8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD
+    skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # whole key tiles left of the diagonal (causal) and of the ragged end need no mask
+    full_end = (N // BLOCK_N) * BLOCK_N
+    hi = N
+    if CAUSAL:
+        full_end = tl.minimum(full_end, pid_m * BLOCK_M)
+        hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
+    acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
+                                    qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL, ROUND_FP32)
+    acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
+                                    qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32)
 
     o = acc / l_i[:, None]
     o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -93,14 +111,15 @@ def forward_config(head_dim: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2)
 
 
-def attention_forward(q8, k8, v8t, sq, sk, sv, out_shape, out_dtype, causal: bool, softmax_scale: float):
-    """Launch the forward; returns O (B, N, H, D) and lse2 (B, H, N_pad)."""
+def attention_forward(q8, k8, v8t, sq, sk, sv, out_shape, out_dtype, causal: bool, softmax_scale: float,
+                      config: dict | None = None):
+    """Launch the forward; returns O (B, N, H, D) and lse2 (B, H, N_pad). ``config`` overrides ``forward_config``."""
     b, h, n_pad, d = q8.shape
     n = out_shape[1]
     group = h // k8.shape[1]
     o = torch.empty(out_shape, device=q8.device, dtype=out_dtype)
     lse2 = torch.empty((b, h, n_pad), device=q8.device, dtype=torch.float32)
-    cfg = forward_config(d)
+    cfg = config or forward_config(d)
     assert BLOCK_Q % cfg["BLOCK_M"] == 0
     grid = (triton.cdiv(n, cfg["BLOCK_M"]), b * h)
     _attn_fwd_kernel[grid](

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the kernel work: install, GPU tests, benchmark; logs and tables under $OUT.
-# Usage (from the repo root, on the H200): bash tools/device/kernel_gpu.sh [tests|bench|all] [quick|full]
+# Usage (from the repo root, on the H200): bash tools/device/kernel_gpu.sh STAGES [quick|full]
+#   STAGES: comma-separated of tests, sweep, bench (or all = tests,bench)
 set -uo pipefail
 WHAT=${1:-all}
 SIZE=${2:-quick}
@@ -27,13 +28,21 @@ python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__, 'backend', 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 stamp installed
 
-if [[ $WHAT == tests || $WHAT == all ]]; then
+[[ $WHAT == all ]] && WHAT=tests,bench
+has() { [[ ",$WHAT," == *",$1,"* ]]; }
+
+if has tests; then
   python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=8 \
     tests/kernels/test_triton_gpu.py tests/kernels/test_cudnn_fp8.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
   stamp tests done
 fi
 
-if [[ $WHAT == bench || $WHAT == all ]]; then
+if has sweep; then
+  python3 tools/device/kernel_sweep.py --out "$OUT" 2>&1 | grep -v "^\[" | tee "$OUT/sweep.log" | tail -60
+  stamp sweep done
+fi
+
+if has bench; then
   if [[ $SIZE == quick ]]; then
     python3 -m deltamatch.kernels.bench --out "$OUT/bench" --head-dims 128 --seq-lens 4096 8192 16384 \
       --causal-only 2>&1 | grep -v "shapes:" | tee "$OUT/bench.log"

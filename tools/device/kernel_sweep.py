@@ -1,0 +1,136 @@
+"""Time each Triton attention kernel alone under several launch configurations (one device call, H200).
+
+Run from the repo root: ``python3 tools/device/kernel_sweep.py --out DIR``. Compiles all variants first in parallel
+worker processes (Triton's on-disk cache then serves the timing process), times each with ``do_bench`` (median),
+and prints one table per kernel with executed TFLOP/s (causal, B·H = 64, N = 8192).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+SEQ = 8192
+FWD = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=s) for s in (2, 3, 4)] + [
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=s) for s in (2, 3, 4)]
+DKDV = [dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=s, SPLIT=sp) for s in (1, 2) for sp in (True, False)] + [
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=2, SPLIT=False) for w in (4, 8)]
+DQ = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=s) for s in (2, 3)]
+DELTA = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)]
+D256 = dict(
+    fwd=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)],
+    dkdv=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=s, SPLIT=sp) for w in (4, 8) for s in (1,)
+          for sp in (True, False)],
+    dq=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)],
+    delta=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=2) for w in (4, 8)],
+)
+
+
+def variants(d):
+    if d == 256:
+        return [(kind, c) for kind, cs in D256.items() for c in cs]
+    return [("fwd", c) for c in FWD] + [("dkdv", c) for c in DKDV] + [("dq", c) for c in DQ] + [
+        ("delta", c) for c in DELTA]
+
+
+def setup(d, n=SEQ, causal=True):
+    from deltamatch.kernels.triton_fwd import attention_forward
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand
+
+    h = 2048 // d
+    b = 64 // h
+    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q8, q8t, sq = quantize_operand(q, 128)
+    k8, k8t, sk = quantize_operand(k, 64, centre=True)
+    v8, v8t, sv = quantize_operand(v, 64)
+    o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d**-0.5)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "stale")
+    saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, v8t=v8t, sq=sq, sk=sk, sv=sv, lse2=lse2)
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, q=q, k=k, b=b, h=h, n=n, d=d, causal=causal)
+
+
+def launcher(kind, cfg, st):
+    import math
+
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_fwd import attention_forward
+
+    s, d, n, causal = st["saved"], st["d"], st["n"], st["causal"]
+    scale = d**-0.5
+    qk = scale * math.log2(math.e)
+    if kind == "fwd":
+        return lambda: attention_forward(s["q8"], s["k8"], s["v8t"], s["sq"], s["sk"], s["sv"], st["q"].shape,
+                                         st["q"].dtype, causal, scale, config=cfg)
+    if kind == "delta":
+        delta = st["delta"].clone()
+        return lambda: triton_bwd._launch_delta_matched(s, st["do8"], st["sdo"], delta, causal, qk, n, cfg)
+    if kind == "dkdv":
+        dk, dv = torch.empty_like(st["k"]), torch.empty_like(st["k"])
+        return lambda: triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None,
+                                               causal, qk, scale, n, cfg)
+    dq = torch.empty_like(st["q"])
+    return lambda: triton_bwd._launch_dq(s, st["do8"], st["sdo"], st["delta"], dq, None, causal, qk, scale, n, cfg)
+
+
+MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--worker", type=str, default=None, help="i/n: compile every n-th variant, starting at i")
+    args = parser.parse_args()
+    jobs = [(d, kind, cfg) for d in args.head_dims for kind, cfg in variants(d)]
+    if args.worker:
+        i, n = map(int, args.worker.split("/"))
+        states = {}
+        for d, kind, cfg in jobs[i::n]:
+            st = states.setdefault(d, setup(d, n=512))
+            try:
+                launcher(kind, cfg, st)()
+            except Exception as exc:  # reported again (and recorded) by the timing process
+                print(f"compile failed {d} {kind} {cfg}: {exc!r}"[:300], file=sys.stderr)
+        torch.cuda.synchronize()
+        return
+    n_workers = 8
+    procs = [subprocess.Popen([sys.executable, __file__, "--out", args.out, "--worker", f"{i}/{n_workers}",
+                               "--head-dims", *map(str, args.head_dims)]) for i in range(n_workers)]
+    for p in procs:
+        p.wait()
+    from triton.testing import do_bench
+
+    rows = []
+    for d in args.head_dims:
+        st = setup(d)
+        fwd_flops = 4.0 * st["b"] * st["h"] * st["n"] ** 2 * d * 0.5
+        for kind, cfg in variants(d):
+            try:
+                ms = do_bench(launcher(kind, cfg, st), warmup=25, rep=100, return_mode="median")
+                tflops = fwd_flops * MATMULS[kind] / 2 / ms * 1e-9
+            except Exception as exc:
+                ms, tflops = float("nan"), float("nan")
+                print(f"failed {d} {kind} {cfg}: {exc!r}"[:300])
+            rows.append(dict(head_dim=d, kernel=kind, config=cfg, ms=ms, tflops=tflops))
+            print(f"D={d} {kind:6s} {json.dumps(cfg):90s} {ms:8.3f} ms {tflops:6.0f} TFLOP/s", flush=True)
+        del st
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "kernel_sweep.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    print("\nbest per kernel:")
+    for d in args.head_dims:
+        for kind in MATMULS:
+            cand = [r for r in rows if r["head_dim"] == d and r["kernel"] == kind and r["ms"] == r["ms"]]
+            if cand:
+                best = min(cand, key=lambda r: r["ms"])
+                print(f"D={d} {kind:6s} {best['ms']:.3f} ms {best['tflops']:.0f} TFLOP/s {json.dumps(best['config'])}")
+
+
+if __name__ == "__main__":
+    main()
