@@ -1,0 +1,51 @@
+"""``dm-eval``: evaluate one checkpoint on one suite through lm-eval and write the tidy result JSON.
+
+    dm-eval --checkpoint runs/tiny-matched/final --suite offline --data data/default --out results/eval.json
+
+Output: ``{"checkpoint", "suite", "lm_eval_version", "tasks": {task: {metric: value}}, "average",
+"metric_per_task": {task: metric averaged}, "n_samples": {task: documents scored}, "limit", "wall_s"}``, written
+atomically. Suites live in ``evals/suites/`` (``--suite`` also takes a YAML path). Runs offline unless ``--online``:
+a suite needing a Hub dataset that is not cached fails at once, naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from deltamatch.evals.suites import available_suites
+
+    parser = argparse.ArgumentParser(prog="dm-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (dm-train's final/)")
+    parser.add_argument("--suite", required=True, help=f"suite name ({', '.join(available_suites())}) or YAML path")
+    parser.add_argument("--out", required=True, help="result JSON to write")
+    parser.add_argument("--limit", type=int, default=None, help="at most N documents per task (below the suite's)")
+    parser.add_argument("--data", default=None, help="dm-prepare-data folder (val_docs.jsonl) for local tasks")
+    parser.add_argument("--online", action="store_true", help="allow Hub and web downloads (default: offline)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    # Before lm-eval, datasets or huggingface_hub are imported: they read the offline switches once, at import.
+    from deltamatch.evals.preflight import set_hub_offline
+
+    set_hub_offline(not args.online)
+    from deltamatch.evals.runner import evaluate_suite, write_json_atomic
+    from deltamatch.evals.suites import load_suite
+
+    try:
+        record = evaluate_suite(args.checkpoint, load_suite(args.suite), data_dir=args.data, limit=args.limit,
+                                online=args.online, device=args.device)
+    except ValueError as err:
+        sys.exit(f"dm-eval: error: {err}")
+    write_json_atomic(record, args.out)
+    print(json.dumps({"suite": record["suite"], "average": record["average"], "tasks": record["tasks"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

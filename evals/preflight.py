@@ -1,0 +1,81 @@
+"""Offline mode and the fail-fast check of what a suite would download.
+
+Without network, ``datasets`` and ``huggingface_hub`` may retry or wait on a connection for minutes before failing,
+deep inside lm-eval's task construction, with a message that does not say which suite needed what. So ``dm-eval`` runs
+offline unless told ``--online``: it sets ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` and, before loading the model,
+checks every Hub dataset the suite's tasks name (found in their lm-eval YAML configs, plus those a suite declares for
+data that task code loads itself) against the local cache, and refuses suites that download plain URLs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from deltamatch.evals.suites import Suite
+
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def set_hub_offline(offline: bool = True) -> None:
+    """Make Hub and datasets calls fail at once instead of waiting on the network.
+
+    Both libraries read the variables once, at import, so where they are already imported (tests, notebooks) their
+    module-level switches are set too.
+    """
+    if not offline:
+        return
+    for name in OFFLINE_ENV:
+        os.environ[name] = "1"
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        cfg = sys.modules["datasets"].config
+        cfg.HF_HUB_OFFLINE = cfg.HF_DATASETS_OFFLINE = True
+
+
+def task_datasets(task_manager, name: str) -> list[tuple[str, str, str | None]]:
+    """(task, dataset_path, dataset_name) for the Hub datasets that task or group ``name`` loads via its YAML."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entry = task_manager.task_index.get(name)
+    if entry is None:
+        raise ValueError(f"lm-eval task or group {name!r} is not known to the task index "
+                         "(check the suite's task_dirs and include_defaults)")
+    if entry.yaml_path is None:
+        return []
+    cfg = load_yaml(entry.yaml_path, resolve_func=False)
+    if "group" in cfg or (entry.cfg or {}).get("group"):
+        children = cfg.get("task", [])
+        return [d for child in children if isinstance(child, str) for d in task_datasets(task_manager, child)]
+    path = cfg.get("dataset_path")
+    if not path or path in ("json", "csv", "parquet", "text", "arrow") or Path(str(path)).exists():
+        return []
+    return [(name, str(path), cfg.get("dataset_name"))]
+
+
+def _cached(path: str, name: str | None) -> bool:
+    import datasets
+
+    try:
+        datasets.load_dataset_builder(path, name)
+    except Exception:  # any failure offline means "not usable from the cache"; the message below names the dataset
+        return False
+    return True
+
+
+def check_offline(suite: Suite, task_manager) -> None:
+    """Raise ``ValueError`` naming every dataset or URL the suite needs that this offline machine does not hold."""
+    needed = [d for run in suite.runs for t in run.tasks for d in task_datasets(task_manager, t.task)]
+    for spec in suite.hub_datasets:
+        path, _, name = spec.partition(":")
+        needed.append((f"suite {suite.name}", path, name or None))
+    missing = sorted({f"'{p}'" + (f" (config '{n}')" if n else "") + f" for {task}"
+                      for task, p, n in needed if not _cached(p, n)})
+    problems = [f"Hugging Face dataset {m}" for m in missing] + [f"download {u}" for u in suite.urls]
+    if problems:
+        raise ValueError(
+            f"suite {suite.name!r} needs data this machine does not have, and the Hub is offline "
+            f"(HF_HUB_OFFLINE=1): " + "; ".join(problems)
+            + ". Run dm-eval --online where the network allows (or fill HF_HOME's cache first).")

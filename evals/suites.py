@@ -1,0 +1,156 @@
+"""Evaluation suites as configuration: which lm-eval tasks to run, which metric of each to keep, which to average.
+
+A suite is a YAML file in ``evals/suites/`` (or any path). It lists one or more *runs*; each run is one lm-eval
+evaluation whose tasks share the same task metadata (RULER sizes its synthetic data from ``max_seq_lengths`` there, so
+RULER at 8K and at 64K are two runs). Each task entry names an lm-eval task or group, the metrics to report, the one
+metric that enters the suite average (or none: perplexities are reported beside the average, not in it) and an
+optional per-task sample limit. Task YAMLs of our own live in ``evals/tasks/<dir>/`` and are indexed through
+``TaskManager(include_path=...)``; ``include_defaults`` says whether lm-eval's ~15k built-in task configs are indexed too
+(that costs ~5 s of start-up, so the offline suite leaves it off).
+
+Everything a suite may download is named in the suite or in its task configs, so :mod:`deltamatch.evals.preflight`
+can refuse an offline run before the model is even loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SUITES_DIR = Path(__file__).parent / "suites"
+TASKS_DIR = Path(__file__).parent / "tasks"
+
+
+@dataclass
+class SuiteTask:
+    """One lm-eval task or group of a run and what to keep of its results."""
+
+    task: str
+    """lm-eval task or group name."""
+    average: str | None = None
+    """Metric that enters the suite average (None: reported only)."""
+    report: list[str] = field(default_factory=list)
+    """Further metrics to report beside ``average`` (e.g. perplexities)."""
+    limit: int | None = None
+    """Evaluate at most this many documents per task (None: all); ``--limit`` lowers it further."""
+    subtasks: bool = False
+    """For a group: also report each subtask's metrics, keyed ``group/subtask``."""
+
+    @property
+    def metrics(self) -> list[str]:
+        return ([self.average] if self.average else []) + [m for m in self.report if m != self.average]
+
+
+@dataclass
+class SuiteRun:
+    """One lm-eval evaluation: tasks that share task metadata."""
+
+    tasks: list[SuiteTask]
+    """Tasks and groups evaluated together."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Handed to every task (``max_seq_lengths`` for RULER); the checkpoint path is added as ``pretrained``."""
+
+
+@dataclass
+class Suite:
+    """A named set of lm-eval runs, with what the suite needs from the machine."""
+
+    name: str
+    """Suite name (file stem in ``evals/suites/``)."""
+    runs: list[SuiteRun]
+    """lm-eval evaluations, in order."""
+    description: str = ""
+    """One paragraph for the report."""
+    task_dirs: list[str] = field(default_factory=list)
+    """Folders under ``evals/tasks/`` indexed for our own task YAMLs."""
+    include_defaults: bool = False
+    """Also index lm-eval's built-in tasks."""
+    needs_data: bool = False
+    """Needs ``--data DIR`` (a dm-prepare-data folder with ``val_docs.jsonl``) for locally built tasks."""
+    hub_datasets: list[str] = field(default_factory=list)
+    """Hub datasets loaded inside task code (``path`` or ``path:name``); those in task YAMLs are found automatically."""
+    urls: list[str] = field(default_factory=list)
+    """Files that task code downloads from the web without a cache: the suite needs network."""
+    model_args: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the lm-eval model (``max_length``, ``batch_size``, ``dtype``)."""
+
+    def include_paths(self) -> list[Path]:
+        return [TASKS_DIR / d for d in self.task_dirs]
+
+
+def _build(cls, data: Any, where: str):
+    """Dataclass ``cls`` from a YAML mapping; unknown keys, missing required keys and wrong types name the key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"suite key '{where}': expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"suite key '{where}': unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"suite key '{key}' is required")
+            continue
+        kwargs[name] = _value(name, data[name], key)
+    return cls(**kwargs)
+
+
+_SCALARS = {"task": str, "average": (str, int, type(None)), "limit": (int, type(None)), "subtasks": bool, "name": str,
+            "description": str, "include_defaults": bool, "needs_data": bool}
+_STR_LISTS = {"report", "task_dirs", "hub_datasets", "urls"}
+_MAPPINGS = {"metadata", "model_args"}
+
+
+def _value(name: str, value: Any, key: str):
+    if name == "runs":
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"suite key '{key}': expected a non-empty list of runs")
+        return [_build(SuiteRun, run, f"{key}[{i}]") for i, run in enumerate(value)]
+    if name == "tasks":
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"suite key '{key}': expected a non-empty list of tasks")
+        return [_build(SuiteTask, t, f"{key}[{i}]") for i, t in enumerate(value)]
+    if name in _STR_LISTS:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"suite key '{key}': expected a list of strings, got {value!r}")
+        return list(value)
+    if name in _MAPPINGS:
+        if not isinstance(value, dict):
+            raise ValueError(f"suite key '{key}': expected a mapping, got {value!r}")
+        return dict(value)
+    expected = _SCALARS[name]
+    if isinstance(value, bool) and expected in (int, (int, type(None))) or not isinstance(value, expected):
+        raise ValueError(f"suite key '{key}': expected {expected}, got {type(value).__name__} ({value!r})")
+    if name == "limit" and value is not None and value < 1:
+        raise ValueError(f"suite key '{key}': limit must be >= 1, got {value}")
+    # YAML keys like 8192 arrive as ints; lm-eval metric names are strings.
+    return str(value) if name == "average" and value is not None else value
+
+
+def available_suites() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.yaml"))
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    """The suite called ``name_or_path`` in ``evals/suites/``, or the suite YAML at that path."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = SUITES_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown suite {str(name_or_path)!r}; available: {available_suites()}")
+    elif not path.is_file():
+        raise ValueError(f"suite file not found: {path}")
+    suite = _build(Suite, yaml.safe_load(path.read_text()), "")
+    missing = [str(p) for p in suite.include_paths() if not p.is_dir()]
+    if missing:
+        raise ValueError(f"suite {suite.name!r}: task_dirs not found: {missing}")
+    keys = [key for run in suite.runs for t in run.tasks for key in [t.task]]
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"suite {suite.name!r}: a task is listed twice: {keys}")
+    return suite
