@@ -199,9 +199,15 @@ def _attn_bwd_dkdv_kernel(
         lo = start_n
         diag_end = tl.maximum(lo, tl.minimum(start_n + BLOCK_N, full_end))
     tail = tl.maximum(full_end, lo)
-    if not SPLIT:  # one masked loop body for all query tiles: fewer registers, more mask arithmetic
+    # one masked loop body for all query tiles: without SPLIT (fewer registers, more mask arithmetic), and for the
+    # ragged last key block, whose missing keys must stay out of P, dS and their scales
+    if not SPLIT:
         diag_end = lo
         tail = lo
+    if start_n + BLOCK_N > N:
+        diag_end = lo
+        tail = lo
+        full_end = lo  # the unmasked range [diag_end, full_end) is empty
     for g in range(0, GROUP):
         bh = b * H + h_kv * GROUP + g
         if SPLIT:
@@ -283,13 +289,16 @@ def _attn_bwd_dq_kernel(
 
 
 def backward_config(head_dim: int) -> dict:
-    """Block sizes per head dim: dK/dV hold two BLOCK_N × D FP32 accumulators, dQ one BLOCK_M × D."""
+    """Block sizes per head dim: dK/dV hold two BLOCK_N × D FP32 accumulators, dQ one BLOCK_M × D.
+
+    Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table).
+    """
     if head_dim <= 128:
-        return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2, SPLIT=True),
-                    dq=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2),
-                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=2))
-    return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1, SPLIT=True),
-                dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=1),
+        return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True),
+                    dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3),
+                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3))
+    return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1, SPLIT=False),
+                dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1),
                 delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2))
 
 

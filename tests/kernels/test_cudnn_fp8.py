@@ -44,7 +44,7 @@ def test_cudnn_fp8_against_its_simulation_and_fp64(causal):
                              torch.bfloat16),
                             ("exact", lambda a, b, c: attention_exact(a, b, c, causal), torch.float64)):
         for _ in range(2 if name == "cudnn" else 1):  # the second call uses the delayed dS scale
-            ins = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+            ins = [t.detach().clone().to(dtype).requires_grad_() for t in (q, k, v)]
             o = fn(*ins)
             o.backward(do.to(o.dtype))
         results[name] = [o.detach(), *(t.grad for t in ins)]

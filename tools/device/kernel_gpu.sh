@@ -43,6 +43,8 @@ if has sweep; then
 fi
 
 if has bench; then
+  for d in 64 128 256; do for c in 0 1; do python3 tools/device/prewarm.py $d $c & done; done; wait
+  stamp prewarmed
   if [[ $SIZE == quick ]]; then
     python3 -m deltamatch.kernels.bench --out "$OUT/bench" --head-dims 128 --seq-lens 4096 8192 16384 \
       --causal-only 2>&1 | grep -v "shapes:" | tee "$OUT/bench.log"
