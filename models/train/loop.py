@@ -16,6 +16,7 @@ One function, :func:`train`, runs on one CPU process and on every rank of a ``to
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import sys
@@ -148,6 +149,11 @@ def _train(config: RunConfig, layout: Layout) -> dict:
     start_step, wall_before = 0, 0.0
     ckpt.clean_partial()
     if latest is not None:
+        if latest[0] > config.train.steps:
+            raise ValueError(f"config key 'train.steps' is {config.train.steps}, but {run_dir} already holds a "
+                             f"checkpoint at step {latest[0]}; use a new run_dir (and model.init_from) instead")
+        if latest[0] == config.train.steps and (run_dir / "summary.json").is_file() and (run_dir / "final").is_dir():
+            return json.loads((run_dir / "summary.json").read_text()) if layout.is_main else {}
         state = ckpt.load(latest[1], model, optimizers)
         start_step, wall_before = int(state["step"]), state["wall_s"]
         if layout.is_main:

@@ -1,6 +1,7 @@
 """Trainer config validation, schedules and the Muon/AdamW parameter split."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +85,13 @@ def test_muon_takes_hidden_matrices_and_adamw_the_rest():
     assert {id(p) for p in no_decay["params"]} == {id(p) for _, p in groups["no_decay"]}
     only_adamw = build_optimizers(model, parse(RunConfig, {"run_dir": "r"}).optim)
     assert [type(o) for o in only_adamw] == [torch.optim.AdamW]
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "config" / "train").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_example_configs_validate(path):
+    from deltamatch.models.data.prepare import PrepareConfig
+    from deltamatch.models.train.config import load_yaml
+
+    config = load_yaml(PrepareConfig if path.name.startswith("data_") else RunConfig, path)
+    assert config is not None

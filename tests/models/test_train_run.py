@@ -220,3 +220,36 @@ def test_context_extension_starts_from_the_trained_weights(reference, data_dir, 
     assert summary["tokens"] == 2 * 4 * 64
     with pytest.raises(ValueError, match="init_from"):
         load_model_weights(fresh, tmp_path)
+
+
+def test_rerunning_a_finished_run_changes_nothing(reference, data_dir):
+    run_dir, summary = reference
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert train(parse(RunConfig, run_config(data_dir, run_dir))) == summary
+    assert (run_dir / "metrics.jsonl").read_text() == before
+    with pytest.raises(ValueError, match="train.steps"):
+        train(parse(RunConfig, run_config(data_dir, run_dir, train={"steps": STEPS - 1})))
+
+
+def test_activation_checkpointing_recomputes_blocks_with_equal_losses(data_dir, tmp_path, monkeypatch):
+    from deltamatch.models.modeling_hybrid import HybridBlock
+
+    calls = []
+    real_forward = HybridBlock.forward
+
+    def counting(self, *args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(HybridBlock, "forward", counting)
+    counts, runs = {}, {}
+    for ckpt in (False, True):
+        calls.clear()
+        run_dir = tmp_path / f"ac{ckpt}"
+        cfg = run_config(data_dir, run_dir, train={"steps": 2, "activation_checkpointing": ckpt},
+                         metrics={"probe_every": 0, "val_every": 0})
+        train(parse(RunConfig, cfg))
+        counts[ckpt], runs[ckpt] = sum(calls), losses(run_dir)
+    # 2 steps x 2 micro-batches x 2 blocks are run once more in the backward pass
+    assert counts[True] - counts[False] == 2 * 2 * 2
+    assert runs[True] == runs[False]
