@@ -1,0 +1,68 @@
+"""Instrumentation for the paper's figures and Table 9.
+
+- :func:`gain_concentration`: the QK-norm gains of an attention layer enter every logit as ``sum_c g_q,c g_k,c q_c k_c``;
+  the share of the largest channel in ``sum_c (g_q,c g_k,c)^2`` says how far the gains have collapsed onto a few
+  channels (the paper's signature of the stale-delta bias pushed into dK and the gains).
+- :func:`capture_attention_io`: runs one forward and backward on real tokens and returns, for every attention layer,
+  the inputs of its attention core ``q, k, v (B, N, H, D)`` and the gradient ``dO`` of the core's output, which is
+  exactly what ``deltamatch.kernels.reference.probe_backward`` / ``measures.residual_summary`` take.
+"""
+
+import torch
+from torch import nn
+
+
+def gain_concentration(q_gain: torch.Tensor, k_gain: torch.Tensor, top_k: int = 5) -> tuple[float, list[int]]:
+    """Share of the largest channel in ``sum_c (g_q,c g_k,c)^2`` and the ``top_k`` channels by that product.
+
+    Gains are ``(D,)`` or per head ``(H, D)`` (then averaged over heads first).
+    """
+    q_gain, k_gain = (g.detach().float().cpu() for g in (q_gain, k_gain))
+    q_gain, k_gain = (g.mean(0) if g.dim() == 2 else g for g in (q_gain, k_gain))
+    if q_gain.dim() != 1 or q_gain.shape != k_gain.shape:
+        raise ValueError(f"gains must be (D,) or (H, D) with equal D; got {tuple(q_gain.shape)} and {tuple(k_gain.shape)}")
+    energy = (q_gain * k_gain).pow(2)
+    total = energy.sum()
+    share = float(energy.max() / total) if total > 0 else 0.0
+    top = torch.argsort(energy, descending=True)[:top_k]
+    return share, [int(c) for c in top]
+
+
+def attention_gains(model: nn.Module) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``{layer: (q gain, k gain)}`` for every attention layer with QK-norm."""
+    return {
+        i: (attn.q_norm.weight, attn.k_norm.weight)
+        for i, attn in model.attention_layers()
+        if getattr(attn, "q_norm", None) is not None
+    }
+
+
+def capture_attention_io(
+    model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor
+) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Forward + backward of the LM loss; per attention layer the core's ``(q, k, v, dO)``, detached, in the layout
+    and dtype the core saw. Parameter ``.grad`` is left untouched (the gradient is taken w.r.t. the core outputs only).
+    """
+    inputs: dict[int, tuple[torch.Tensor, ...]] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    handles = []
+    for layer, attn in model.attention_layers():
+
+        def hook(module, args, out, layer=layer):
+            inputs[layer] = tuple(t.detach().clone() for t in args[:3])
+            outputs[layer] = out
+
+        handles.append(attn.core.register_forward_hook(hook))
+    try:
+        with torch.enable_grad():
+            loss = model(input_ids=input_ids, labels=labels, use_cache=False).loss
+            layers = sorted(outputs)
+            if not layers:
+                raise ValueError("the model has no attention layer to capture")
+            if not all(outputs[i].requires_grad for i in layers):
+                raise ValueError("attention outputs do not require grad: enable requires_grad on the parameters")
+            grads = torch.autograd.grad(loss, [outputs[i] for i in layers])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {i: (*inputs[i], g.detach()) for i, g in zip(layers, grads)}

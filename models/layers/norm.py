@@ -1,0 +1,50 @@
+"""RMSNorm and the gated RMSNorm at the output of the linear-attention mixers.
+
+Both normalise in FP32 and cast back, as fla's fused kernels do, so the CPU twin and the CUDA path see the same numbers
+up to accumulation order. Parameter names match fla's ``RMSNorm`` / ``FusedRMSNormGated`` (a single ``weight``), so
+checkpoints move between the two.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``x / rms(x) * weight`` over the last dimension, computed in FP32."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable gain per channel (the QK-norm gains the paper instruments are these)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GatedRMSNorm(nn.Module):
+    """``rmsnorm(x) * weight * silu(gate)``: fla's ``FusedRMSNormGated`` with the swish gate, in plain PyTorch."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        y = rms_norm(x.float(), self.weight, self.eps) * F.silu(gate.float())
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
