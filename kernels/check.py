@@ -71,21 +71,26 @@ def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
 
     common = dict(HEAD_DIM=head_dim, CAUSAL=causal, ROUND_FP32=False)
     specs = []
-    c, o = split(fwd)
+    c, o = split({"PAIRED": False, **fwd})
     specs.append(KernelSpec("attn_fwd", triton_fwd._attn_fwd_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"), **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"),
-                             "o_ptr": "*bf16"}, 2, copies=2, constexprs={**c, **common}, options=o))
+                             "o_ptr": "*bf16"}, 2, copies=3 if c.get("PAIRED") else 2,
+                            constexprs={**c, **common}, options=o))
     c, o = split(bwd["delta"])
     specs.append(KernelSpec("attn_bwd_delta_matched", triton_bwd._attn_bwd_delta_matched_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
                              **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr")}, 2, copies=2,
                             constexprs={**c, "HEAD_DIM": head_dim, "CAUSAL": causal}, options=o))
-    c, o = split(bwd["dkdv"])
-    specs.append(KernelSpec("attn_bwd_dkdv", triton_bwd._attn_bwd_dkdv_kernel,
-                            {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr"),
-                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
-                             "dk_ptr": "*bf16", "dv_ptr": "*bf16", "stats_ptr": "*fp32"}, 4, copies=2 if c["SPLIT"] else 1,
-                            constexprs={**c, **common, "DS_STATS": False}, options=o))
+    c, o = split({"SPLIT": True, **bwd["dkdv"]})
+    separate = c.pop("SEPARATE", False)
+    parts = [("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
+    for name, matmuls, flags in parts if separate else [("attn_bwd_dkdv", 4, dict(DO_DK=True, DO_DV=True))]:
+        specs.append(KernelSpec(name, triton_bwd._attn_bwd_dkdv_kernel,
+                                {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr"),
+                                 **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
+                                 "dk_ptr": "*bf16", "dv_ptr": "*bf16", "stats_ptr": "*fp32"}, matmuls,
+                                copies=2 if c["SPLIT"] else 1,
+                                constexprs={**c, **common, "DS_STATS": False, **flags}, options=o))
     c, o = split(bwd["dq"])
     specs.append(KernelSpec("attn_bwd_dq", triton_bwd._attn_bwd_dq_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "k8t_ptr", "v8_ptr", "do8_ptr"),

@@ -122,7 +122,8 @@ def _attn_bwd_delta_matched_kernel(
 def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr, delta_ptr,
                 stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr):
+                CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr,
+                DO_DK: tl.constexpr, DO_DV: tl.constexpr):
     """Accumulate dV and (unscaled) dK of one key block over the query tiles [lo, hi) of one query head, skipping
     from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end)."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -133,11 +134,9 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
         # B operands, contraction dim contiguous: Q̂ᵀ/dÔᵀ tiles [D, BLOCK_M] read D-major for matmuls 3/4,
         # token-major (from the transposed copies) for matmuls 5/7.
         qT = tl.load(q8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
-        doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
         s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
         s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
         lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
-        delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
         sT = tl.dot(k, qT) * (s_k * (s_q * qk_scale))[:, None]  # matmul 3: [BLOCK_N, BLOCK_M]
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:
@@ -145,23 +144,27 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
             if CAUSAL:
                 visible = visible & (offs_m[None, :] >= offs_n[:, None])
             pT = tl.where(visible, pT, 0.0)
-        dpT = tl.dot(v, doT) * (s_v * s_do)[:, None]  # matmul 4
-        dsT = pT * (dpT - delta[None, :])
-        if DS_STATS:  # diagnostics: dS row sums (over keys) before the cast, summed across key blocks
-            stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
-            tl.atomic_add(stats, tl.sum(dsT, 0), mask=offs_m < N)
-            tl.atomic_add(stats + N_PAD, tl.sum(tl.abs(dsT), 0), mask=offs_m < N)
-        # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
-        pt_max = tl.max(pT, 1)
-        s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
-        pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
-        do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
-        dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
-        # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
-        s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
-        ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
-        q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
-        dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
+        if DO_DV:
+            # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
+            pt_max = tl.max(pT, 1)
+            s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
+            pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
+            do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+            dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
+        if DO_DK:
+            doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+            delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
+            dpT = tl.dot(v, doT) * (s_v * s_do)[:, None]  # matmul 4
+            dsT = pT * (dpT - delta[None, :])
+            if DS_STATS:  # diagnostics: dS row sums (over keys) before the cast, summed across key blocks
+                stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
+                tl.atomic_add(stats, tl.sum(dsT, 0), mask=offs_m < N)
+                tl.atomic_add(stats + N_PAD, tl.sum(tl.abs(dsT), 0), mask=offs_m < N)
+            # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
+            s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
+            ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
+            q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+            dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
     return dk, dv
 
 
@@ -175,7 +178,9 @@ def _attn_bwd_dkdv_kernel(
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, SPLIT: tl.constexpr = True,
+    DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True,
 ):
+    """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches)."""
     tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
     tl.static_assert(BLOCK_N % 64 == 0, "a key block holds whole 64-key scale groups")
     pid_n, bh_kv = tl.program_id(0), tl.program_id(1)
@@ -213,16 +218,19 @@ def _attn_bwd_dkdv_kernel(
         if SPLIT:
             dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr,
                                  lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
-                                 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS)
+                                 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS,
+                                 DO_DK, DO_DV)
         # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
         dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr,
                              delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS)
+                             HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK, DO_DV)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
-    tl.store(dk_ptr + out, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=valid)
-    tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=valid)
+    if DO_DK:
+        tl.store(dk_ptr + out, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=valid)
+    if DO_DV:
+        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -312,14 +320,18 @@ def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
 
 
 def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c):
+    """One launch for dK and dV, or (``SEPARATE``) one for each: recomputing S once more, holding one accumulator."""
     q8, q8t, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "q8t", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
-    _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
-        q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
-        dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
-        HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None, **c,
-    )
+    c = dict(c)
+    parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if c.pop("SEPARATE", False) else [{}]
+    for part in parts:
+        _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
+            q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
+            dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
+            HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None, **part, **c,
+        )
 
 
 def _launch_dq(saved, do8, sdo, delta, dq, stats, causal, qk_scale, softmax_scale, n, c):

@@ -57,6 +57,41 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
 
 
 @triton.jit
+def _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, qk_scale, N_PAD, lo, hi,
+                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_FP32: tl.constexpr):
+    """Unmasked key tiles two at a time: one running-max update and one rescale of acc per 128 keys, while each
+    64-key group keeps its own P̂ and V̂ scales (two dots, each promoted with its own scales)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, 2 * BLOCK_N):
+        cols_a = start_n + offs_n
+        cols_b = cols_a + BLOCK_N
+        k_a = tl.load(k_base + cols_a.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_N, D]
+        k_b = tl.load(k_base + cols_b.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])
+        s_a = tl.dot(q, tl.trans(k_a)) * (s_q * tl.load(sk_ptr + skv_base + start_n // BLOCK_N) * qk_scale)
+        s_b = tl.dot(q, tl.trans(k_b)) * (s_q * tl.load(sk_ptr + skv_base + start_n // BLOCK_N + 1) * qk_scale)
+        m_a = tl.max(s_a, 1)
+        m_b = tl.max(s_b, 1)
+        m_new = tl.maximum(m_i, tl.maximum(m_a, m_b))
+        alpha = tl.math.exp2(m_i - m_new)
+        p_a = tl.math.exp2(s_a - m_new[:, None])
+        p_b = tl.math.exp2(s_b - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p_a, 1) + tl.sum(p_b, 1)
+        sp_a = tl.math.exp2(m_a - m_new) * (1.0 / 448.0)  # > 0: unmasked rows see every key of the tile
+        sp_b = tl.math.exp2(m_b - m_new) * (1.0 / 448.0)
+        p8_a = to_e4m3(p_a * (1.0 / sp_a)[:, None], ROUND_FP32)
+        p8_b = to_e4m3(p_b * (1.0 / sp_b)[:, None], ROUND_FP32)
+        vt_a = tl.load(vt_base + offs_d[:, None] * N_PAD + cols_a[None, :])  # [D, BLOCK_N]
+        vt_b = tl.load(vt_base + offs_d[:, None] * N_PAD + cols_b[None, :])
+        sv_a = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
+        sv_b = tl.load(sv_ptr + skv_base + start_n // BLOCK_N + 1)
+        acc = (acc * alpha[:, None] + tl.dot(p8_a, tl.trans(vt_a)) * (sp_a * sv_a)[:, None]
+               + tl.dot(p8_b, tl.trans(vt_b)) * (sp_b * sv_b)[:, None])
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attn_fwd_kernel(
     q8_ptr, k8_ptr, v8t_ptr,  # codes: Q̂ (B, H, N_pad, D), K̂ (B, H_kv, N_pad, D), V̂ᵀ (B, H_kv, D, N_pad)
     sq_ptr, sk_ptr, sv_ptr,  # scales: (B, H, N_pad/128), (B, H_kv, N_pad/64), (B, H_kv, N_pad/64)
@@ -65,7 +100,7 @@ def _attn_fwd_kernel(
     qk_scale,  # softmax scale · log2(e)
     N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, PAIRED: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
     tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
@@ -92,8 +127,17 @@ def _attn_fwd_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)
         hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
-    acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
-                                    qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL, ROUND_FP32)
+    if PAIRED:
+        pair_end = (full_end // (2 * BLOCK_N)) * (2 * BLOCK_N)
+        acc, l_i, m_i = _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, qk_scale,
+                                        N_PAD, 0, pair_end, HEAD_DIM, BLOCK_N, ROUND_FP32)
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
+                                        qk_scale, N, N_PAD, pair_end, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
+                                        ROUND_FP32)
+    else:
+        acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
+                                        qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
+                                        ROUND_FP32)
     acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                     qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32)
 

@@ -147,7 +147,7 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False):
     x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
     x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
     scales = torch.empty((b, h, n_pad // block_rows), device=x.device, dtype=torch.float32)
-    mean = x.float().mean(dim=1).contiguous() if centre else scales  # (B, H, D); unused placeholder otherwise
+    mean = x.mean(dim=1, dtype=torch.float32).contiguous() if centre else scales  # (B, H, D); else unused
     grid = (n_pad // block_rows, b * h)
     _quant_pass_kernel[grid](
         x, mean, x8, x8t, scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,

@@ -14,28 +14,26 @@ import sys
 import torch
 
 SEQ = 8192
-FWD = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=s) for s in (2, 3, 4)] + [
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=s) for s in (2, 3, 4)]
-DKDV = [dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=s, SPLIT=sp) for s in (1, 2) for sp in (True, False)] + [
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=2, SPLIT=False) for w in (4, 8)]
-DQ = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=s) for s in (2, 3)]
-DELTA = [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=s) for s in (2, 3)] + [
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)]
-D256 = dict(
-    fwd=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)],
-    dkdv=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=s, SPLIT=sp) for w in (4, 8) for s in (1,)
-          for sp in (True, False)],
-    dq=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2)],
-    delta=[dict(BLOCK_M=64, BLOCK_N=64, num_warps=w, num_stages=2) for w in (4, 8)],
-)
+F = lambda bm, w, s, **kw: dict(BLOCK_M=bm, BLOCK_N=64, num_warps=w, num_stages=s, **kw)  # noqa: E731
+KV = lambda bn, w, s, **kw: dict(BLOCK_M=64, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)  # noqa: E731
+SWEEP = {
+    64: dict(fwd=[F(64, 4, 4), F(128, 8, 3), F(64, 4, 4, PAIRED=True), F(128, 8, 3, PAIRED=True)],
+             dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True)],
+             dq=[F(64, 4, 3), F(128, 8, 3)], delta=[F(128, 8, 3)]),
+    128: dict(fwd=[F(64, 4, 4), F(64, 4, 3), F(64, 4, 3, PAIRED=True), F(64, 4, 4, PAIRED=True),
+                   F(128, 8, 3, PAIRED=True), F(128, 8, 2, PAIRED=True)],
+              dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True),
+                    KV(64, 4, 2, SEPARATE=True), KV(128, 8, 1, SEPARATE=True, SPLIT=False)],
+              dq=[F(64, 4, 3), F(64, 4, 4), F(128, 8, 3)], delta=[F(128, 8, 3), F(64, 4, 3)]),
+    256: dict(fwd=[F(64, 4, 2), F(64, 4, 2, PAIRED=True), F(64, 8, 2, PAIRED=True)],
+              dkdv=[KV(64, 8, 1, SPLIT=False), KV(64, 8, 1, SEPARATE=True), KV(64, 4, 1, SEPARATE=True),
+                    KV(64, 8, 1, SEPARATE=True, SPLIT=False)],
+              dq=[F(64, 4, 1), F(64, 4, 2)], delta=[F(64, 4, 2)]),
+}
 
 
 def variants(d):
-    if d == 256:
-        return [(kind, c) for kind, cs in D256.items() for c in cs]
-    return [("fwd", c) for c in FWD] + [("dkdv", c) for c in DKDV] + [("dq", c) for c in DQ] + [
-        ("delta", c) for c in DELTA]
+    return [(kind, c) for kind, cs in SWEEP[d].items() for c in cs]
 
 
 def setup(d, n=SEQ, causal=True):
@@ -55,6 +53,7 @@ def setup(d, n=SEQ, causal=True):
 
 
 def launcher(kind, cfg, st):
+    """(run, result): a closure launching one kernel with ``cfg`` and one returning its output for comparison."""
     import math
 
     from deltamatch.kernels import triton_bwd
@@ -64,17 +63,24 @@ def launcher(kind, cfg, st):
     scale = d**-0.5
     qk = scale * math.log2(math.e)
     if kind == "fwd":
-        return lambda: attention_forward(s["q8"], s["k8"], s["v8t"], s["sq"], s["sk"], s["sv"], st["q"].shape,
-                                         st["q"].dtype, causal, scale, config=cfg)
+        out = {}
+
+        def run():
+            out["o"] = attention_forward(s["q8"], s["k8"], s["v8t"], s["sq"], s["sk"], s["sv"], st["q"].shape,
+                                         st["q"].dtype, causal, scale, config=cfg)[0]
+
+        return run, lambda: out["o"]
     if kind == "delta":
-        delta = st["delta"].clone()
-        return lambda: triton_bwd._launch_delta_matched(s, st["do8"], st["sdo"], delta, causal, qk, n, cfg)
+        delta = torch.zeros_like(st["delta"])
+        return (lambda: triton_bwd._launch_delta_matched(s, st["do8"], st["sdo"], delta, causal, qk, n, cfg),
+                lambda: delta[..., :n])
     if kind == "dkdv":
-        dk, dv = torch.empty_like(st["k"]), torch.empty_like(st["k"])
-        return lambda: triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None,
-                                               causal, qk, scale, n, cfg)
-    dq = torch.empty_like(st["q"])
-    return lambda: triton_bwd._launch_dq(s, st["do8"], st["sdo"], st["delta"], dq, None, causal, qk, scale, n, cfg)
+        dk, dv = torch.zeros_like(st["k"]), torch.zeros_like(st["k"])
+        return (lambda: triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None,
+                                                causal, qk, scale, n, cfg), lambda: torch.cat([dk, dv]))
+    dq = torch.zeros_like(st["q"])
+    return (lambda: triton_bwd._launch_dq(s, st["do8"], st["sdo"], st["delta"], dq, None, causal, qk, scale, n, cfg),
+            lambda: dq)
 
 
 MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3)
@@ -83,7 +89,7 @@ MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3)
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64, 256])
     parser.add_argument("--worker", type=str, default=None, help="i/n: compile every n-th variant, starting at i")
     args = parser.parse_args()
     jobs = [(d, kind, cfg) for d in args.head_dims for kind, cfg in variants(d)]
@@ -93,7 +99,7 @@ def main():
         for d, kind, cfg in jobs[i::n]:
             st = states.setdefault(d, setup(d, n=512))
             try:
-                launcher(kind, cfg, st)()
+                launcher(kind, cfg, st)[0]()
             except Exception as exc:  # reported again (and recorded) by the timing process
                 print(f"compile failed {d} {kind} {cfg}: {exc!r}"[:300], file=sys.stderr)
         torch.cuda.synchronize()
@@ -109,15 +115,23 @@ def main():
     for d in args.head_dims:
         st = setup(d)
         fwd_flops = 4.0 * st["b"] * st["h"] * st["n"] ** 2 * d * 0.5
+        first = {}
         for kind, cfg in variants(d):
+            diff = float("nan")
             try:
-                ms = do_bench(launcher(kind, cfg, st), warmup=25, rep=100, return_mode="median")
+                run, result = launcher(kind, cfg, st)
+                run()
+                out = result().float()
+                ref = first.setdefault(kind, out.clone())  # every variant must compute what the first one does
+                diff = ((out - ref).norm() / ref.norm()).item()
+                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
                 tflops = fwd_flops * MATMULS[kind] / 2 / ms * 1e-9
             except Exception as exc:
                 ms, tflops = float("nan"), float("nan")
                 print(f"failed {d} {kind} {cfg}: {exc!r}"[:300])
-            rows.append(dict(head_dim=d, kernel=kind, config=cfg, ms=ms, tflops=tflops))
-            print(f"D={d} {kind:6s} {json.dumps(cfg):90s} {ms:8.3f} ms {tflops:6.0f} TFLOP/s", flush=True)
+            rows.append(dict(head_dim=d, kernel=kind, config=cfg, ms=ms, tflops=tflops, rel_diff_to_first=diff))
+            print(f"D={d} {kind:6s} {json.dumps(cfg):100s} {ms:7.3f} ms {tflops:5.0f} TFLOP/s diff {diff:.1e}",
+                  flush=True)
         del st
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
