@@ -41,7 +41,7 @@ PRESETS = {
     },
     "h200": {
         "methods": ["bf16", "matched"],
-        "data": {"corpus": {"max_bytes": 12_000_000}},
+        "data": {"corpus": {"max_bytes": 4_000_000}},  # ~1M tokens: 120 windows of 8K, enough for 15 steps
         "run": {"model": {"size": "569M", "overrides": {"vocab_size": 32000}}, "data": {"seq_len": 8192},
                 "train": {"steps": 15, "micro_batch": 1, "device": "cuda", "bf16_autocast": True}},
         "skip": 5,
