@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="at most N documents per task (below the suite's)")
     parser.add_argument("--data", default=None, help="dm-prepare-data folder (val_docs.jsonl) for local tasks")
     parser.add_argument("--online", action="store_true", help="allow Hub and web downloads (default: offline)")
+    parser.add_argument("--cache", default=None, help="folder for synthetic task data (default ~/.cache/deltamatch/evals)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
     return parser
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         record = evaluate_suite(args.checkpoint, load_suite(args.suite), data_dir=args.data, limit=args.limit,
-                                online=args.online, device=args.device)
+                                online=args.online, device=args.device, cache_dir=args.cache)
     except ValueError as err:
         sys.exit(f"dm-eval: error: {err}")
     write_json_atomic(record, args.out)

@@ -36,7 +36,7 @@ class OfflineDataConfig:
     """Seed for distractor choice and answer position."""
     heldout_docs: int = 64
     """Documents kept for held-out perplexity."""
-    heldout_max_chars: int = 4000
+    heldout_max_chars: int = 2000
     """Cut each perplexity document at the last space before this many characters."""
     lastword_items: int = 200
     """Cloze items to build (fewer if the documents run out)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import tempfile
 import time
 from importlib.metadata import version
@@ -28,8 +29,24 @@ def _task_manager(suite: Suite, metadata: dict[str, Any]):
                        include_defaults=suite.include_defaults, metadata=metadata)
 
 
+def _seed() -> None:
+    """lm-eval's default seeds, set before tasks are built: RULER's generators draw from the global RNGs."""
+    import numpy as np
+    import torch
+    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
+
+    random.seed(DEFAULT_RANDOM_SEED)
+    np.random.seed(DEFAULT_OTHER_SEED)
+    torch.manual_seed(DEFAULT_OTHER_SEED)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deltamatch" / "evals"
+
+
 def _load(task_manager, run: SuiteRun, suite: Suite):
     """The run's tasks and groups as lm-eval objects, plus lm-eval's flat ``{tasks, groups}`` view."""
+    _seed()
     objects, tasks, groups = [], {}, {}
     for entry in run.tasks:
         try:
@@ -81,8 +98,12 @@ def _collect(results: dict, run: SuiteRun, groups: dict, out: dict) -> None:
 
 
 def evaluate_suite(checkpoint: str | Path, suite: Suite, data_dir: str | Path | None = None,
-                   limit: int | None = None, online: bool = False, device: str | None = None) -> dict[str, Any]:
-    """Evaluate ``checkpoint`` on ``suite``; returns the result record (see ``dm-eval``)."""
+                   limit: int | None = None, online: bool = False, device: str | None = None,
+                   cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` on ``suite``; returns the result record (see ``dm-eval``).
+
+    ``cache_dir`` keeps synthetic task data between processes (default: ``~/.cache/deltamatch/evals``).
+    """
     checkpoint = Path(checkpoint).resolve()
     if not (checkpoint / "config.json").is_file():
         raise ValueError(f"checkpoint {checkpoint} is not a Hugging Face model folder (no config.json)")
@@ -94,11 +115,11 @@ def evaluate_suite(checkpoint: str | Path, suite: Suite, data_dir: str | Path | 
     set_hub_offline(not online)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dm-eval-") as scratch:
-        local = {}
+        local = {"dm_ruler_cache": str(Path(cache_dir or default_cache_dir()) / "ruler")}
         if suite.needs_data:
             from deltamatch.evals.offline_tasks import build_offline_data
 
-            local = build_offline_data(data_dir, scratch)
+            local.update(build_offline_data(data_dir, scratch))
         managers = [_task_manager(suite, {**run.metadata, **local, "pretrained": str(checkpoint)})
                     for run in suite.runs]
         if not online:
