@@ -22,7 +22,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from deltamatch.models.layers.attention import GQAttention
-from deltamatch.models.layers.gdn import GatedDeltaNet, ShortConvolution, gate_init
+from deltamatch.models.layers.gdn import GatedDeltaNet, ShortConvolution
 from deltamatch.models.layers.mlp import SwiGLU
 from deltamatch.models.layers.norm import RMSNorm
 
@@ -104,12 +104,8 @@ class HybridPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)  # Linear, Embedding: normal(initializer_range); RMSNorms: ones
         if isinstance(module, ShortConvolution):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-        elif isinstance(module, GatedDeltaNet):
-            A_log, dt_bias = gate_init(module.num_heads)
-            init.copy_(module.A_log, A_log)
-            init.copy_(module.dt_bias, dt_bias)
-        elif hasattr(module, "reset_mixer_parameters"):  # the variants' own special parameters
-            module.reset_mixer_parameters(init)
+        elif hasattr(module, "reset_mixer_parameters"):  # gates, decays, skip terms of the linear mixers
+            module.reset_mixer_parameters(init.copy_)
 
 
 class HybridModel(HybridPreTrainedModel):

@@ -3,6 +3,10 @@
 Shared choices for the paper-size hybrids (counted with fla on the meta device; the test asserts counts within 2 %):
 vocab 32000, untied embeddings, Gated DeltaNet with key dim 0.75 x hidden (heads of 128) and expand_v 2, softmax
 attention at every layer with ``i % 4 == 3``, GQA head dim 128 with 4 KV heads, QK-RMSNorm, RoPE, SwiGLU MLP.
+
+Variants are overrides of these (``get_config("1.67B", linear_mixer="kda")`` etc.); their extra dimensions:
+KDA takes GDN's heads and dims; MLA uses latent rank 512, 64 RoPE + 64 no-position channels per 128-dim head,
+full-rank queries; Mamba-2 uses 2 x hidden inner width in heads of 64 with state size 128, one B/C group.
 """
 
 from collections.abc import Callable
@@ -27,6 +31,7 @@ def _paper(hidden: int, layers: int, gdn_heads: int, q_heads: int, mlp: int) -> 
         vocab_size=PAPER_VOCAB, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
         gdn_num_heads=gdn_heads, gdn_head_dim=128, num_attention_heads=q_heads, num_key_value_heads=4, head_dim=128,
         mamba_num_heads=2 * hidden // 64, mamba_head_dim=64, mamba_state_size=128,
+        mla_kv_lora_rank=512, mla_rope_dim=64,
     )
 
 

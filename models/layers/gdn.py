@@ -124,6 +124,11 @@ def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return F.silu(F.conv1d(F.pad(x, (width - 1, 0)), weight.to(x.dtype), groups=x.shape[1]))
 
 
+@torch.no_grad()
+def copy_into(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return param.copy_(value)
+
+
 def gate_init(num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fla's gate initialisation: A ~ U(0, 16), dt = exp(U(log 1e-3, log 0.1)) >= 1e-4, dt_bias = softplus^-1(dt)."""
     A_log = torch.rand(num_heads).mul(16).clamp(min=1e-4).log()
@@ -139,46 +144,23 @@ class ShortConvolution(nn.Module):
         self.weight = nn.Parameter(torch.randn(dim, 1, width) / math.sqrt(width))
 
 
-class GatedDeltaNet(nn.Module):
-    """The GDN mixer; see the module docstring. ``forward(x, attention_mask, cache)`` returns ``(B, T, hidden)``."""
+class DeltaRuleMixer(nn.Module):
+    """What GDN and KDA share: q/k/v projections with short convolutions, padding and cache handling, the per-head
+    gated output norm and the output projection. Subclasses supply ``_rule`` (the recurrence) and ``_output_gate``."""
 
-    def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        head_dim: int,
-        expand_v: float = 2.0,
-        conv_size: int = 4,
-        norm_eps: float = 1e-5,
-        layer_idx: int = 0,
-    ):
-        super().__init__()
+    def _init_qkv(self, hidden_size: int, num_heads: int, head_dim: int, expand_v: float, conv_size: int, layer_idx: int):
         head_v_dim = head_dim * expand_v
         if head_v_dim != int(head_v_dim):
-            raise ValueError(f"gdn expand_v={expand_v} times head_dim={head_dim} is not an integer")
+            raise ValueError(f"expand_v={expand_v} times head_dim={head_dim} is not an integer")
         self.num_heads, self.head_k_dim, self.head_v_dim = num_heads, head_dim, int(head_v_dim)
         self.key_dim, self.value_dim = num_heads * head_dim, num_heads * self.head_v_dim
         self.conv_size, self.layer_idx = conv_size, layer_idx
-
         self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
-        self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
-        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(num_heads))
-        self.dt_bias = nn.Parameter(torch.zeros(num_heads))
         self.q_conv1d = ShortConvolution(self.key_dim, conv_size)
         self.k_conv1d = ShortConvolution(self.key_dim, conv_size)
         self.v_conv1d = ShortConvolution(self.value_dim, conv_size)
-        self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
-        self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps)
-        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
-        if not self.A_log.is_meta:
-            with torch.no_grad():
-                A_log, dt_bias = gate_init(num_heads)
-                self.A_log.copy_(A_log)
-                self.dt_bias.copy_(dt_bias)
-        self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
 
     def _short_conv(self, x: torch.Tensor, cache) -> torch.Tensor:
         """q/k/v short convolutions as one depthwise conv over the concatenated channels; updates the conv cache."""
@@ -199,22 +181,59 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self._short_conv(x, cache).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k = (t.reshape(B, T, self.num_heads, self.head_k_dim) for t in (q, k))
         v = v.reshape(B, T, self.num_heads, self.head_v_dim)
-        a, b = self.a_proj(x), self.b_proj(x)
         state = cache.layers[self.layer_idx].recurrent_states[0] if has_state else None
-
-        if gdn_backend(x) == "fla":
-            o, final = self._fla_rule(q, k, v, a, b, state, output_final_state=cache is not None)
-        else:
-            o, final = chunk_gated_delta_rule(
-                l2_normalize(q.float()), l2_normalize(k.float()), v, gdn_gate(a, self.A_log, self.dt_bias),
-                b.float().sigmoid(), initial_state=state,
-            )
+        o, final = self._rule(x, q, k, v, state, output_final_state=cache is not None)
         if cache is not None:
             cache.update_recurrent_state(final, self.layer_idx)
-        gate = self.g_proj(x).reshape(B, T, self.num_heads, self.head_v_dim)
+        gate = self._output_gate(x).reshape(B, T, self.num_heads, self.head_v_dim)
         o = self.o_norm(o.to(x.dtype), gate)
         return self.o_proj(o.reshape(B, T, self.value_dim))
 
+
+class GatedDeltaNet(DeltaRuleMixer):
+    """The GDN mixer; see the module docstring. ``forward(x, attention_mask, cache)`` returns ``(B, T, hidden)``."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        head_dim: int,
+        expand_v: float = 2.0,
+        conv_size: int = 4,
+        norm_eps: float = 1e-5,
+        layer_idx: int = 0,
+    ):
+        super().__init__()
+        self._init_qkv(hidden_size, num_heads, head_dim, expand_v, conv_size, layer_idx)
+        self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(num_heads))
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads))
+        self.g_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        self.o_norm = GatedRMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+        self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
+        if not self.A_log.is_meta:
+            self.reset_mixer_parameters()
+
+    def reset_mixer_parameters(self, copy_=copy_into) -> None:
+        """Draw the gate parameters afresh (the linear layers get the model's normal init). The model passes
+        transformers' ``init.copy_``, which leaves weights loaded from a checkpoint alone."""
+        A_log, dt_bias = gate_init(self.num_heads)
+        copy_(self.A_log, A_log)
+        copy_(self.dt_bias, dt_bias)
+
+    def _output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g_proj(x)
+
+    def _rule(self, x, q, k, v, state, output_final_state: bool):
+        a, b = self.a_proj(x), self.b_proj(x)
+        if gdn_backend(x) == "fla":
+            return self._fla_rule(q, k, v, a, b, state, output_final_state)
+        return chunk_gated_delta_rule(
+            l2_normalize(q.float()), l2_normalize(k.float()), v, gdn_gate(a, self.A_log, self.dt_bias),
+            b.float().sigmoid(), initial_state=state,
+        )
     def _fla_rule(self, q, k, v, a, b, state, output_final_state: bool):
         """fla's kernels with the gate, beta sigmoid and q/k L2 norm fused in, exactly as ``fla.layers.GatedDeltaNet``."""
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk

@@ -34,17 +34,22 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-class GatedRMSNorm(nn.Module):
-    """``rmsnorm(x) * weight * silu(gate)``: fla's ``FusedRMSNormGated`` with the swish gate, in plain PyTorch."""
+GATE_ACTIVATIONS = {"swish": F.silu, "sigmoid": torch.sigmoid}
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+
+class GatedRMSNorm(nn.Module):
+    """``rmsnorm(x) * weight * act(gate)``: fla's ``FusedRMSNormGated`` (GDN: swish, KDA: sigmoid) in plain PyTorch."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, activation: str = "swish"):
         super().__init__()
-        self.eps = eps
+        if activation not in GATE_ACTIVATIONS:
+            raise ValueError(f"gate activation must be one of {list(GATE_ACTIVATIONS)}, got {activation!r}")
+        self.eps, self.activation = eps, activation
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        y = rms_norm(x.float(), self.weight, self.eps) * F.silu(gate.float())
+        y = rms_norm(x.float(), self.weight, self.eps) * GATE_ACTIVATIONS[self.activation](gate.float())
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}, activation={self.activation}"
