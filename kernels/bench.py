@@ -184,6 +184,7 @@ def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
         mem = pd.DataFrame(mem)
         _write(mem, os.path.join(out_dir, "kernel_memory.csv"), header)
         _write(mem, os.path.join(out_dir, "kernel_memory.md"), header.replace("Kernel benchmark", "Backward memory"))
+        print(mem.to_string(index=False, float_format="%.3f"))
     return df
 
 

@@ -4,7 +4,7 @@
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
 - ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
-  ``matmuls`` × ``copies`` (a matmul appears once in the unmasked and once in the masked loop body);
+  ``matmuls`` × ``copies`` (a matmul appears in the unmasked and in the masked loop body, twice more when paired);
 - ``fp8_wgmma``: ``wgmma.mma_async … e4m3`` instructions in the PTX; ``qgmma``: QGMMA instructions in the SASS;
 - ``other_mma``: any other MMA instruction (BF16/FP16 wgmma, ``mma.sync``, HMMA, HGMMA);
 - ``registers``, ``spill_bytes`` (local memory per thread), ``shared_bytes`` from ``cuobjdump --dump-resource-usage``.
@@ -74,7 +74,7 @@ def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     c, o = split({"PAIRED": False, **fwd})
     specs.append(KernelSpec("attn_fwd", triton_fwd._attn_fwd_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"), **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"),
-                             "o_ptr": "*bf16"}, 2, copies=3 if c.get("PAIRED") else 2,
+                             "o_ptr": "*bf16"}, 2, copies=4 if c.get("PAIRED") else 2,
                             constexprs={**c, **common}, options=o))
     c, o = split(bwd["delta"])
     specs.append(KernelSpec("attn_bwd_delta_matched", triton_bwd._attn_bwd_delta_matched_kernel,
@@ -100,12 +100,12 @@ def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     specs.append(KernelSpec("quant_pass", triton_quant._quant_pass_kernel,
                             {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"},
                             0, constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=64, CENTRE=True, ROUND_FP32=False),
-                            options=dict(num_warps=4)))
+                            options=dict(num_warps=triton_quant._warps(64, head_dim))))
     specs.append(KernelSpec("quant_do_delta_pass", triton_quant._quant_do_delta_pass_kernel,
                             {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
                              **_fp32("scale_ptr", "delta_ptr")}, 0,
                             constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=128, DELTA=1, ROUND_FP32=False),
-                            options=dict(num_warps=4)))
+                            options=dict(num_warps=triton_quant._warps(128, head_dim))))
     return specs
 
 

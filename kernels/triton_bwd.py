@@ -297,16 +297,23 @@ def _attn_bwd_dq_kernel(
 
 
 def backward_config(head_dim: int) -> dict:
-    """Block sizes per head dim: dK/dV hold two BLOCK_N × D FP32 accumulators, dQ one BLOCK_M × D.
+    """Block sizes per head dim: dK/dV hold two BLOCK_N × D FP32 accumulators (or one each when ``SEPARATE``), dQ one
+    BLOCK_M × D.
 
-    Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table).
+    Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
+    at D = 128 and 256 two launches (dK: S, dP, dK; dV: S, dV) spill less and beat the fused dK/dV kernel despite
+    recomputing S once more; at D = 64 the fused one wins.
     """
+    if head_dim <= 64:
+        dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True)
+    elif head_dim <= 128:
+        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT=True, SEPARATE=True)
+    else:
+        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, SPLIT=True, SEPARATE=True)
     if head_dim <= 128:
-        return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True),
-                    dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3),
+        return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3),
                     delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3))
-    return dict(dkdv=dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=1, SPLIT=False),
-                dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1),
+    return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1),
                 delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2))
 
 

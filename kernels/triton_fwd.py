@@ -149,9 +149,13 @@ def _attn_fwd_kernel(
 
 
 def forward_config(head_dim: int) -> dict:
-    """Block sizes and warps per head dim (the accumulator is BLOCK_M × D FP32 in registers)."""
-    # BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3× on the H200 (our reading, not measured: two CTAs
-    # fit per SM, so one's softmax can overlap the other's wgmma); chosen by tools/device/kernel_sweep.py, see NOTES.md
+    """Block sizes and warps per head dim (the accumulator is BLOCK_M × D FP32 in registers).
+
+    Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
+    BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
+    """
+    if head_dim <= 64:
+        return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True)
     if head_dim <= 128:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4)
     return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2)

@@ -139,6 +139,11 @@ def _check_public(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be (B, N, H, D) with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
 
 
+def _warps(rows: int, head_dim: int) -> int:
+    """Four warps spill on blocks of 128 × 128 and larger (one FP32 block, and O for δ, live in registers)."""
+    return 8 if rows * head_dim >= 128 * 128 else 4
+
+
 def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False):
     """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean."""
     _check_public(x, "x")
@@ -151,7 +156,8 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False):
     grid = (n_pad // block_rows, b * h)
     _quant_pass_kernel[grid](
         x, mean, x8, x8t, scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
-        HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(), num_warps=4,
+        HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(),
+        num_warps=_warps(block_rows, d),
     )
     return x8, x8t, scales
 
@@ -172,6 +178,7 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
     _quant_do_delta_pass_kernel[(n_pad // BLOCK_Q, b * h)](
         do, o, do8, do8t, scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
-        HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[mode], ROUND_FP32=round_fp32_in_kernels(), num_warps=4,
+        HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[mode], ROUND_FP32=round_fp32_in_kernels(),
+        num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta

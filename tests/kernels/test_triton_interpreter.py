@@ -17,11 +17,12 @@ import sys
 
 import pytest
 
-CASES = [  # (mode, causal, n, h, h_kv, d)
+CASES = [  # (mode, causal, n, h, h_kv, d); D = 64 runs the paired forward tiles and the fused dK/dV kernel
     ("matched", True, 130, 2, 1, 64),
     ("stale", True, 130, 2, 1, 64),
     ("consistent", False, 80, 2, 2, 64),
     ("matched", False, 80, 2, 2, 64),
+    ("stale", True, 80, 2, 1, 128),  # D = 128 launches dK and dV separately (backward_config)
 ]
 
 
