@@ -1,0 +1,16 @@
+# Sourced by the device scripts: makes deltamatch importable on the H200 image (no network there).
+# Carried wheels (.carry/*.whl: flash-linear-attention, fla-core, nvidia-cudnn-frontend) go to /tmp/site.
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .carry/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
+  mkdir -p /tmp/shim/deltamatch && cp deltamatch/__init__.py /tmp/shim/deltamatch/
+  for sub in kernels models evals reports; do ln -sfn "$PWD/$sub" "/tmp/shim/deltamatch/$sub"; done
+  export PYTHONPATH=/tmp/shim${PYTHONPATH:+:$PYTHONPATH}
+  echo "pip install -e . failed; using the PYTHONPATH shim" | tee -a "$OUT/install.log"
+fi
+python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, torch.cuda.get_device_name())"
