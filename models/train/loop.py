@@ -132,28 +132,14 @@ def _train(config: RunConfig, layout: Layout) -> dict:
     manifest = read_manifest(data_dir)
     if config.data.verify_sha256 and layout.is_main:
         verify(data_dir)
-    autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
-
-    model = build_model(config, manifest)
     ckpt = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, layout)
     latest = ckpt.latest()
-    if latest is None and config.model.init_from:
-        load_model_weights(model, config.model.init_from)
-    model.to(layout.device)
-    if config.train.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    shard_model(model, layout)
-    optimizers = build_optimizers(model, config.optim)
-
-    start_step, wall_before = 0, 0.0
+    if _finished(config, latest):
+        return json.loads((run_dir / "summary.json").read_text()) if layout.is_main else {}
+    model, optimizers = _model_and_optimizers(config, manifest, layout, init_from_source=latest is None)
     ckpt.clean_partial()
+    start_step, wall_before = 0, 0.0
     if latest is not None:
-        if latest[0] > config.train.steps:
-            raise ValueError(f"config key 'train.steps' is {config.train.steps}, but {run_dir} already holds a "
-                             f"checkpoint at step {latest[0]}; use a new run_dir (and model.init_from) instead")
-        if latest[0] == config.train.steps and (run_dir / "summary.json").is_file() and (run_dir / "final").is_dir():
-            return json.loads((run_dir / "summary.json").read_text()) if layout.is_main else {}
         state = ckpt.load(latest[1], model, optimizers)
         start_step, wall_before = int(state["step"]), state["wall_s"]
         if layout.is_main:
@@ -161,16 +147,62 @@ def _train(config: RunConfig, layout: Layout) -> dict:
     metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
     metrics.truncate_after(start_step)
 
-    seq_len = config.data.seq_len
-    batches = TrainBatches(TokenWindows(data_dir, "train", seq_len), config.seed, config.train.micro_batch,
-                           config.train.grad_accum, layout.rank, layout.world)
-    val = val_batches(TokenWindows(data_dir, "val", seq_len), config.train.micro_batch, config.metrics.val_batches,
-                      layout.rank, layout.world)
-    tokens_per_step = batches.samples_per_step * seq_len
+    def wall() -> float:
+        return wall_before + time.perf_counter() - start_wall
+
+    steps, autocast = config.train.steps, probes.autocast_for(layout.device, config.train.bf16_autocast)
+    val = val_batches(TokenWindows(data_dir, "val", config.data.seq_len), config.train.micro_batch,
+                      config.metrics.val_batches, layout.rank, layout.world)
+    tokens_per_step = _run_steps(config, layout, model, optimizers, ckpt, metrics, val, start_step, wall)
+    val_loss = evaluate(model, val, layout, autocast)
+    metrics.write("val", step=steps, loss=val_loss)
+    metrics.close()
+    if start_step < steps:
+        ckpt.save(steps, model, optimizers, {"step": steps, "wall_s": wall()})
+    export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
+    summary = {"final_val_loss": val_loss, "steps": steps, "tokens": steps * tokens_per_step,
+               "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall()}
+    if not layout.is_main:
+        return {}
+    write_summary(run_dir / "summary.json", summary)
+    return summary
+
+
+def _finished(config: RunConfig, latest: tuple[int, Path] | None) -> bool:
+    """Whether the run already completed (then rerunning it changes nothing); ValueError if it went further."""
+    if latest is None:
+        return False
+    run_dir = Path(config.run_dir)
+    if latest[0] > config.train.steps:
+        raise ValueError(f"config key 'train.steps' is {config.train.steps}, but {run_dir} already holds a "
+                         f"checkpoint at step {latest[0]}; use a new run_dir (and model.init_from) instead")
+    return latest[0] == config.train.steps and (run_dir / "summary.json").is_file() and (run_dir / "final").is_dir()
+
+
+def _model_and_optimizers(config: RunConfig, manifest: dict, layout: Layout, init_from_source: bool):
+    """The model on its device (weights from ``model.init_from`` for a fresh run that names one), activation
+    checkpointing, FSDP2, and its optimizers."""
+    model = build_model(config, manifest)
+    if init_from_source and config.model.init_from:
+        load_model_weights(model, config.model.init_from)
+    model.to(layout.device)
+    if config.train.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    shard_model(model, layout)
+    return model, build_optimizers(model, config.optim)
+
+
+def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Checkpointer, metrics: MetricsWriter,
+               val: list[torch.Tensor], start_step: int, wall) -> int:
+    """Optimizer steps ``start_step .. steps`` with their records and periodic checkpoints; returns tokens/step."""
+    batches = TrainBatches(TokenWindows(config.data.dir, "train", config.data.seq_len), config.seed,
+                           config.train.micro_batch, config.train.grad_accum, layout.rank, layout.world)
+    tokens_per_step = batches.samples_per_step * config.data.seq_len
+    autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     steps = config.train.steps
     bar = tqdm(total=steps, initial=start_step, unit="step", desc=f"train {config.model.attn_method}",
                disable=not (layout.is_main and config.train.progress), dynamic_ncols=True)
-    val_loss = None
     for step in range(start_step, steps):
         tick = time.perf_counter()
         lr_mult = lr_multiplier(step, steps, config.schedule)
@@ -179,8 +211,7 @@ def _train(config: RunConfig, layout: Layout) -> dict:
         loss, grad_norm = train_step(model, micro, optimizers, config, layout, autocast)
         if layout.device.type == "cuda":
             torch.cuda.synchronize(layout.device)
-        done = step + 1
-        tok_s = tokens_per_step / (time.perf_counter() - tick)
+        done, tok_s = step + 1, tokens_per_step / (time.perf_counter() - tick)
         metrics.write("train", step=done, tokens=done * tokens_per_step, loss=loss, lr=config.optim.lr * lr_mult,
                       grad_norm=grad_norm, tokens_per_s=tok_s, peak_mem_bytes=peak_memory(layout.device))
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
@@ -190,22 +221,9 @@ def _train(config: RunConfig, layout: Layout) -> dict:
         if _due(done, config.metrics.val_every) and done != steps:
             metrics.write("val", step=done, loss=evaluate(model, val, layout, autocast))
         if _due(done, config.checkpoint.every) and done != steps:
-            ckpt.save(done, model, optimizers, {"step": done, "wall_s": wall_before + time.perf_counter() - start_wall})
+            ckpt.save(done, model, optimizers, {"step": done, "wall_s": wall()})
     bar.close()
-
-    val_loss = evaluate(model, val, layout, autocast)
-    metrics.write("val", step=steps, loss=val_loss)
-    metrics.close()
-    wall = wall_before + time.perf_counter() - start_wall
-    if start_step < steps:
-        ckpt.save(steps, model, optimizers, {"step": steps, "wall_s": wall})
-    export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
-    summary = {"final_val_loss": val_loss, "steps": steps, "tokens": steps * tokens_per_step,
-               "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall}
-    if not layout.is_main:
-        return {}
-    write_summary(run_dir / "summary.json", summary)
-    return summary
+    return tokens_per_step
 
 
 def _probe(model, batch: torch.Tensor, config: RunConfig, layout: Layout, autocast, metrics: MetricsWriter,
