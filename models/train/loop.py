@@ -52,8 +52,12 @@ def configure_numerics(config: RunConfig, layout: Layout) -> None:
 
 def build_model(config: RunConfig, manifest: dict) -> torch.nn.Module:
     """The configured model with the data's vocabulary and special tokens, seeded by ``config.seed``."""
-    from deltamatch.models import HybridForCausalLM, get_config
+    from deltamatch.models import HybridConfig, HybridForCausalLM, get_config
 
+    known = set(HybridConfig().to_dict())  # PretrainedConfig would silently keep a misspelt field as an attribute
+    for key in config.model.overrides:
+        if key not in known:
+            raise ValueError(f"unknown config key 'model.overrides.{key}' (not a HybridConfig field)")
     special = manifest["special_tokens"]
     fields = {"vocab_size": manifest["vocab_size"], "bos_token_id": special.get("bos"),
               "eos_token_id": special.get("eos"), "pad_token_id": special.get("pad"),

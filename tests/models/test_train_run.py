@@ -253,3 +253,10 @@ def test_activation_checkpointing_recomputes_blocks_with_equal_losses(data_dir, 
     # 2 steps x 2 micro-batches x 2 blocks are run once more in the backward pass
     assert counts[True] - counts[False] == 2 * 2 * 2
     assert runs[True] == runs[False]
+
+
+def test_misspelt_model_override_is_rejected(data_dir, tmp_path):
+    cfg = run_config(data_dir, tmp_path / "bad", model={"overrides": {"attn_type": "mla"}})
+    with pytest.raises(ValueError, match="'model.overrides.attn_type'"):
+        train(parse(RunConfig, cfg))
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
