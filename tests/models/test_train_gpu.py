@@ -54,6 +54,8 @@ def test_one_gpu_run_trains_and_probes(data_dir, tmp_path, method):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_gpus_nccl_fsdp2(data_dir, tmp_path):
     cfg = _config(data_dir, tmp_path / "fsdp", "matched")
+    cfg["train"]["activation_checkpointing"] = True
+    cfg["optim"] = {"name": "muon"}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "deltamatch.models.train.cli", "--config", str(tmp_path / "run.yaml")]
