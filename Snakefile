@@ -8,6 +8,8 @@ Stages, one rule file each: data -> train -> eval, probe -> report; kernel and s
 turns final checkpoints into Hub repos. Rules only wire console scripts; the logic lives in the deltamatch package.
 """
 
+from pathlib import Path
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -18,7 +20,7 @@ min_version("9.0")
 # defaults instead.
 if not workflow.overwrite_configfiles:
 
-    configfile: "config/default.yaml"
+    configfile: Path(workflow.basedir) / "config" / "default.yaml"
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

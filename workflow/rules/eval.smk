@@ -4,6 +4,7 @@
 rule eval:
     input:
         checkpoint=f"{RUN}/final",
+        data=DATA,
     output:
         f"{RESULTS}/evals/{TAG}/{{suite}}.json",
     log:
@@ -11,11 +12,12 @@ rule eval:
     benchmark:
         f"{BENCH}/eval/{TAG}/{{suite}}.tsv"
     params:
-        extra=" ".join(config["evals"]["extra_args"]),
+        extra=" ".join(["--online"] * config["evals"]["online"] + config["evals"]["extra_args"]),
     threads: config["resources"]["eval"]["threads"]
     resources:
         **resources_of("eval"),
     conda:
         "../../envs/eval.yaml"
     shell:
-        "dm-eval --checkpoint {input.checkpoint} --suite {wildcards.suite} --out {output} {params.extra} > {log} 2>&1"
+        "dm-eval --checkpoint {input.checkpoint} --suite {wildcards.suite} --data {input.data} --out {output}"
+        " {params.extra} > {log} 2>&1"

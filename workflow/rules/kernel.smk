@@ -10,15 +10,18 @@ rule kernel_check:
         f"{LOGS}/kernel/check.log",
     benchmark:
         f"{BENCH}/kernel/check.tsv"
+    params:
+        extra=" ".join(config["kernel"]["check_args"]),
+        gpu_tests=str(Path(workflow.basedir) / "tests" / "kernels"),
     threads: config["resources"]["light"]["threads"]
     resources:
         **resources_of("light"),
     conda:
         "../../envs/kernel.yaml"
     shell:
-        "dm-kernel-check --out {output} > {log} 2>&1"
+        "dm-kernel-check --out {output} {params.extra} > {log} 2>&1"
         " && if dm-report hardware --has-hopper >> {log} 2>&1;"
-        " then python -m pytest -q -m gpu tests/kernels >> {log} 2>&1; fi"
+        " then python -m pytest -q -m gpu {params.gpu_tests} >> {log} 2>&1; fi"
 
 
 rule kernel_bench:

@@ -6,6 +6,7 @@ rule publish:
     input:
         checkpoint=f"{RUN}/final",
         summary=f"{RUN}/summary.json",
+        data=DATA,
         evals=lambda wildcards: evals([Run(wildcards.variant, wildcards.size, wildcards.method, int(wildcards.seed))]),
     output:
         directory(f"{RESULTS}/publish/{TAG}"),
@@ -21,4 +22,4 @@ rule publish:
         "../../envs/publish.yaml"
     shell:
         "dm-publish --checkpoint {input.checkpoint} --repo-id {params.repo_id} --summary {input.summary}"
-        " --evals {input.evals} {params.dry_run} --out {output} > {log} 2>&1"
+        " --data {input.data} --evals {input.evals} {params.dry_run} --out {output} > {log} 2>&1"
