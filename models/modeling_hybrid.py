@@ -131,7 +131,8 @@ class HybridModel(HybridPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:  # no cache in training: it would only hold memory (and confuse checkpoint recompute)
+            use_cache = self.config.use_cache and not self.training
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         if position_ids is None:

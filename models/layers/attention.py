@@ -8,11 +8,12 @@ paper's gain-concentration figure measures; RoPE rotates them unless the config 
 Which core runs (one rule, in :meth:`AttentionCore.forward`):
 
 - the paper's method, ``deltamatch.kernels.dm_attn_func(q, k, v, causal=True, mode=attn_method)``, whenever the
-  whole causal square is computed at once (no cached keys, no padding) and either gradients are on (training, probes)
-  or ``attn_inference == "method"``;
+  whole causal square is computed at once (no cached keys, no padding) and the module is in training mode, or
+  gradients are on (probes), or ``attn_inference == "method"``. Training mode alone suffices so that activation
+  checkpointing, whose first forward may run without grad, recomputes exactly what it ran;
 - otherwise exact attention through ``torch.nn.functional.scaled_dot_product_attention`` (decoding with a KV cache,
-  padded batches, and by default every no-grad forward: evaluation and generation), so cached and uncached generation
-  see the same numbers.
+  padded batches, and by default every eval-mode no-grad forward: evaluation and generation), so cached and uncached
+  generation see the same numbers.
 """
 
 import torch
@@ -68,11 +69,11 @@ class AttentionCore(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None):
         padded = key_mask is not None and not bool(key_mask[:, -k.shape[1]:].all())
         square = q.shape[1] == k.shape[1] and not padded
-        if square and (torch.is_grad_enabled() or self.attn_inference == "method"):
+        if square and (self.training or torch.is_grad_enabled() or self.attn_inference == "method"):
             from deltamatch.kernels import dm_attn_func
 
             return dm_attn_func(q, k, v, causal=True, mode=self.attn_method, softmax_scale=self.softmax_scale)
-        if padded and torch.is_grad_enabled():
+        if padded and (self.training or torch.is_grad_enabled()):
             raise ValueError(
                 "attention_mask with padding is not supported while training: the FP8 attention cores take no mask"
             )

@@ -132,3 +132,29 @@ def test_left_padded_batch_generates_like_each_prompt_alone():
     together = model.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     alone = model.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert torch.equal(together[0, 14:], alone[0, 9:])
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_reproduces_the_gradients(reentrant):
+    model = tiny(attn_method="matched")
+    x = tokens(T=30)
+    model(x, labels=x).loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model(x, labels=x).loss.backward()
+    for name, p in model.named_parameters():
+        assert torch.equal(p.grad, expected[name]), name
+
+
+def test_core_choice_in_eval_mode():
+    x = tokens(T=30)
+    model = tiny(attn_method="stale").eval()
+    with torch.no_grad():
+        sdpa = model(x).logits
+    method = model(x).logits.detach()  # grad on: the method's core, as the probes see it
+    same_weights = tiny(attn_method="stale", attn_inference="method").eval()
+    with torch.no_grad():
+        assert torch.equal(same_weights(x).logits, method)
+    assert not torch.equal(sdpa, method)  # FP8 simulation vs exact attention
+    torch.testing.assert_close(sdpa, method, rtol=0.1, atol=0.1)
