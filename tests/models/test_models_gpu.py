@@ -55,6 +55,40 @@ def test_fla_triton_gdn_matches_cpu_path(T):
         assert rel_rms(g_ours[name], reference) < 2e-2, name
 
 
+def test_fla_triton_kda_matches_cpu_path():
+    from deltamatch.models.layers.kda import KimiDeltaAttention
+
+    torch.manual_seed(0)
+    cpu = KimiDeltaAttention(256, 2, 64, expand_v=2)
+    gpu = KimiDeltaAttention(256, 2, 64, expand_v=2).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    x, dy = torch.randn(2, 63, 256), torch.randn(2, 63, 256)
+    results = []
+    for layer, backend, device in ((cpu, "torch", "cpu"), (gpu, "fla", "cuda")):
+        xi = x.to(device).requires_grad_()
+        with use_gdn_backend(backend):
+            y = layer(xi)
+        names, params = zip(*layer.named_parameters())
+        grads = torch.autograd.grad(y, [xi, *params], dy.to(device))
+        results.append((y, dict(zip(("x", *names), grads))))
+    (y_cpu, g_cpu), (y_gpu, g_gpu) = results
+    assert rel_rms(y_gpu, y_cpu) < 5e-3
+    for name, reference in g_cpu.items():
+        assert rel_rms(g_gpu[name], reference) < 2e-2, name
+
+
+@pytest.mark.parametrize("variant", [{}, {"linear_mixer": "kda"}, {"attn_mixer": "mla"}, {"linear_mixer": "mamba2"}])
+def test_variants_train_in_bf16_on_gpu(variant):
+    torch.manual_seed(0)
+    config = get_config("tiny", vocab_size=512, gdn_head_dim=64, head_dim=64, attn_method="matched", **variant)
+    model = HybridForCausalLM(config).to("cuda", torch.bfloat16).train()
+    x = torch.randint(0, 512, (2, 256), device="cuda")
+    loss = model(x, labels=x).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_cached_generation_on_gpu_equals_uncached():
     torch.manual_seed(0)
     model = HybridForCausalLM(get_config("tiny", vocab_size=512, gdn_head_dim=64, head_dim=64)).cuda().eval()
