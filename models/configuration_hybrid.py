@@ -16,7 +16,7 @@ ATTN_INFERENCE = ("sdpa", "method")
 
 
 class HybridConfig(PretrainedConfig):
-    """Configuration of :class:`~deltamatch.models.HybridForCausalLM`; every field has a default (the ``tiny`` model)."""
+    """Configuration of :class:`~deltamatch.models.HybridForCausalLM`; the defaults are the ``tiny`` model."""
 
     model_type = "deltamatch_hybrid"
     keys_to_ignore_at_inference = ["past_key_values"]
@@ -38,9 +38,9 @@ class HybridConfig(PretrainedConfig):
     attn_mixer: str = "gqa"
     """Softmax-attention mixer: ``gqa`` or ``mla``."""
     attn_method: str = "bf16"
-    """Attention core method (``deltamatch.kernels.METHODS``): ``bf16``, ``stale``, ``consistent``, ``matched``, ``cudnn_fp8``."""
+    """Attention core method (``deltamatch.kernels.METHODS``): bf16, stale, consistent, matched, cudnn_fp8."""
     attn_inference: str = "sdpa"
-    """Core for no-grad forwards: ``sdpa`` (exact; evaluation, generation) or ``method`` (``attn_method`` as in training)."""
+    """Core of eval-mode no-grad forwards: ``sdpa`` (exact; evaluation, generation) or ``method`` (as in training)."""
     num_attention_heads: int = 4
     """Query heads of GQA/MLA layers."""
     num_key_value_heads: int = 2
@@ -111,11 +111,13 @@ class HybridConfig(PretrainedConfig):
         """Raise ValueError naming the first config key that is out of range."""
         if len(self.layer_pattern) != self.num_hidden_layers:
             raise ValueError(
-                f"config key layer_pattern has {len(self.layer_pattern)} entries, num_hidden_layers is {self.num_hidden_layers}"
+                f"config key layer_pattern has {len(self.layer_pattern)} entries, "
+                f"num_hidden_layers is {self.num_hidden_layers}"
             )
         for mixer in self.layer_pattern:
             if mixer not in LINEAR_MIXERS + ATTENTION_MIXERS:
-                raise ValueError(f"config key layer_pattern: unknown mixer {mixer!r}; choose from {LINEAR_MIXERS + ATTENTION_MIXERS}")
+                choices = LINEAR_MIXERS + ATTENTION_MIXERS
+                raise ValueError(f"config key layer_pattern: unknown mixer {mixer!r}; choose from {choices}")
         if self.attn_method not in ATTN_METHODS:
             raise ValueError(f"config key attn_method: unknown method {self.attn_method!r}; choose from {ATTN_METHODS}")
         if self.attn_inference not in ATTN_INFERENCE:

@@ -1,7 +1,7 @@
 """Instrumentation for the paper's figures and Table 9.
 
-- :func:`gain_concentration`: the QK-norm gains of an attention layer enter every logit as ``sum_c g_q,c g_k,c q_c k_c``;
-  the share of the largest channel in ``sum_c (g_q,c g_k,c)^2`` says how far the gains have collapsed onto a few
+- :func:`gain_concentration`: the QK-norm gains of an attention layer enter every logit as
+  ``sum_c g_q,c g_k,c q_c k_c``; the share of the largest channel in ``sum_c (g_q,c g_k,c)^2`` says how far the gains have collapsed onto a few
   channels (the paper's signature of the stale-delta bias pushed into dK and the gains).
 - :func:`capture_attention_io`: runs one forward and backward on real tokens and returns, for every attention layer,
   the inputs of its attention core ``q, k, v (B, N, H, D)`` and the gradient ``dO`` of the core's output, which is
@@ -20,7 +20,8 @@ def gain_concentration(q_gain: torch.Tensor, k_gain: torch.Tensor, top_k: int = 
     q_gain, k_gain = (g.detach().float().cpu() for g in (q_gain, k_gain))
     q_gain, k_gain = (g.mean(0) if g.dim() == 2 else g for g in (q_gain, k_gain))
     if q_gain.dim() != 1 or q_gain.shape != k_gain.shape:
-        raise ValueError(f"gains must be (D,) or (H, D) with equal D; got {tuple(q_gain.shape)} and {tuple(k_gain.shape)}")
+        shapes = f"{tuple(q_gain.shape)} and {tuple(k_gain.shape)}"
+        raise ValueError(f"gains must be (D,) or (H, D) with equal D; got {shapes}")
     energy = (q_gain * k_gain).pow(2)
     total = energy.sum()
     share = float(energy.max() / total) if total > 0 else 0.0

@@ -60,7 +60,7 @@ def sdpa_attention(
 
 
 class AttentionCore(nn.Module):
-    """softmax(q k^T * scale) v, causal, in the public layout ``(B, N, H, D)``; see the module docstring for the rule."""
+    """softmax(q k^T * scale) v, causal, in the public layout ``(B, N, H, D)``; the module docstring gives the rule."""
 
     def __init__(self, attn_method: str, attn_inference: str = "sdpa", softmax_scale: float | None = None):
         super().__init__()
@@ -113,7 +113,8 @@ class GQAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
         self.core = AttentionCore(attn_method, attn_inference)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None):
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache=None):
         B, N, _ = x.shape
         q = self.q_proj(x).view(B, N, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, N, self.num_kv_heads, self.head_dim)

@@ -148,7 +148,8 @@ class DeltaRuleMixer(nn.Module):
     """What GDN and KDA share: q/k/v projections with short convolutions, padding and cache handling, the per-head
     gated output norm and the output projection. Subclasses supply ``_rule`` (the recurrence) and ``_output_gate``."""
 
-    def _init_qkv(self, hidden_size: int, num_heads: int, head_dim: int, expand_v: float, conv_size: int, layer_idx: int):
+    def _init_qkv(self, hidden_size: int, num_heads: int, head_dim: int, expand_v: float, conv_size: int,
+                  layer_idx: int):
         head_v_dim = head_dim * expand_v
         if head_v_dim != int(head_v_dim):
             raise ValueError(f"expand_v={expand_v} times head_dim={head_dim} is not an integer")
@@ -235,7 +236,7 @@ class GatedDeltaNet(DeltaRuleMixer):
             b.float().sigmoid(), initial_state=state,
         )
     def _fla_rule(self, q, k, v, a, b, state, output_final_state: bool):
-        """fla's kernels with the gate, beta sigmoid and q/k L2 norm fused in, exactly as ``fla.layers.GatedDeltaNet``."""
+        """fla's kernels with gate, beta sigmoid and q/k L2 norm fused in, as ``fla.layers.GatedDeltaNet`` calls them."""
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
 

@@ -17,7 +17,8 @@ class Mamba2Mixer(_HFMamba2Mixer):
         inner = config.mamba_num_heads * config.mamba_head_dim
         if inner % config.hidden_size:
             raise ValueError(
-                f"config keys mamba_num_heads x mamba_head_dim = {inner} must be a multiple of hidden_size={config.hidden_size}"
+                f"config keys mamba_num_heads x mamba_head_dim = {inner} must be a multiple of "
+                f"hidden_size={config.hidden_size}"
             )
         mamba_config = Mamba2Config(
             hidden_size=config.hidden_size, num_heads=config.mamba_num_heads, head_dim=config.mamba_head_dim,

@@ -70,7 +70,8 @@ class MultiHeadLatentAttention(nn.Module):
         H, D = self.num_heads, self.head_dim
         q = self._queries(x).view(B, N, H, D)
         latent, k_rope = self.kv_a_proj(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        k_nope, v = self.kv_b_proj(self.kv_a_norm(latent)).view(B, N, H, self.nope_dim + D).split([self.nope_dim, D], -1)
+        kv = self.kv_b_proj(self.kv_a_norm(latent)).view(B, N, H, self.nope_dim + D)
+        k_nope, v = kv.split([self.nope_dim, D], dim=-1)
         k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, N, H, self.rope_dim)], dim=-1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)

@@ -46,7 +46,8 @@ def _reference_layer(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
     B, T, _ = x.shape
 
     def conv(proj, conv1d):
-        y = F.conv1d(F.pad(proj(x).transpose(1, 2), (conv1d.weight.shape[-1] - 1, 0)), conv1d.weight, groups=proj.out_features)
+        padded = F.pad(proj(x).transpose(1, 2), (conv1d.weight.shape[-1] - 1, 0))
+        y = F.conv1d(padded, conv1d.weight, groups=proj.out_features)
         return F.silu(y).transpose(1, 2)
 
     H, K, V = layer.num_heads, layer.head_k_dim, layer.head_v_dim

@@ -85,11 +85,11 @@ def test_save_load_round_trip_is_bit_exact(tmp_path):
     assert all(torch.equal(state[k], state2[k]) for k in state)
     x = tokens()
     with torch.no_grad():
-        assert torch.equal(model(x).logits, loaded(x).logits)
+        assert torch.equal(model.eval()(x).logits, loaded.eval()(x).logits)
 
 
 def test_from_pretrained_with_remote_code_in_a_fresh_process(tmp_path):
-    model = tiny()
+    model = tiny().eval()
     model.save_pretrained(tmp_path)
     assert (tmp_path / "modeling_hybrid.py").exists() and (tmp_path / "configuration_hybrid.py").exists()
     x = tokens(B=1, T=12)
@@ -101,7 +101,7 @@ def test_from_pretrained_with_remote_code_in_a_fresh_process(tmp_path):
         "from transformers import AutoModelForCausalLM\n"
         "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
         "assert 'deltamatch' not in type(m).__module__, type(m).__module__\n"
-        "with torch.no_grad(): torch.save(m(torch.load(sys.argv[1] + '/x.pt')).logits, sys.argv[1] + '/y.pt')\n"
+        "with torch.no_grad(): torch.save(m.eval()(torch.load(sys.argv[1] + '/x.pt')).logits, sys.argv[1] + '/y.pt')\n"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, capture_output=True, timeout=120)
     assert torch.equal(torch.load(tmp_path / "y.pt"), expected)
@@ -130,7 +130,9 @@ def test_left_padded_batch_generates_like_each_prompt_alone():
     mask = torch.ones_like(batch)
     mask[0, :5] = 0
     together = model.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
-    alone = model.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    alone = model.generate(
+        short, attention_mask=torch.ones_like(short), max_new_tokens=5, do_sample=False, pad_token_id=0
+    )
     assert torch.equal(together[0, 14:], alone[0, 9:])
 
 
