@@ -5,7 +5,7 @@ import torch
 
 from deltamatch.kernels.measures import residual_summary
 from deltamatch.models import HybridForCausalLM, get_config
-from deltamatch.models.instrument import capture_attention_io, gain_concentration
+from deltamatch.models.instrument import attention_gains, capture_attention_io, gain_concentration
 
 
 def test_gain_concentration_known_cases():
@@ -24,11 +24,11 @@ def test_gain_concentration_known_cases():
 def test_capture_attention_io_gives_the_loss_gradient_of_the_core_output():
     torch.manual_seed(0)
     model = HybridForCausalLM(get_config("tiny", vocab_size=128, attn_method="bf16", num_hidden_layers=8))
-    x = torch.randint(0, 128, (1, 40))
+    x = torch.randint(0, 128, (1, 24))
     io = capture_attention_io(model, x, x)
-    assert sorted(io) == [3, 7]
+    assert sorted(io) == sorted(attention_gains(model)) == [3, 7]
     q, k, v, do = io[7]
-    assert q.shape == (1, 40, 4, 32) and k.shape == v.shape == (1, 40, 2, 32) and do.shape == q.shape
+    assert q.shape == (1, 24, 4, 32) and k.shape == v.shape == (1, 40, 2, 32) and do.shape == q.shape
     assert all(p.grad is None for p in model.parameters())
 
     # d loss along a random direction r added to layer 7's core output == <dO, r>
