@@ -28,7 +28,7 @@ def test_capture_attention_io_gives_the_loss_gradient_of_the_core_output():
     io = capture_attention_io(model, x, x)
     assert sorted(io) == sorted(attention_gains(model)) == [3, 7]
     q, k, v, do = io[7]
-    assert q.shape == (1, 24, 4, 32) and k.shape == v.shape == (1, 40, 2, 32) and do.shape == q.shape
+    assert q.shape == (1, 24, 4, 32) and k.shape == v.shape == (1, 24, 2, 32) and do.shape == q.shape
     assert all(p.grad is None for p in model.parameters())
 
     # d loss along a random direction r added to layer 7's core output == <dO, r>
