@@ -7,9 +7,10 @@ Three shapes of the same run, chosen from the arguments and the environment:
   the CPU when there is no GPU (``dm-train`` picks NCCL or gloo itself).
 * **N nodes** (inside a SLURM allocation, e.g. a Snakemake job with ``resources: nodes=N``): ``srun`` starts one task
   per node, and each task starts ``torchrun --nnodes N --nproc-per-node G`` with a c10d rendezvous hosted by the
-  allocation's first node. The node list is read *inside* the ``srun`` step: Snakemake's SLURM plugin strips most
-  ``SLURM_*`` variables from a rule's shell and keeps only ``SLURM_JOB_ID``, which is enough for ``srun`` to find the
-  allocation. ``--overlap`` lets the step share the CPUs of the step the rule itself runs in.
+  allocation's first node. Snakemake's SLURM plugin runs a rule's shell inside a one-node step (``srun -n1``) whose
+  ``SLURM_*`` variables describe that step, not the job; ``dm-launch`` keeps only ``SLURM_JOB_ID`` for its ``srun``,
+  which then looks the allocation up itself, and the node list is read *inside* the new step. ``--overlap`` lets the
+  step share the CPUs of the step the rule runs in.
 
 Every shape resumes the same way: ``dm-train`` loads the newest complete checkpoint of its run dir, so a job that was
 killed by its time limit, requeued (``scontrol requeue``) or retried by Snakemake continues where it stopped.
@@ -120,6 +121,19 @@ def node_command(cfg: LaunchConfig, env: dict[str, str]) -> list[str]:
     ]
 
 
+KEEP_SLURM = ("SLURM_JOB_ID", "SLURM_CONF")
+
+
+def allocation_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the step's ``SLURM_*``/``SRUN_*`` variables, so ``srun`` looks up the whole job allocation.
+
+    A rule's shell runs inside a one-node step (the plugin's ``srun -n1``), whose ``SLURM_NNODES``, ``SLURM_NODELIST``
+    etc. would otherwise confine the new step to that one node ("Only allocated 1 nodes asked for 2").
+    """
+    return {k: v for k, v in env.items()
+            if not (k.startswith(("SLURM_", "SRUN_", "SBATCH_")) and k not in KEEP_SLURM)}
+
+
 def under_slurm(env: dict[str, str]) -> bool:
     """Inside a SLURM allocation with ``srun`` available."""
     return "SLURM_JOB_ID" in env and shutil.which("srun") is not None
@@ -154,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg, node_task = parse_args(argv)
         env = dict(os.environ)
         command = node_command(cfg, env) if node_task else plan(cfg, env)
+        if command[0] == "srun":
+            env = allocation_env(env)
     except (ValueError, subprocess.CalledProcessError) as err:
         print(f"dm-launch: error: {err}", file=sys.stderr)
         return 2
     print("dm-launch:", " ".join(command), file=sys.stderr, flush=True)
     # exec, not a child: SLURM's signals (time limit, scancel, requeue) reach the trainer directly.
-    os.execvp(command[0], command)
+    os.execvpe(command[0], command, env)
     return 1  # not reached
 
 

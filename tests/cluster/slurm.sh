@@ -114,7 +114,8 @@ write_configs() {
         node_lines+=" RealMemory=$NODE_MEM_MB Gres=gpu:fake:$GPUS_PER_NODE State=UNKNOWN"$'\n'
         port=$((port + 1))
     done
-    cat >/etc/slurm/slurm.conf <<EOF
+    # Written to a temporary name and renamed: clients running right now must never read a half-written file.
+    cat >/etc/slurm/slurm.conf.tmp <<EOF
 # Written by tests/cluster/slurm.sh: a test cluster of emulated nodes on one host.
 ClusterName=$CLUSTER
 SlurmctldHost=$host(127.0.0.1)
@@ -152,11 +153,13 @@ AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=10
 JobCompType=jobcomp/none
+# The Snakemake plugin names rule and wildcards in the job comment; keep it in accounting (sacct -o Comment).
+AccountingStoreFlags=job_comment
 $node_lines
 PartitionName=$PARTITION Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 EOF
-    printf 'AutoDetect=off\n%s' "$gres_lines" >/etc/slurm/gres.conf
-    cat >/etc/slurm/slurmdbd.conf <<EOF
+    printf 'AutoDetect=off\n%s' "$gres_lines" >/etc/slurm/gres.conf.tmp
+    cat >/etc/slurm/slurmdbd.conf.tmp <<EOF
 # Written by tests/cluster/slurm.sh.
 AuthType=auth/munge
 DbdHost=localhost
@@ -170,7 +173,8 @@ StorageLoc=slurm_acct_db
 LogFile=$STATE/log/slurmdbd.log
 PidFile=$STATE/run/slurmdbd.daemon.pid
 EOF
-    chmod 600 /etc/slurm/slurmdbd.conf
+    chmod 600 /etc/slurm/slurmdbd.conf.tmp
+    for f in slurm gres slurmdbd; do mv -f "/etc/slurm/$f.conf.tmp" "/etc/slurm/$f.conf"; done
 }
 
 # --- start --------------------------------------------------------------------------------------------------------

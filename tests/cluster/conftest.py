@@ -1,0 +1,82 @@
+"""The local SLURM cluster (tests/cluster/slurm.sh), started once per test session and stopped after it.
+
+Tests that need it are marked ``cluster`` and take the ``slurm`` fixture; run them alone with ``pytest -m cluster``.
+The fixture installs SLURM when it is missing (root only: CI runs as root in a fresh clone) and skips otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "cluster" / "slurm.sh"
+ACCOUNT = "deltamatch"
+PARTITION = "main"
+
+
+@dataclass
+class Slurm:
+    """The running test cluster: names a job needs, and small helpers around its clients."""
+
+    account: str
+    """Account registered with sacctmgr."""
+    partition: str
+    """Default partition with nodes n1 and n2."""
+    env: dict[str, str]
+    """Environment for snakemake/sbatch: the venv's console scripts first on PATH."""
+
+    def run(self, *args: str, check: bool = True) -> str:
+        return subprocess.run(args, capture_output=True, text=True, check=check, env=self.env).stdout
+
+    def ok(self, *args: str) -> bool:
+        """Whether the command succeeds."""
+        return subprocess.run(args, capture_output=True, text=True, env=self.env).returncode == 0
+
+    def sacct(self, job_id: str, fields: str = "JobID,State,NodeList,NNodes,NTasks,Elapsed") -> list[dict[str, str]]:
+        """All records (job, steps, earlier requeued runs with -D) of one job."""
+        out = self.run("sacct", "-D", "-n", "-P", "-j", job_id, f"--format={fields}")
+        keys = fields.split(",")
+        return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line]
+
+    def wait_job(self, job_id: str, timeout: float) -> str:
+        """Poll until the job left the queue; return its final state from accounting."""
+        deadline = time.monotonic() + timeout
+        while self.run("squeue", "-h", "-j", job_id, check=False).strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still queued after {timeout} s")
+            time.sleep(1)
+        for _ in range(50):  # slurmdbd records the end a moment after squeue forgets the job
+            states = [r["State"] for r in self.sacct(job_id, "JobID,State") if r["JobID"] == job_id]
+            if states and states[-1] not in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING"):
+                return states[-1]
+            time.sleep(0.2)
+        raise TimeoutError(f"accounting has no final state for job {job_id}")
+
+
+def _script(command: str) -> None:
+    subprocess.run(["bash", str(SCRIPT), command], check=True, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """Start the cluster (installing SLURM first when missing), yield a :class:`Slurm`, stop it."""
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster needs root (tests/cluster/slurm.sh)")
+    if shutil.which("slurmctld") is None:
+        _script("install")
+    _script("start")
+    env = dict(os.environ)
+    # Jobs inherit this environment (sbatch --export=ALL): rules find dm-launch and friends on PATH.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    try:
+        yield Slurm(account=ACCOUNT, partition=PARTITION, env=env)
+    finally:
+        _script("stop")
