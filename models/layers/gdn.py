@@ -79,7 +79,7 @@ def chunk_gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule in chunks. q, k ``(B, T, H, K)``, v ``(B, T, H, V)``, g (log decay) and beta ``(B, T, H)``.
 
-    Returns ``o (B, T, H, V)`` in v's dtype and the final state ``(B, H, K, V)`` in FP32. q and k are used as given
+    Returns ``o (B, T, H, V)`` and the final state ``(B, H, K, V)``, both in FP32. q and k are used as given
     (normalise them first). Padding at the end of the last chunk has beta = k = 0, so it never touches the state.
     """
     B, T, H, K = k.shape
