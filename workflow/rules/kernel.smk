@@ -39,6 +39,5 @@ rule kernel_bench:
     conda:
         "../../envs/kernel.yaml"
     shell:
-        "dm-report hardware --out {output}/hardware.json > {log} 2>&1"
-        " && if dm-report hardware --has-hopper >> {log} 2>&1;"
+        "if dm-report hardware --out {output}/hardware.json --has-hopper > {log} 2>&1;"
         " then dm-kernel-bench --out {output} {params.extra} >> {log} 2>&1; fi"

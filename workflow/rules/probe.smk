@@ -11,10 +11,12 @@ rule probe:
         f"{LOGS}/probe/{TAG}.log",
     benchmark:
         f"{BENCH}/probe/{TAG}.tsv"
+    params:
+        extra=" ".join(config["probe"]["args"]),
     threads: config["resources"]["eval"]["threads"]
     resources:
         **resources_of("eval"),
     conda:
         "../../envs/eval.yaml"
     shell:
-        "dm-probe --checkpoint {input.checkpoint} --data {input.data} --out {output} > {log} 2>&1"
+        "dm-probe --checkpoint {input.checkpoint} --data {input.data} --out {output} {params.extra} > {log} 2>&1"
