@@ -48,3 +48,34 @@ def test_missing_hub_dataset_fails_fast(tmp_path):
     assert "'allenai/winogrande' (config 'winogrande_xl')" in proc.stderr
     assert not (tmp_path / "out.json").exists()
     assert elapsed < 60, f"took {elapsed:.0f} s to fail"
+
+
+def test_ruler_groups_average_the_chosen_length_and_need_network(monkeypatch):
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from deltamatch.evals.preflight import check_offline, set_hub_offline
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "1")  # restored after the test; set_hub_offline below also flips the imported switches
+    set_hub_offline(True)
+    suite = load_suite("ruler")
+    manager = TaskManager(include_path=[str(p) for p in suite.include_paths()], include_defaults=True)
+    builtin = load_yaml(manager.task_index["ruler"].yaml_path, resolve_func=False)
+    for run in suite.runs:
+        group = load_yaml(manager.task_index[run.tasks[0].task].yaml_path, resolve_func=False)
+        assert group["task"] == builtin["task"]  # all thirteen of lm-eval's RULER tasks
+        assert [m["metric"] for m in group["aggregate_metric_list"]] == [str(run.metadata["max_seq_lengths"][0])]
+        assert all(str(run.metadata["max_seq_lengths"][0]) in
+                   [m["metric"] for m in load_yaml(manager.task_index[t].yaml_path, resolve_func=False)["metric_list"]]
+                   for t in group["task"])
+    with pytest.raises(ValueError, match=r"baber/paul_graham_essays.*SQuAD-explorer"):
+        check_offline(suite, manager)
+
+
+def test_adapter_is_registered_with_lm_eval():
+    import lm_eval.api.registry as registry
+
+    from deltamatch.evals.adapter import DeltaMatchLM
+
+    assert registry.get_model("deltamatch") is DeltaMatchLM
