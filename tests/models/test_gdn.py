@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deltamatch.models.layers.gdn import GatedDeltaNet, chunk_gated_delta_rule, l2_normalize, use_gdn_backend
+from deltamatch.models.layers.gdn import (GatedDeltaNet, chunk_gated_delta_rule, l2_normalize, unit_lower_inverse,
+                                          use_gdn_backend)
 
 naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
 
@@ -12,6 +13,13 @@ naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
 def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.detach().double(), ref.detach().double()
     return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("C", [1, 2, 17, 64])
+def test_unit_lower_inverse_matches_linalg_inv(C):
+    strict = (torch.randn(3, C, C, dtype=torch.float64, generator=torch.Generator().manual_seed(C)) * 0.3).tril(-1)
+    expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + strict)
+    torch.testing.assert_close(unit_lower_inverse(strict), expected, rtol=1e-12, atol=1e-12)
 
 
 def _inputs(B, T, H, K, V, seed=0):
