@@ -179,8 +179,13 @@ class DeltaRuleMixer(nn.Module):
 
     def _short_conv(self, x: torch.Tensor, cache) -> torch.Tensor:
         """q/k/v short convolutions as one depthwise conv over the concatenated channels; updates the conv cache."""
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).transpose(1, 2)
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0)
+        if cache is None and gdn_backend(x) == "fla":  # training and plain forwards: fla's fused Triton conv
+            from fla.modules.convolution import causal_conv1d
+
+            return causal_conv1d(x=qkv, weight=weight.squeeze(1), activation="silu")[0]
+        qkv = qkv.transpose(1, 2)
         T = x.shape[1]
         if cache is not None:
             # the cache hands back the last W inputs of the previous call in front of the new ones
