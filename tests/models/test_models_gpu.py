@@ -98,7 +98,7 @@ def test_cached_generation_on_gpu_equals_uncached():
         out = model(x[:, :80], use_cache=True)
         for t in range(80, 100):
             out = model(x[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
-    assert rel_rms(out.logits[:, -1], full) < 1e-3
+    assert rel_rms(out.logits[:, -1], full) < 1e-2  # chunk vs fused recurrent kernels, TF32 dots
     cached = model.generate(x, max_new_tokens=8, do_sample=False, use_cache=True, pad_token_id=0)
     uncached = model.generate(x, max_new_tokens=8, do_sample=False, use_cache=False, pad_token_id=0)
     assert torch.equal(cached, uncached)
