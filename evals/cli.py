@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="at most N documents per task (below the suite's)")
     parser.add_argument("--data", default=None, help="dm-prepare-data folder (val_docs.jsonl) for local tasks")
     parser.add_argument("--online", action="store_true", help="allow Hub and web downloads (default: offline)")
-    parser.add_argument("--cache", default=None, help="folder for synthetic task data (default ~/.cache/deltamatch/evals)")
+    parser.add_argument("--cache", default=None,
+                        help="folder for synthetic task data (default ~/.cache/deltamatch/evals)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
     return parser
 

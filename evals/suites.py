@@ -5,8 +5,8 @@ evaluation whose tasks share the same task metadata (RULER sizes its synthetic d
 RULER at 8K and at 64K are two runs). Each task entry names an lm-eval task or group, the metrics to report, the one
 metric that enters the suite average (or none: perplexities are reported beside the average, not in it) and an
 optional per-task sample limit. Task YAMLs of our own live in ``evals/tasks/<dir>/`` and are indexed through
-``TaskManager(include_path=...)``; ``include_defaults`` says whether lm-eval's ~15k built-in task configs are indexed too
-(that costs ~5 s of start-up, so the offline suite leaves it off).
+``TaskManager(include_path=...)``; ``include_defaults`` says whether lm-eval's ~15k built-in task configs are indexed
+too (that costs ~5 s of start-up, so the offline suite leaves it off).
 
 Everything a suite may download is named in the suite or in its task configs, so :mod:`deltamatch.evals.preflight`
 can refuse an offline run before the model is even loaded.

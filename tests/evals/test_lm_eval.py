@@ -77,3 +77,14 @@ def test_dm_eval_matches_reference_and_lm_eval_cli(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(out.rglob("results_*.json")).read_text())
     assert result["results"]["dm_lastword"]["acc,none"] == pytest.approx(tasks["dm_lastword"]["acc"])
+
+
+@pytest.mark.gpu
+def test_dm_eval_on_gpu(tiny_run, tmp_path):
+    ckpt, data = tiny_run
+    suite_path = tmp_path / "smoke.yaml"
+    suite_path.write_text(SUITE)
+    record = evaluate_suite(ckpt, load_suite(suite_path), data_dir=data, cache_dir=tmp_path / "cache", device="cuda")
+    assert record["n_samples"] == {"dm_lastword": 6, "dm_heldout_ppl": 2, "dm_ruler_fwe": 1}
+    assert 0.0 <= record["tasks"]["dm_lastword"]["acc"] <= 1.0
+    assert record["tasks"]["dm_heldout_ppl"]["bits_per_byte"] > 0
