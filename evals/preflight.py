@@ -71,8 +71,9 @@ def check_offline(suite: Suite, task_manager) -> None:
     for spec in suite.hub_datasets:
         path, _, name = spec.partition(":")
         needed.append((f"suite {suite.name}", path, name or None))
+    cached = {(p, n): _cached(p, n) for p, n in sorted({(p, n) for _, p, n in needed}, key=str)}
     missing = sorted({f"'{p}'" + (f" (config '{n}')" if n else "") + f" for {task}"
-                      for task, p, n in needed if not _cached(p, n)})
+                      for task, p, n in needed if not cached[p, n]})
     problems = [f"Hugging Face dataset {m}" for m in missing] + [f"download {u}" for u in suite.urls]
     if problems:
         raise ValueError(
