@@ -16,6 +16,7 @@ One function, :func:`train`, runs on one CPU process and on every rank of a ``to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -39,8 +40,11 @@ from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier
 
 
-def configure_numerics(config: RunConfig, layout: Layout) -> None:
-    """Threads and determinism; must run before the first CUDA matmul."""
+@contextlib.contextmanager
+def configured_numerics(config: RunConfig, layout: Layout):
+    """Threads and determinism for the run (set before the first CUDA matmul), restored afterwards so an in-process
+    caller (tests, notebooks) gets its own settings back."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     if config.train.deterministic:
@@ -48,6 +52,11 @@ def configure_numerics(config: RunConfig, layout: Layout) -> None:
         torch.use_deterministic_algorithms(True)
         if layout.device.type == "cuda":
             torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def build_model(config: RunConfig, manifest: dict) -> torch.nn.Module:
@@ -124,14 +133,14 @@ def train(config: RunConfig) -> dict:
     """Run (or resume, or finish) the training run of ``config``; returns the summary on rank 0, {} elsewhere."""
     layout = init_distributed(config.train.device)
     try:
-        return _train(config, layout)
+        with configured_numerics(config, layout):
+            return _train(config, layout)
     finally:
         shutdown(layout)
 
 
 def _train(config: RunConfig, layout: Layout) -> dict:
     start_wall = time.perf_counter()
-    configure_numerics(config, layout)
     run_dir, data_dir = Path(config.run_dir), Path(config.data.dir)
     manifest = read_manifest(data_dir)
     if config.data.verify_sha256 and layout.is_main:
