@@ -144,14 +144,18 @@ def _read_json(path: Path | None) -> dict | None:
 
 
 def build_folder(checkpoint: Path, out: Path, card: str) -> Path:
-    """Copy the shipped files and write the card into ``out``, atomically (a sibling temp folder, then a rename)."""
+    """Link or copy the shipped files and write the card into ``out``, atomically (a sibling temp folder, then a
+    rename)."""
     files = checkpoint_files(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for path in files:
-        shutil.copy2(path, tmp / path.name)
+        try:  # multi-GB weights: a hard link where the file system allows one, else a copy
+            os.link(path, tmp / path.name)
+        except OSError:
+            shutil.copy2(path, tmp / path.name)
     (tmp / "README.md").write_text(card, encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)

@@ -125,13 +125,13 @@ def init_checkpoint(wildcards):
 
 
 def resources_of(group):
-    """Snakemake resources of a rule group; a retried job gets proportionally more time (preemption, time limit)."""
+    """Snakemake resources of a rule group; a retried job gets proportionally more time (preemption, time limit).
+    GPUs go in as SLURM gres, which counts per node (the plugin's `gpu` would count per job)."""
     spec = config["resources"][group]
-    return {
-        "mem_mb": spec["mem_mb"],
-        "runtime": lambda wildcards, attempt: spec["runtime"] * attempt,
-        "gpus": spec["gpus"],
-    }
+    resources = {"mem_mb": spec["mem_mb"], "runtime": lambda wildcards, attempt: spec["runtime"] * attempt}
+    if spec["gpus"]:
+        resources["gres"] = f"gpu:{spec['gpus']}"
+    return resources
 
 
 def report_parts():
