@@ -76,6 +76,7 @@ def slurm():
     env = dict(os.environ)
     # Jobs inherit this environment (sbatch --export=ALL): rules find dm-launch and friends on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", MPLBACKEND="Agg")
     try:
         yield Slurm(account=ACCOUNT, partition=PARTITION, env=env)
     finally:

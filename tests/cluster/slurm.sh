@@ -4,7 +4,8 @@
 #   slurm.sh install   apt-get install Debian's slurmctld slurmd slurm-client munge slurmdbd mariadb-server (skipped
 #                      when already installed)
 #   slurm.sh start     munged, mariadbd, slurmdbd (job accounting), slurmctld and two emulated nodes n1, n2
-#                      (`slurmd -N`), each with 2 CPUs and two fake GPUs (Gres=gpu:fake:2, backed by device files);
+#                      (`slurmd -N`), each with 4 CPUs (more than the host may have, so jobs queue less) and two
+#                      fake GPUs (Gres=gpu:fake:2, backed by device files);
 #                      registers cluster, account and user with sacctmgr; waits until both nodes are idle
 #   slurm.sh stop      cancels every job, then stops the daemons by the PIDs recorded at start
 #   slurm.sh status    prints the daemons and `sinfo`
@@ -20,8 +21,8 @@ CLUSTER=deltamatch
 PARTITION=main
 ACCOUNT=deltamatch
 NODES=(n1 n2)
-NODE_CPUS=2
-NODE_MEM_MB=8000
+NODE_CPUS=4
+NODE_MEM_MB=16000
 GPUS_PER_NODE=2
 DB_SOCKET=/run/mysqld/mysqld.sock
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
@@ -139,12 +140,12 @@ GresTypes=gpu
 SlurmdParameters=config_overrides
 ReturnToService=2
 MpiDefault=none
-# Short waits keep the preemption tests fast: SIGTERM -> SIGKILL after 5 s; requeued jobs may start at once.
+# Short waits keep the preemption tests fast: SIGTERM -> SIGKILL after 5 s.
 KillWait=5
 MinJobAge=300
 InactiveLimit=0
 Waittime=0
-SchedulerParameters=defer_batch=0
+MailProg=/bin/true
 # Job accounting through slurmdbd (what sacct and the Snakemake SLURM plugin read).
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1

@@ -1,0 +1,248 @@
+"""The pipeline and its training on the live test cluster, through the project's own SLURM profile and rules.
+
+One module fixture starts four Snakemake sessions side by side, each in its own working directory, and waits for all:
+
+* ``pipeline_slurm`` / ``pipeline_local``: the shrunk test config's report figures (data, two training runs, figures)
+  through ``--profile profiles/slurm`` and through the local profile; the two must agree exactly (CPU training is
+  deterministic for a seed).
+* ``requeue``: 2 nodes x 1 process (dm-launch -> srun -> torchrun, c10d rendezvous, gloo). While it trains,
+  ``scontrol requeue`` throws the job back into the queue; it must start again under the same job id and resume from
+  its checkpoint (Snakemake's retries are off for this one).
+* ``timeout``: 1 node x 1 process; its first attempt gets 1 minute (the pipeline's ``runtime * attempt``) and is killed by
+  SLURM's time limit; Snakemake retries it with 2 minutes and it resumes from its checkpoint. So that the limit hits
+  whatever the machine's speed, the test pauses (SIGSTOP) the first attempt's trainer once it has written a checkpoint:
+  SLURM then sends SIGCONT, SIGTERM and SIGKILL at the limit, as to any job that overran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.cluster
+
+STEPS = {"requeue": 24, "timeout": 60}
+CHECKPOINT_EVERY = {"requeue": 4, "timeout": 10}
+NODES = {"requeue": 2, "timeout": 1}
+RUNTIME = {"requeue": 10, "timeout": 1}  # minutes for attempt 1
+RETRIES = {"requeue": 0, "timeout": 1}
+PIPELINE_TARGETS = [f"results/test/report/figures/{name}.csv" for name in ("figure1_loss", "figure4_gain")]
+SNAKEMAKE = str(REPO / ".venv" / "bin" / "snakemake")
+
+
+def _config(work: Path, variant: str) -> Path:
+    """config/test.yaml with one bf16 run named after the scenario."""
+    cfg = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    cfg["name"] = "cluster"
+    cfg["launch"] = {"nodes": NODES[variant], "procs_per_node": 1}
+    cfg["train"]["metrics"] = {"probe_every": 0, "val_every": 0, "val_batches": 1}
+    cfg["train"]["train"]["steps"] = STEPS[variant]
+    cfg["train"]["checkpoint"] = {"every": CHECKPOINT_EVERY[variant], "keep": 1}
+    cfg["runs"] = [{"variant": variant, "sizes": ["tiny"], "methods": ["bf16"], "seeds": [0], "suites": ["offline"]}]
+    cfg["probe"] = {"enabled": False}
+    cfg["report"] = {**cfg.get("report", {}), "main_variant": variant}
+    cfg["resources"]["train"]["runtime"] = RUNTIME[variant]
+    path = work / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _start(slurm, work: Path, cmd: list[str]) -> tuple[subprocess.Popen, Path]:
+    log = work / "snakemake.log"
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=slurm.env, cwd=work), log
+
+
+def _pipeline(slurm, work: Path, on_slurm: bool) -> tuple[subprocess.Popen, Path]:
+    """The test config's report figures, through profiles/slurm or the local profile (one core)."""
+    work.mkdir()
+    where = (["--profile", str(REPO / "profiles" / "slurm"), "--slurm-init-seconds-before-status-checks", "2",
+              "--latency-wait", "5"] if on_slurm else ["--profile", str(REPO / "profiles" / "default"), "--cores", "1"])
+    return _start(slurm, work, [SNAKEMAKE, *PIPELINE_TARGETS, "-s", str(REPO / "Snakefile"), "-d", str(work),
+                                "--configfile", str(REPO / "config" / "test.yaml"), *where])
+
+
+def _snakemake(slurm, work: Path, variant: str) -> tuple[subprocess.Popen, Path]:
+    """Start the pipeline's train rule for ``variant`` through profiles/slurm, in the background."""
+    work.mkdir()
+    cmd = [SNAKEMAKE, str(_run_dir(Path("."), variant) / "summary.json"),
+           "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(_config(work, variant)),
+           "--profile", str(REPO / "profiles" / "slurm"), "--retries", str(RETRIES[variant]),
+           "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5",
+           # One task per node: the plugin submits --ntasks=1 otherwise, and SLURM shrinks the job to one node.
+           "--set-resources", f"train:tasks={NODES[variant]}"]
+    return _start(slurm, work, cmd)
+
+
+def _run_dir(work: Path, variant: str) -> Path:
+    return work / "results" / "cluster" / "runs" / variant / "tiny" / "bf16" / "s0"
+
+
+def _train_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["step"] for r in records if r["kind"] == "train"]
+
+
+def _job_of(slurm, variant: str) -> str | None:
+    """The SLURM job id of a running train job (the plugin puts rule and wildcards into the job comment)."""
+    for line in slurm.run("squeue", "-h", "-t", "RUNNING", "-o", "%i|%k").splitlines():
+        job, comment = line.split("|", 1)
+        if comment.startswith("rule_train_") and f"_wildcards_{variant}_" in comment:
+            return job
+    return None
+
+
+def _requeue(slurm, job: str) -> None:
+    slurm.run("scontrol", "requeue", job)
+    # SLURM holds a requeued job for about two minutes (BeginTime, set once its old processes are gone); release it
+    # as soon as it is pending again, to keep the test short.
+    for _ in range(300):
+        if slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() == "PENDING":
+            slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"requeued job {job} never became pending")
+
+
+def _trainer_pids(job: str) -> list[int]:
+    """The dm-train processes of SLURM job ``job`` (started by this test, found through /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"deltamatch.models.train.cli" in cmdline and f"SLURM_JOB_ID={job}".encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _drive(slurm, work: dict[str, Path], procs: dict[str, subprocess.Popen], timeout: float = 300) -> str:
+    """Requeue the requeue run and freeze the timeout run's first attempt, each once it has a checkpoint."""
+    requeued = frozen = None
+    deadline = time.monotonic() + timeout
+    while requeued is None or frozen is None:
+        if time.monotonic() > deadline or any(procs[v].poll() is not None for v in ("requeue", "timeout")):
+            raise AssertionError(f"requeued job {requeued}, frozen job {frozen}; snakemake exits "
+                                 f"{ {v: procs[v].poll() for v in ('requeue', 'timeout')} }")
+        for variant in ("requeue", "timeout"):
+            done = requeued if variant == "requeue" else frozen
+            job = None if done else _job_of(slurm, variant)
+            if job is None or len(_train_steps(_run_dir(work[variant], variant))) <= CHECKPOINT_EVERY[variant] * 2:
+                continue
+            if variant == "requeue":
+                _requeue(slurm, job)
+                requeued = job
+            elif pids := _trainer_pids(job):
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
+                frozen = job
+        time.sleep(0.5)
+    return requeued
+
+
+def _resumed_step(log: Path) -> int:
+    match = re.search(r"dm-train: resumed from \S+ \(step (\d+)\)", log.read_text())
+    assert match, f"{log} shows no resume:\n{log.read_text()[-2000:]}"
+    return int(match.group(1))
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=max(timeout, 1))
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.wait(60)
+        return -1
+
+
+def _check_run(work: Path, variant: str) -> None:
+    run_dir = _run_dir(work, variant)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS[variant]
+    # Each step trained once after the resume point: the metrics of the two runs join without a gap or a repeat.
+    assert _train_steps(run_dir) == list(range(1, STEPS[variant] + 1))
+    train_log = work / "results" / "cluster" / "logs" / "train" / variant / "tiny" / "bf16" / "s0.log"
+    assert _resumed_step(train_log) >= CHECKPOINT_EVERY[variant]
+
+
+class Runs:
+    """The finished Snakemake sessions: working directories, exit codes, logs; the requeued job id; the start time."""
+
+    def __init__(self, root: Path):
+        self.root, self.started = root, time.strftime("%Y-%m-%dT%H:%M:%S")
+        self.work = {name: root / name for name in ("requeue", "timeout", "pipeline_slurm", "pipeline_local")}
+        self.rc: dict[str, int] = {}
+        self.logs: dict[str, Path] = {}
+        self.requeued: str | None = None
+
+    def assert_ok(self, name: str) -> None:
+        assert self.rc[name] == 0, f"{name}: snakemake exit {self.rc[name]}\n" + self.logs[name].read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(slurm, tmp_path_factory):
+    runs = Runs(tmp_path_factory.mktemp("cluster"))
+    procs = {}
+    try:
+        for variant in ("requeue", "timeout"):
+            procs[variant], runs.logs[variant] = _snakemake(slurm, runs.work[variant], variant)
+        for name, on_slurm in (("pipeline_slurm", True), ("pipeline_local", False)):
+            procs[name], runs.logs[name] = _pipeline(slurm, runs.work[name], on_slurm)
+        runs.requeued = _drive(slurm, runs.work, procs)
+        deadline = time.monotonic() + 480
+        for name, proc in procs.items():
+            runs.rc[name] = _wait(proc, deadline - time.monotonic())
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(60)
+    return runs
+
+
+def test_two_node_training_resumes_after_requeue(runs, slurm):
+    runs.assert_ok("requeue")
+    _check_run(runs.work["requeue"], "requeue")
+    # One job id, two runs in accounting; the training step ran as 2 tasks on n1 and n2.
+    records = slurm.sacct(runs.requeued)
+    states = [r["State"] for r in records if r["JobID"] == runs.requeued]
+    assert states[0] == "REQUEUED" and states[-1] == "COMPLETED", records
+    assert any(r["NodeList"] == "n[1-2]" and r["NTasks"] == "2" for r in records), records
+
+
+def test_training_killed_by_time_limit_resumes_with_more_time(runs, slurm):
+    runs.assert_ok("timeout")
+    _check_run(runs.work["timeout"], "timeout")
+    # The first attempt ended in TIMEOUT under a 1-minute limit; the retry, with 2 minutes, completed.
+    out = slurm.run("sacct", "-X", "-n", "-P", "--format=JobID,State,Timelimit,Comment", "-S", runs.started)
+    attempts = [line.split("|")[1:3] for line in out.splitlines() if "_wildcards_timeout_" in line]
+    assert attempts == [["TIMEOUT", "00:01:00"], ["COMPLETED", "00:02:00"]], out
+
+
+def test_pipeline_through_slurm_builds_the_same_report(runs, slurm):
+    runs.assert_ok("pipeline_slurm")
+    runs.assert_ok("pipeline_local")
+    for target in PIPELINE_TARGETS:
+        on_slurm = pd.read_csv(runs.work["pipeline_slurm"] / target)
+        local = pd.read_csv(runs.work["pipeline_local"] / target)
+        assert len(local) > 0, target
+        pd.testing.assert_frame_equal(on_slurm, local, check_exact=True, obj=target)
+    # The training and data jobs really ran as SLURM jobs, and accounting saw them finish.
+    out = slurm.run("sacct", "-X", "-n", "-P", "--format=JobID,State,Comment", "-S", runs.started)
+    done = {line.split("|")[2] for line in out.splitlines() if line.split("|")[1] == "COMPLETED"}
+    for method in ("bf16", "matched"):
+        assert f"rule_train_wildcards_base_tiny_{method}_0" in done, out
