@@ -27,7 +27,7 @@ def tokens(B=2, T=48, seed=1) -> torch.Tensor:
 @pytest.mark.parametrize("method", PUBLIC_MODES)
 def test_forward_backward_each_method(method):
     model = tiny(attn_method=method)
-    x = tokens(T=40)
+    x = tokens(T=24)
     loss = model(x, labels=x).loss
     loss.backward()
     assert torch.isfinite(loss)
@@ -139,7 +139,7 @@ def test_left_padded_batch_generates_like_each_prompt_alone():
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_activation_checkpointing_reproduces_the_gradients(reentrant):
     model = tiny(attn_method="matched")
-    x = tokens(T=30)
+    x = tokens(T=20)
     model(x, labels=x).loss.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
