@@ -23,10 +23,16 @@ def poison_empty(monkeypatch):
     real_empty, real_empty_like = torch.empty, torch.empty_like
 
     def poisoned(out):
-        if out.is_floating_point():
+        if out.is_floating_point() and out.device.type != "meta":
             out.fill_(float("nan"))
         return out
 
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poisoned(real_empty(*a, **k)))
+    def empty(*args, **kwargs):
+        # a Python wrapper is invisible to ``with torch.device(...)``: pass the default device on explicitly
+        if kwargs.get("device") is None:
+            kwargs["device"] = torch.get_default_device()
+        return poisoned(real_empty(*args, **kwargs))
+
+    monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poisoned(real_empty_like(*a, **k)))
     yield
