@@ -22,6 +22,7 @@ The recurrent state is stored K-first, ``(B, H, K, V)``, as fla's naive referenc
 """
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Iterator
@@ -37,11 +38,28 @@ BACKENDS = ("fla", "torch")
 
 
 def gdn_backend(x: torch.Tensor) -> str:
-    """The recurrence implementation for inputs like ``x``: the pinned one, else fla's kernels on CUDA, else torch."""
+    """The recurrence implementation for inputs like ``x``: the pinned one, else fla's kernels on CUDA (where fla
+    trusts its own backward when gradients are needed), else torch."""
     pinned = getattr(_PINNED, "name", None)
     if pinned is not None:
         return pinned
-    return "fla" if x.is_cuda else "torch"
+    if not x.is_cuda:
+        return "torch"
+    return "fla" if not torch.is_grad_enabled() or fla_backward_supported(x.device) else "torch"
+
+
+@functools.cache
+def fla_backward_supported(device: torch.device) -> bool:
+    """fla 0.6 refuses its gated chunk backward on Hopper under Triton >= 3.4, < 3.7.1 (fla issue #640: wrong
+    gradients) unless tilelang is installed. There the pure-torch twin trains on the GPU; fla still runs inference."""
+    import importlib.util
+
+    import triton
+    from packaging.version import Version
+
+    hopper = torch.cuda.get_device_capability(device)[0] == 9
+    affected = Version("3.4.0") <= Version(triton.__version__.split("+")[0]) < Version("3.7.1")
+    return not (hopper and affected) or importlib.util.find_spec("tilelang") is not None
 
 
 @contextlib.contextmanager

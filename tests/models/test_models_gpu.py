@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deltamatch.models import HybridForCausalLM, get_config
-from deltamatch.models.layers.gdn import GatedDeltaNet, use_gdn_backend
+from deltamatch.models.layers.gdn import GatedDeltaNet, fla_backward_supported, use_gdn_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -35,10 +35,16 @@ def test_fla_triton_gdn_matches_cpu_path(T):
     x = torch.randn(2, T, 512)
     dy = torch.randn(2, T, 512)
 
+    # fla refuses its own gated backward on Hopper under Triton 3.4-3.7.0 (wrong gradients, its issue #640): there
+    # only the forward is compared, and the model trains through the pure-torch twin (checked below).
+    backward = fla_backward_supported(torch.device("cuda"))
+
     def run(layer, x, backend=None):
         x = x.clone().requires_grad_()
         with use_gdn_backend(backend):
             y = layer(x)[0] if backend is None else layer(x)  # fla's layer returns (o, attentions, cache)
+        if not backward and x.is_cuda:
+            return y, {}
         names, params = zip(*layer.named_parameters())
         grads = torch.autograd.grad(y, [x, *params], dy.to(y.device))
         return y, dict(zip(("x", *names), grads))
@@ -49,6 +55,11 @@ def test_fla_triton_gdn_matches_cpu_path(T):
     ours_cuda.load_state_dict(ours.state_dict())
     y_ours, g_ours = run(ours_cuda, x.cuda(), "fla")
     assert rel_rms(y_fla, y_cpu) < 5e-3 and rel_rms(y_ours, y_cpu) < 5e-3
+    if not backward:
+        with pytest.raises(RuntimeError, match="incorrect results"):
+            run_backward_through_fla = theirs(x.cuda().requires_grad_())[0]
+            run_backward_through_fla.backward(dy.cuda())
+        return
     assert g_cpu.keys() == g_fla.keys() == g_ours.keys()
     for name, reference in g_cpu.items():
         assert rel_rms(g_fla[name], reference) < 2e-2, name  # TF32 dots inside the Triton kernels
