@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,20 +44,6 @@ class Slurm:
         out = self.run("sacct", "-D", "-n", "-P", "-j", job_id, f"--format={fields}")
         keys = fields.split(",")
         return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line]
-
-    def wait_job(self, job_id: str, timeout: float) -> str:
-        """Poll until the job left the queue; return its final state from accounting."""
-        deadline = time.monotonic() + timeout
-        while self.run("squeue", "-h", "-j", job_id, check=False).strip():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still queued after {timeout} s")
-            time.sleep(1)
-        for _ in range(50):  # slurmdbd records the end a moment after squeue forgets the job
-            states = [r["State"] for r in self.sacct(job_id, "JobID,State") if r["JobID"] == job_id]
-            if states and states[-1] not in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING"):
-                return states[-1]
-            time.sleep(0.2)
-        raise TimeoutError(f"accounting has no final state for job {job_id}")
 
 
 def _script(command: str) -> None:

@@ -5,11 +5,12 @@ One module fixture starts four Snakemake sessions side by side, each in its own 
 * ``pipeline_slurm`` / ``pipeline_local``: the shrunk test config's report figures (data, two training runs, figures)
   through ``--profile profiles/slurm`` and through the local profile; the two must agree exactly (CPU training is
   deterministic for a seed).
-* ``requeue``: 2 nodes x 1 process (dm-launch -> srun -> torchrun, c10d rendezvous, gloo). While it trains,
+* ``requeue``: 2 nodes x 1 process with one (fake) GPU per node, as a GPU cluster runs it (``--gres=gpu:1`` per node;
+  dm-launch -> srun -> torchrun, c10d rendezvous; gloo, as torch here has no CUDA). While it trains,
   ``scontrol requeue`` throws the job back into the queue; it must start again under the same job id and resume from
   its checkpoint (Snakemake's retries are off for this one).
-* ``timeout``: 1 node x 1 process; its first attempt gets 1 minute (the pipeline's ``runtime * attempt``) and is killed by
-  SLURM's time limit; Snakemake retries it with 2 minutes and it resumes from its checkpoint. So that the limit hits
+* ``timeout``: 1 node x 1 process; its first attempt gets 1 minute (the pipeline's ``runtime * attempt``) and is
+  killed by SLURM's time limit; Snakemake retries it with 2 minutes and it resumes from its checkpoint. So that the limit hits
   whatever the machine's speed, the test pauses (SIGSTOP) the first attempt's trainer once it has written a checkpoint:
   SLURM then sends SIGCONT, SIGTERM and SIGKILL at the limit, as to any job that overran.
 """
@@ -36,6 +37,7 @@ CHECKPOINT_EVERY = {"requeue": 4, "timeout": 10}
 NODES = {"requeue": 2, "timeout": 1}
 RUNTIME = {"requeue": 10, "timeout": 1}  # minutes for attempt 1
 RETRIES = {"requeue": 0, "timeout": 1}
+GPUS = {"requeue": 1, "timeout": 0}  # per node
 PIPELINE_TARGETS = [f"results/test/report/figures/{name}.csv" for name in ("figure1_loss", "figure4_gain")]
 SNAKEMAKE = str(REPO / ".venv" / "bin" / "snakemake")
 
@@ -52,6 +54,7 @@ def _config(work: Path, variant: str) -> Path:
     cfg["probe"] = {"enabled": False}
     cfg["report"] = {**cfg.get("report", {}), "main_variant": variant}
     cfg["resources"]["train"]["runtime"] = RUNTIME[variant]
+    cfg["resources"]["train"]["gpus"] = GPUS[variant]
     path = work / "cluster.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -77,9 +80,7 @@ def _snakemake(slurm, work: Path, variant: str) -> tuple[subprocess.Popen, Path]
     cmd = [SNAKEMAKE, str(_run_dir(Path("."), variant) / "summary.json"),
            "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(_config(work, variant)),
            "--profile", str(REPO / "profiles" / "slurm"), "--retries", str(RETRIES[variant]),
-           "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5",
-           # One task per node: the plugin submits --ntasks=1 otherwise, and SLURM shrinks the job to one node.
-           "--set-resources", f"train:tasks={NODES[variant]}"]
+           "--slurm-init-seconds-before-status-checks", "2", "--latency-wait", "5"]
     return _start(slurm, work, cmd)
 
 
@@ -217,11 +218,12 @@ def runs(slurm, tmp_path_factory):
 def test_two_node_training_resumes_after_requeue(runs, slurm):
     runs.assert_ok("requeue")
     _check_run(runs.work["requeue"], "requeue")
-    # One job id, two runs in accounting; the training step ran as 2 tasks on n1 and n2.
-    records = slurm.sacct(runs.requeued)
+    # One job id, two runs in accounting; the training step ran as 2 tasks on n1 and n2, holding a GPU on each.
+    records = slurm.sacct(runs.requeued, "JobID,State,NodeList,NTasks,AllocTRES")
     states = [r["State"] for r in records if r["JobID"] == runs.requeued]
     assert states[0] == "REQUEUED" and states[-1] == "COMPLETED", records
-    assert any(r["NodeList"] == "n[1-2]" and r["NTasks"] == "2" for r in records), records
+    assert any(r["NodeList"] == "n[1-2]" and r["NTasks"] == "2" and "gres/gpu=2" in r["AllocTRES"]
+               for r in records), records
 
 
 def test_training_killed_by_time_limit_resumes_with_more_time(runs, slurm):
