@@ -101,6 +101,7 @@ def figure_gain(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str, 
     long = gain.melt(id_vars=[*RUN_KEYS, "step"], value_vars=["k_gain_max", "concentration"], var_name="quantity")
     grid = sns.relplot(data=long, x="step", y="value", hue="method", hue_order=_methods(long), col="quantity",
                        kind="line", errorbar=None, facet_kws={"sharey": False}, height=3.6, aspect=1.1)
+    grid.set_titles("{col_name}")
     grid.figure.suptitle("Figure 4: last attention layer (key gain, gain concentration)", y=1.04)
     final = gain.sort_values("step").groupby(RUN_KEYS, sort=False).tail(1)
     numbers = final.melt(id_vars=RUN_KEYS, value_vars=["k_gain_max", "concentration"], var_name="metric")
@@ -121,6 +122,7 @@ def figure_scales(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str
                       gain.assign(quantity="largest channel gain")], ignore_index=True)
     grid = sns.relplot(data=long, x="step", y="value", hue="method", hue_order=_methods(long), row="quantity",
                        col="size", kind="line", errorbar=None, facet_kws={"sharey": False}, height=3.2, aspect=1.2)
+    grid.set_titles("{row_name}, {col_name}")
     grid.figure.suptitle("Figure 5: loss and gains at two scales", y=1.03)
     gain_max = gain.groupby(RUN_KEYS, as_index=False)["value"].max().assign(metric="gain_max")
     numbers = pd.concat([loss_numbers(metrics[metrics["kind"] == "train"]), gain_max], ignore_index=True)
@@ -136,6 +138,7 @@ def figure_sweep(sweep: pd.DataFrame):
     grid = sns.relplot(data=shown, x="spread", y="value", hue="method", hue_order=_methods(shown), col="metric",
                        row="inputs", kind="line", marker="o", errorbar=None, height=3.0, aspect=1.1)
     grid.set(yscale="log")
+    grid.set_titles("{row_name}: {col_name}")
     grid.figure.suptitle("Random-head sweep: distance from the softmax-gradient invariant", y=1.03)
     numbers = shown.groupby(["inputs", "method", "metric"], sort=False, as_index=False)["value"].max()
     return grid, numbers.rename(columns={"value": "max_over_spreads"})
