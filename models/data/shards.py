@@ -153,5 +153,9 @@ def open_split(folder: str | Path, split: str) -> list[np.memmap]:
     if split not in manifest["splits"]:
         raise ValueError(f"data folder {folder} has no split {split!r} (has {sorted(manifest['splits'])})")
     dtype = np.dtype(manifest["dtype"])
-    return [np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],))
-            for s in manifest["splits"][split]["shards"]]
+    shards = manifest["splits"][split]["shards"]
+    for shard in shards:
+        path = folder / shard["file"]
+        if not path.is_file() or path.stat().st_size != shard["tokens"] * dtype.itemsize:
+            raise ValueError(f"shard {path} is missing or has the wrong size for the manifest")
+    return [np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],)) for s in shards]

@@ -63,3 +63,14 @@ def test_val_batches_give_every_rank_the_same_count(shards):
     assert len({tuple(x) for x in seen.tolist()}) == len(seen)  # disjoint while the split is large enough
     tiny = [val_batches(w, micro_batch=len(w), batches=2, rank=r, world=2) for r in range(2)]
     assert [len(b) for b in tiny] == [1, 1]
+
+
+def test_a_missing_or_short_shard_is_a_clear_error(shards):
+    folder, _ = shards
+    victim = sorted((folder / "train").glob("*.bin"))[1]
+    victim.write_bytes(victim.read_bytes()[:-2])
+    with pytest.raises(ValueError, match="wrong size"):
+        TokenWindows(folder, "train", seq_len=8)
+    victim.unlink()
+    with pytest.raises(ValueError, match="missing"):
+        TokenWindows(folder, "train", seq_len=8)
