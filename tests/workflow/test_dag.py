@@ -90,3 +90,21 @@ def test_bad_config_fails_naming_the_key(snakemake, tmp_path):
     dangling = _bad(tmp_path, "name: bad\nruns:\n  - {variant: base}\n  - {variant: ext, init_from: nowhere}\n")
     done = snakemake("-n", "--configfile", str(dangling), workdir=tmp_path)
     assert done.returncode != 0 and "runs[1].init_from" in done.output
+
+
+def test_every_schema_key_has_a_description_and_a_default():
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    missing = []
+
+    def walk(node, path):
+        node = schema["$defs"][node["$ref"].split("/")[-1]] | node if "$ref" in node else node
+        for key, sub in node.get("properties", {}).items():
+            where = f"{path}.{key}" if path else key
+            if "description" not in sub or ("default" not in sub and key != "variant"):
+                missing.append(where)
+            walk(sub, where)
+        if "items" in node and isinstance(node["items"], dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(schema, "")
+    assert missing == []
