@@ -42,7 +42,8 @@ SECTIONS: dict[str, Section] = {
                               "channel gain over training at two model sizes.", "figure5"),
     "table9_probes": Section("Table 9: row-sum residual per layer", "Normalised row-sum residual |Σ_j dS_ij| / "
                              "Σ_j |dS_ij| of each δ on one checkpoint's activations, before and after the dS cast, "
-                             "and the key-gradient column-sum share.", "table9"),
+                             "and the key-gradient column-sum share. A model with a single attention layer shows it in both "
+                             "summary rows.", "table9"),
     "ablations": Section("Ablations", "Validation cross-entropy of each variant and each method's gap to BF16 of "
                          "the same variant.", "ablations"),
     "kernel_latency": Section("Kernel", "Ahead-of-time build check of the Triton kernels (FP8 wgmma per matmul) and "

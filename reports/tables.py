@@ -100,13 +100,15 @@ def ablation_table(summaries, evals, paper, scale_of, aliases) -> pd.DataFrame:
 
 def probe_table(probes: pd.DataFrame, size: str, paper, scale_of) -> pd.DataFrame:
     """Table 9: the row-sum residual of each δ per attention layer, and summarised as the paper does: the mean over
-    every attention layer but the last, and the last layer alone."""
+    every attention layer but the last, and the last layer alone (a single attention layer counts as both)."""
     measures = ["before_cast", "after_cast", "dk_colsum"]
     long = probes.melt(id_vars=["layer", "delta"], value_vars=measures, var_name="metric", value_name="value")
     long = long.rename(columns={"delta": "method"})
     last = long["layer"].max()
+    # A model with one attention layer (the tiny default) has no other layers: that layer stands in both groups.
+    others = long[long["layer"] != last] if long["layer"].nunique() > 1 else long
     groups = [long.assign(layers=long["layer"].map(lambda i: f"layer {i}")),
-              long[long["layer"] != last].assign(layers="all_but_last"),
+              others.assign(layers="all_but_last"),
               long[long["layer"] == last].assign(layers="last")]
     long = pd.concat(groups, ignore_index=True).assign(size=size, seed=0)
     ours = seed_means(long, ["layers", "method", "metric"])

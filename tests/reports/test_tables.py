@@ -144,3 +144,12 @@ def test_cli_table_and_errors(synthetic, tmp_path, capsys):
     assert "missing input file" in capsys.readouterr().err
     assert main(["table", "main", "--runs", *runs["summary"], "--scale-of", "tiny", "--out", str(out)]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_probe_table_with_one_attention_layer(synthetic, paper):
+    probes = synthetic["probes"]
+    single = probes[probes["layer"] == 7]
+    rows = tables.probe_table(single, "tiny", paper, SCALE_OF).set_index(["layers", "method", "metric"])
+    value = single[single["delta"] == "matched"]["before_cast"].item()
+    assert rows.loc[("all_but_last", "matched", "before_cast"), "ours"] == pytest.approx(value)
+    assert rows.loc[("last", "matched", "before_cast"), "ours"] == pytest.approx(value)
