@@ -57,12 +57,16 @@ def slurm():
         pytest.skip("the local SLURM cluster needs root (tests/cluster/slurm.sh)")
     if shutil.which("slurmctld") is None:
         _script("install")
-    _script("start")
     env = dict(os.environ)
     # Jobs inherit this environment (sbatch --export=ALL): rules find dm-launch and friends on PATH.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", MPLBACKEND="Agg")
-    try:
-        yield Slurm(account=ACCOUNT, partition=PARTITION, env=env)
+    slurm = Slurm(account=ACCOUNT, partition=PARTITION, env=env)
+    try:  # a start that fails half-way still stops what it started
+        _script("start")
+        # Jobs a killed earlier session left in the controller's saved state would be requeued into this one.
+        if leftovers := slurm.run("squeue", "-h", "-o", "%i").split():
+            slurm.run("scancel", *leftovers, check=False)
+        yield slurm
     finally:
         _script("stop")

@@ -261,7 +261,7 @@ cmd_status() {
     for name in munged mariadbd slurmdbd slurmctld "${NODES[@]/#/slurmd-}"; do
         if alive "$name"; then echo "$name running (pid $(<"$(pidfile "$name")"))"; else echo "$name stopped"; fi
     done
-    alive slurmctld && sinfo
+    if alive slurmctld; then sinfo; fi
 }
 
 exec </dev/null  # nothing here reads stdin; sacctmgr would otherwise wait on prompts
