@@ -10,8 +10,9 @@ Two presets:
       python benchmarks/train_bench.py h200 --out benchmarks/results/train_569m_h200.json
 
 Each method is a separate ``dm-train`` process (fresh CUDA allocator, so peak memory is its own). Throughput is the
-median of the per-step ``tokens_per_s`` records after ``--skip`` warm-up steps (compilation, autotuning). Results are
-written as JSON with the date, commit and machine, and printed as a table.
+median of the per-step ``tokens_per_s`` records after ``--skip`` warm-up steps (compilation, autotuning), with the
+min/max and the 1-minute load average after the run: on a shared CPU machine other jobs move these numbers more than
+the attention method does. Results are written as JSON with the date, commit and machine, and printed as a table.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def machine() -> dict:
     import torch
 
     info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpu_count": os.cpu_count(), "loadavg_1m_at_end": os.getloadavg()[0]}
+            "cpu_count": os.cpu_count()}
     try:
         info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
     except (OSError, StopIteration):
@@ -84,7 +85,9 @@ def run_method(preset: dict, method: str, data_dir: Path, work: Path) -> dict:
     subprocess.run([sys.executable, "-m", "deltamatch.models.train.cli", "--config", str(config)], check=True)
     records = [json.loads(line) for line in (work / method / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"][preset["skip"]:]
-    return {"method": method, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps),
+    rates = [r["tokens_per_s"] for r in steps]
+    return {"method": method, "tokens_per_s": statistics.median(rates), "tokens_per_s_min": min(rates),
+            "tokens_per_s_max": max(rates), "loadavg_1m_after": os.getloadavg()[0],
             "peak_mem_bytes": max(r["peak_mem_bytes"] for r in steps), "steps_timed": len(steps),
             "tokens_per_step": steps[0]["tokens"] // steps[0]["step"]}
 
