@@ -9,13 +9,13 @@ Every method is run on the same inputs; the value written is the median over see
 import argparse
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
+from deltamatch.atomic import atomic_path
 from deltamatch.kernels.measures import dk_colsum_share, relative_error, rowsum_residual
 from deltamatch.kernels.reference import _delta_kind, attention_exact, attention_reference, probe_backward
 from deltamatch.kernels.methods import get_method
@@ -105,19 +105,6 @@ def format_table(df: pd.DataFrame) -> str:
     return wide[list(METRICS)].to_string(float_format=lambda x: f"{x:.2e}")
 
 
-def write_csv_atomic(df: pd.DataFrame, path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".csv")
-    os.close(fd)
-    try:
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dm-sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/sweep.csv", help="long CSV to write")
@@ -133,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     df = run_sweep(cfg, progress=not args.no_progress)
-    write_csv_atomic(df, args.out)
+    with atomic_path(args.out) as tmp:
+        df.to_csv(tmp, index=False)
     print(format_table(df))
     print(f"\nwrote {args.out}")
 

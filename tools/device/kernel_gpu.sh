@@ -5,25 +5,9 @@
 set -uo pipefail
 WHAT=${1:-all}
 SIZE=${2:-quick}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+source tools/device/setup.sh
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
-
-# nvidia-cudnn-frontend travels as a wheel in .carry (no network on the device machine)
-if ls .carry/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
-  # fallback: a deltamatch package made of links to the top-level folders
-  mkdir -p /tmp/shim/deltamatch && cp deltamatch/__init__.py /tmp/shim/deltamatch/
-  for sub in kernels models evals reports; do ln -sfn "$PWD/$sub" "/tmp/shim/deltamatch/$sub"; done
-  export PYTHONPATH=/tmp/shim${PYTHONPATH:+:$PYTHONPATH}
-  echo "pip install -e . failed; using the PYTHONPATH shim" | tee -a "$OUT/install.log"
-fi
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
 python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__, 'backend', cudnn.backend_version())" 2>&1 | tail -1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 stamp installed
