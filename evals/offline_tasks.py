@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from deltamatch.atomic import write_text
 
 WORD = re.compile(r"[A-Za-z]{3,}")
 TRAILING = re.compile(r"[\s\"'.,;:!?)\]]+$")
@@ -109,14 +108,8 @@ def lastword_rows(docs: list[str], cfg: OfflineDataConfig) -> list[dict]:
 
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:
     """Write ``rows`` as JSON lines, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return Path(path)
 
 
 def build_offline_data(data_dir: str | Path, out_dir: str | Path,

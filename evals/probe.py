@@ -12,13 +12,12 @@ matched): the normalised row-sum residual of dS before and after its FP8 cast, a
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
+from deltamatch.atomic import atomic_path
 
 COLUMNS = ["layer", "delta", "before_cast", "after_cast", "dk_colsum"]
 
@@ -70,13 +69,9 @@ def load_checkpoint(checkpoint: str | Path):
 
 
 def write_csv_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    frame.to_csv(tmp, index=False)
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)
 
 
 def main(argv: list[str] | None = None) -> None:

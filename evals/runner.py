@@ -9,7 +9,6 @@ The suite average is the plain mean of each task's ``average`` metric.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import tempfile
@@ -20,6 +19,7 @@ from typing import Any
 
 from deltamatch.evals.preflight import check_offline, set_hub_offline
 from deltamatch.evals.suites import Suite, SuiteRun
+from deltamatch.atomic import write_json
 
 
 def _task_manager(suite: Suite, metadata: dict[str, Any]):
@@ -145,11 +145,5 @@ def evaluate_suite(checkpoint: str | Path, suite: Suite, data_dir: str | Path | 
 
 
 def write_json_atomic(record: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(record, fh, indent=1, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
+    write_json(path, record, indent=1)
+    return Path(path)

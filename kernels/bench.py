@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
+from deltamatch.atomic import atomic_path
 
 FP8_MODES = ("stale", "consistent", "matched")
 BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", "cudnn_fp8")
@@ -137,13 +138,11 @@ def _commit() -> str:
 
 
 def _write(df: pd.DataFrame, path: str, header: str) -> None:
-    tmp = path + ".tmp"
-    if path.endswith(".csv"):
-        df.to_csv(tmp, index=False)
-    else:
-        with open(tmp, "w") as f:
-            f.write(header + "\n\n" + df.to_markdown(index=False, floatfmt=".3f") + "\n")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        if path.endswith(".csv"):
+            df.to_csv(tmp, index=False)
+        else:
+            tmp.write_text(header + "\n\n" + df.to_markdown(index=False, floatfmt=".3f") + "\n")
 
 
 def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:

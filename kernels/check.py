@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from deltamatch.kernels import triton_bwd, triton_fwd, triton_quant
+from deltamatch.atomic import write_text
 
 SM90 = GPUTarget("cuda", 90, 32)
 HEAD_DIMS = (64, 128, 256)
@@ -184,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.out:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(tmp, args.out)
+        write_text(args.out, "".join(json.dumps(r) + "\n" for r in rows))
     return 0 if ok else 1
 
 

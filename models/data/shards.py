@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from deltamatch.atomic import write_text
 
 FORMAT = "deltamatch-token-shards-v1"
 MANIFEST = "manifest.json"
@@ -33,11 +34,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -113,7 +109,7 @@ def write_manifest(folder: Path, *, vocab_size: int, special: dict[str, int], se
         "splits": {name: {"tokens": w.tokens, "documents": w.documents, "shards": w.close()}
                    for name, w in splits.items()},
     }
-    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -10,12 +10,11 @@ keyed by task, lengths, a hash of the tokenizer files and the lm-eval version; a
 import hashlib
 import importlib
 import json
-import os
-import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
 import datasets
+from deltamatch.atomic import write_text
 
 GENERATORS = {
     "niah_single_1": "lm_eval.tasks.ruler.niah_utils:niah_single_1",
@@ -49,11 +48,7 @@ def load(name: str, kwargs: dict) -> dict[str, datasets.Dataset]:
     path = Path(cache) / f"{name}-{_key(name, kwargs)}.jsonl"
     if not path.is_file():
         rows = _generate(name, kwargs).to_list()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.writelines(json.dumps(row) + "\n" for row in rows)
-        os.replace(tmp, path)
+        write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
     with path.open() as fh:
         rows = [json.loads(line) for line in fh]
     return {"test": datasets.Dataset.from_list(rows, split=datasets.Split.TEST)}
