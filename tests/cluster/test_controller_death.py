@@ -1,0 +1,46 @@
+"""What docs/cluster.md says about a dead controller: a running job carries on without slurmctld, and the restarted
+controller recovers it from its saved state and records how it ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPT
+
+pytestmark = pytest.mark.cluster
+STATE = Path(os.environ.get("DM_SLURM_STATE", "/var/tmp/deltamatch-slurm"))
+
+
+def _until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_jobs_outlive_the_controller_and_are_recovered(slurm, tmp_path):
+    started, finished = tmp_path / "started", tmp_path / "finished"
+    job = slurm.run("sbatch", "--parsable", "-A", slurm.account, "-t", "2", "-o", str(tmp_path / "job.out"),
+                    "--wrap", f"touch {started}; sleep 6; touch {finished}").strip()
+    _until(started.exists, 30, "the job to start")
+    # A controller killed within a second of starting a job may not have saved it yet (docs/cluster.md); give it the
+    # few seconds it takes, as a crash long after a start would.
+    time.sleep(3)
+
+    controller = int((STATE / "run" / "slurmctld.pid").read_text())
+    os.kill(controller, signal.SIGKILL)  # the daemon the fixture started, by its recorded PID
+    _until(lambda: not slurm.ok("scontrol", "ping"), 10, "the controller to be gone")
+
+    _until(finished.exists, 30, "the orphaned job to finish without a controller")
+
+    subprocess.run(["bash", str(SCRIPT), "start"], check=True, stdin=subprocess.DEVNULL)
+    _until(lambda: not slurm.run("squeue", "-h", "-j", job, check=False).strip(), 60, "the job to leave the queue")
+    # slurmd delivers the job's end to the recovered controller, which records it.
+    _until(lambda: slurm.run("sacct", "-X", "-n", "-j", job, "-o", "State").split() == ["COMPLETED"], 30,
+           "accounting to record the job as completed")
