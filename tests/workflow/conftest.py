@@ -35,11 +35,17 @@ def job_counts(output: str) -> dict[str, int]:
     return counts
 
 
-@pytest.fixture
+# Fixtures rather than imports: several test folders have a conftest.py, so `from conftest import ...` is ambiguous.
+@pytest.fixture(scope="session")
 def snakemake():
     return run_snakemake
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def stats():
     return job_counts
+
+
+@pytest.fixture(scope="session")
+def root():
+    return ROOT

@@ -3,19 +3,17 @@ and the rendered per-run configs parsed by the trainer's own config classes."""
 
 import yaml
 
-from conftest import ROOT
-
 
 def _runs(config):
     return [(g["variant"], size, method, seed) for g in config["runs"]
             for size in g["sizes"] for method in g["methods"] for seed in g["seeds"]]
 
 
-def test_default_dry_run(snakemake, stats, tmp_path):
+def test_default_dry_run(snakemake, stats, root, tmp_path):
     done = snakemake("-n", "--cores", "2", workdir=tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
     counts = stats(done.stdout)
-    default = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+    default = yaml.safe_load((root / "config" / "default.yaml").read_text())
     runs = _runs(default)
     assert counts["train"] == len(runs) == 4 and counts["eval"] == len(runs)
     assert counts["prepare_data"] == counts["probe"] == counts["render"] == counts["kernel_bench"] == 1
@@ -23,13 +21,13 @@ def test_default_dry_run(snakemake, stats, tmp_path):
     assert "results/default/report/index.html" in done.stdout
 
 
-def test_paper_dry_run(snakemake, stats, tmp_path):
-    profile = ROOT / "profiles" / "slurm"
+def test_paper_dry_run(snakemake, stats, root, tmp_path):
+    profile = root / "profiles" / "slurm"
     extra = ["--profile", str(profile)] if (profile / "config.yaml").is_file() else ["--cores", "8"]
-    done = snakemake("-n", "--configfile", str(ROOT / "config" / "paper.yaml"), *extra, workdir=tmp_path)
+    done = snakemake("-n", "--configfile", str(root / "config" / "paper.yaml"), *extra, workdir=tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
     counts = stats(done.stdout)
-    paper = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
+    paper = yaml.safe_load((root / "config" / "paper.yaml").read_text())
     groups = {g["variant"]: g for g in paper["runs"]}
     runs = _runs(paper)
     assert counts["train"] == len(runs)
@@ -43,14 +41,14 @@ def test_paper_dry_run(snakemake, stats, tmp_path):
     assert "results/paper/runs/base/tiny" not in done.stdout and "results/default" not in done.stdout
 
 
-def test_rendered_configs_are_valid_trainer_and_data_configs(snakemake, tmp_path):
+def test_rendered_configs_are_valid_trainer_and_data_configs(snakemake, root, tmp_path):
     from deltamatch.models.data.prepare import PrepareConfig
     from deltamatch.models.train.config import RunConfig, load_yaml
 
     targets = ["results/paper/configs/data.yaml", "results/paper/configs/train/mla/1.67B/matched/s0.yaml",
                "results/paper/configs/train/context_64k/1.67B/stale/s1.yaml",
                "results/paper/configs/train/base/5.29B/cudnn_fp8/s1.yaml"]
-    done = snakemake(*targets, "--cores", "1", "--configfile", str(ROOT / "config" / "paper.yaml"), workdir=tmp_path)
+    done = snakemake(*targets, "--cores", "1", "--configfile", str(root / "config" / "paper.yaml"), workdir=tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
     data = load_yaml(PrepareConfig, tmp_path / targets[0])
     assert data.source == "hub" and data.out_dir == "results/paper/data"
@@ -92,8 +90,8 @@ def test_bad_config_fails_naming_the_key(snakemake, tmp_path):
     assert done.returncode != 0 and "runs[1].init_from" in done.output
 
 
-def test_every_schema_key_has_a_description_and_a_default():
-    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+def test_every_schema_key_has_a_description_and_a_default(root):
+    schema = yaml.safe_load((root / "workflow" / "schemas" / "config.schema.yaml").read_text())
     missing = []
 
     def walk(node, path):

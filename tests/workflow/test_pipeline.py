@@ -8,22 +8,24 @@ import os
 import pandas as pd
 import pytest
 
-from conftest import ROOT, job_counts, run_snakemake
-
 pytestmark = pytest.mark.slow
-CONFIG = str(ROOT / "config" / "test.yaml")
 RESULTS = "results/test"
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
+def config(root):
+    return str(root / "config" / "test.yaml")
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, snakemake, config):
     workdir = tmp_path_factory.mktemp("pipeline")
-    done = run_snakemake("--cores", "2", "--configfile", CONFIG, workdir=workdir, timeout=900)
+    done = snakemake("--cores", "2", "--configfile", config, workdir=workdir, timeout=900)
     assert done.returncode == 0, done.output[-6000:]
     return workdir
 
 
-def test_every_artefact_is_built(pipeline):
+def test_every_artefact_is_built(pipeline, snakemake, config):
     report = pipeline / RESULTS / "report"
     for name in ("main_1p67b", "scale", "ablations", "table9_probes", "kernel_latency", "sweep"):
         assert (report / "tables" / f"{name}.csv").is_file(), name
@@ -44,21 +46,21 @@ def test_every_artefact_is_built(pipeline):
     assert (published / "README.md").is_file() and (published / "model.safetensors").is_file()
     # checkpoints/ is no declared output: it survives for a retried job to resume from
     assert (pipeline / RESULTS / "runs/base/tiny/matched/s0/checkpoints").is_dir()
-    nothing = run_snakemake("-n", "--configfile", CONFIG, workdir=pipeline)
+    nothing = snakemake("-n", "--configfile", config, workdir=pipeline)
     assert nothing.returncode == 0 and "Nothing to be done" in nothing.output
 
 
-def test_regenerating_one_table_reruns_only_its_rule(pipeline):
+def test_regenerating_one_table_reruns_only_its_rule(pipeline, snakemake, stats, config):
     target = pipeline / RESULTS / "report/tables/main_1p67b.csv"
     others = [p for p in (pipeline / RESULTS).rglob("*") if p.is_file() and p != target and ".snakemake" not in str(p)
               and "/logs/" not in str(p)]
     before = {p: p.stat().st_mtime_ns for p in others}
     target_before = target.stat().st_mtime_ns
-    plan = run_snakemake("-n", "-f", f"{RESULTS}/report/tables/main_1p67b.csv", "--configfile", CONFIG,
+    plan = snakemake("-n", "-f", f"{RESULTS}/report/tables/main_1p67b.csv", "--configfile", config,
                          workdir=pipeline)
-    assert job_counts(plan.output) == {"table_main": 1, "total": 1}
+    assert stats(plan.output) == {"table_main": 1, "total": 1}
     target.unlink()
-    done = run_snakemake("--cores", "1", f"{RESULTS}/report/tables/main_1p67b.csv", "--configfile", CONFIG,
+    done = snakemake("--cores", "1", f"{RESULTS}/report/tables/main_1p67b.csv", "--configfile", config,
                          workdir=pipeline)
     assert done.returncode == 0, done.output[-4000:]
     assert "rule table_main" in done.output and done.output.count("\nrule ") + done.output.count("localrule ") == 1
