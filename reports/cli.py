@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from deltamatch.reports import figures, tables
-from deltamatch.reports.atomic import write_csv, write_text
+from deltamatch.atomic import atomic_path, write_text
 from deltamatch.reports.inputs import load_evals, load_metrics, load_probes, load_summaries, load_sweep
 from deltamatch.reports.paper import PAPER_YAML, load_paper
 from deltamatch.reports.render import render
@@ -31,6 +31,11 @@ from deltamatch.reports.render import render
 RUN_TABLES = {"main": tables.main_table, "scale": tables.scale_table, "ablations": tables.ablation_table}
 RUN_FIGURES = {"figure1_loss": figures.figure_loss, "figure4_gain": figures.figure_gain,
                "figure5_scales": figures.figure_scales}
+
+
+def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
 
 
 def pairs(words: list[str] | None, option: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from deltamatch.reports.atomic import atomic_path
+from deltamatch.atomic import atomic_path
 from deltamatch.reports.inputs import RUN_KEYS
 from deltamatch.reports.paper import paper_values
 from deltamatch.reports.tables import METHOD_ORDER, compare, paper_scale, seed_means

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from deltamatch.reports.atomic import write_text
+from deltamatch.atomic import write_text
 from deltamatch.reports.paper import load_paper
 from deltamatch.reports.tables import NO_HOPPER
 
