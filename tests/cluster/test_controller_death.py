@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPT
-
 pytestmark = pytest.mark.cluster
+SCRIPT = Path(__file__).with_name("slurm.sh")
 STATE = Path(os.environ.get("DM_SLURM_STATE", "/var/tmp/deltamatch-slurm"))
 
 
