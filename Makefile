@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.deltamatch-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test setup clean
+.PHONY: run test test-cluster kernel-check setup clean
 
 setup: $(STAMP)
 
@@ -21,8 +21,17 @@ $(STAMP): pyproject.toml setup.py envs/pip-cpu.lock.txt
 run: $(STAMP)
 	$(BIN)/dm-sweep --out results/default/sweep.csv
 
+# As root (CI, a fresh machine) the suite also installs Debian's SLURM for the real-cluster tests (tests/cluster/).
 test: $(STAMP)
+	if [ "$$(id -u)" = 0 ]; then bash tests/cluster/slurm.sh install; fi
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-cluster: $(STAMP)
+	bash tests/cluster/slurm.sh install
+	$(BIN)/python -m pytest -q -m cluster tests/cluster
+
+kernel-check: $(STAMP)
+	$(BIN)/dm-kernel-check --out results/kernel/check.jsonl
 
 clean:
 	rm -rf $(VENV) results .snakemake
