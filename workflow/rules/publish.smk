@@ -15,6 +15,7 @@ rule publish:
     params:
         repo_id=repo_id,
         dry_run="--dry-run" if config["publish"]["dry_run"] else "",
+    localrule: True  # uploads need the network, which login nodes have and compute nodes often lack
     threads: 1
     resources:
         **resources_of("light"),

@@ -1,5 +1,6 @@
 # Report: every table and figure is its own target (results/<name>/report/tables/<t>.csv, figures/<f>.png + .csv),
 # so `snakemake <that path>` rebuilds one without touching the rest; `render` puts them on one page, HTML and Markdown.
+# All are local rules: seconds of pandas/seaborn each, not worth a cluster job.
 
 MAIN_RUNS = select(variant=config["report"]["main_variant"], size=config["report"]["main_size"])
 SCALE_RUNS = select(variant=config["report"]["main_variant"])
@@ -22,6 +23,7 @@ rule table_main:
         f"{LOGS}/report/main_1p67b.log",
     params:
         mapping=MAPPING,
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -40,6 +42,7 @@ rule table_scale:
         f"{LOGS}/report/scale.log",
     params:
         mapping=MAPPING,
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -58,6 +61,7 @@ rule table_ablations:
         f"{LOGS}/report/ablations.log",
     params:
         mapping=MAPPING,
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -76,6 +80,7 @@ rule table_probes:
     params:
         mapping=MAPPING,
         size=PROBED.size,
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -92,6 +97,7 @@ rule table_kernel:
         f"{REPORT}/tables/kernel_latency.csv",
     log:
         f"{LOGS}/report/kernel_latency.log",
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -106,6 +112,7 @@ rule table_sweep:
         f"{REPORT}/tables/sweep.csv",
     log:
         f"{LOGS}/report/sweep.log",
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -125,6 +132,7 @@ rule figure_runs:
         figure="figure1_loss|figure4_gain|figure5_scales",
     params:
         mapping=MAPPING,
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -140,6 +148,7 @@ rule figure_sweep:
         values=f"{REPORT}/figures/sweep.csv",
     log:
         f"{LOGS}/report/figure_sweep.log",
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
@@ -157,6 +166,7 @@ rule render:
     params:
         name=config["name"],
         note=config["report"]["scale_note"],
+    localrule: True
     conda:
         "../../envs/report.yaml"
     shell:
