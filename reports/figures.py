@@ -72,6 +72,15 @@ def last_layer_gains(gain: pd.DataFrame) -> pd.DataFrame:
     return gain[gain["layer"] == last]
 
 
+def records(metrics: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The ``kind`` records (train, gain) of the runs; none at all is an error naming what to change."""
+    found = metrics[metrics["kind"] == kind] if "kind" in metrics else metrics.iloc[0:0]
+    if found.empty:
+        hint = " (is metrics.probe_every 0 in the train config?)" if kind == "gain" else ""
+        raise ValueError(f"no '{kind}' records in the runs' metrics.jsonl{hint}")
+    return found.copy()
+
+
 def _with_scale(numbers: pd.DataFrame, scale_of: dict[str, str]) -> pd.DataFrame:
     return numbers.assign(paper_scale=numbers["size"].map(lambda s: paper_scale(s, scale_of)))
 
@@ -81,7 +90,7 @@ def figure_loss(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str, 
     import seaborn as sns
 
     plt = _pyplot()
-    train = metrics[metrics["kind"] == "train"].copy()
+    train = records(metrics, "train")
     train["smoothed loss"] = smoothed(train.sort_values("step"), "loss")
     fig, ax = plt.subplots(figsize=(7, 4.2))
     sns.lineplot(data=train, x="tokens", y="smoothed loss", hue="method", hue_order=_methods(train), ax=ax,
@@ -97,7 +106,7 @@ def figure_gain(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str, 
     import seaborn as sns
 
     plt = _pyplot()
-    gain = last_layer_gains(metrics[metrics["kind"] == "gain"])
+    gain = last_layer_gains(records(metrics, "gain"))
     long = gain.melt(id_vars=[*RUN_KEYS, "step"], value_vars=["k_gain_max", "concentration"], var_name="quantity")
     grid = sns.relplot(data=long, x="step", y="value", hue="method", hue_order=_methods(long), col="quantity",
                        kind="line", errorbar=None, facet_kws={"sharey": False}, height=3.6, aspect=1.1)
@@ -113,9 +122,9 @@ def figure_scales(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str
     """Figure 5: training loss and the largest channel gain over training, one column per size."""
     import seaborn as sns
 
-    train = metrics[metrics["kind"] == "train"].sort_values("step").copy()
+    train = records(metrics, "train").sort_values("step")
     train["value"] = smoothed(train, "loss")
-    gain = metrics[metrics["kind"] == "gain"].copy()
+    gain = records(metrics, "gain")
     gain["value"] = gain[["q_gain_max", "k_gain_max"]].max(axis=1)
     gain = gain.groupby([*RUN_KEYS, "step"], as_index=False)["value"].max()
     long = pd.concat([train[[*RUN_KEYS, "step", "value"]].assign(quantity="training loss"),
@@ -125,7 +134,7 @@ def figure_scales(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str
     grid.set_titles("{row_name}, {col_name}")
     grid.figure.suptitle("Figure 5: loss and gains at two scales", y=1.03)
     gain_max = gain.groupby(RUN_KEYS, as_index=False)["value"].max().assign(metric="gain_max")
-    numbers = pd.concat([loss_numbers(metrics[metrics["kind"] == "train"]), gain_max], ignore_index=True)
+    numbers = pd.concat([loss_numbers(records(metrics, "train")), gain_max], ignore_index=True)
     numbers = seed_means(_with_scale(numbers, scale_of), ["paper_scale", "method", "metric"])
     return grid, compare(numbers, paper_values(paper, "figure5"), ["paper_scale", "method", "metric"])
 

@@ -82,3 +82,15 @@ def test_whole_report_page(synthetic, tmp_path):
     line = next(ln for ln in markdown.splitlines() if "| bf16" in ln and "val_ce" in ln)
     assert "1.4178" in line and f"{row['ours']:.5g}" in line and f"{row['difference']:.5g}" in line
     assert "≈ 5.5" in markdown  # approximate paper values are marked
+
+
+def test_runs_without_gain_records_fail_naming_the_setting(synthetic, tmp_path, capsys):
+    run = synthetic["runs"].iloc[0]
+    path = tmp_path / "results/x/runs/base/tiny/bf16/s0"
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(open(run["summary"]).read().replace('"stale"', '"bf16"'))
+    lines = [line for line in open(run["summary"].replace("summary.json", "metrics.jsonl")) if '"gain"' not in line]
+    (path / "metrics.jsonl").write_text("".join(lines))
+    assert main(["figure", "figure4_gain", "--runs", str(path / "summary.json"), "--out", str(tmp_path / "f.png"),
+                 "--values", str(tmp_path / "f.csv")]) == 2
+    assert "metrics.probe_every" in capsys.readouterr().err and not (tmp_path / "f.png").exists()
