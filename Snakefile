@@ -2,7 +2,7 @@
 
     snakemake --cores all                                     # the embedded default (config/default.yaml), CPU
     snakemake --profile profiles/slurm --configfile config/paper.yaml
-    snakemake results/default/report/tables/main_1p67b.csv    # one table, nothing else
+    snakemake -f results/default/report/tables/main_1p67b.csv # rebuild one table, nothing else
 
 Stages, one rule file each: data -> train -> eval, probe -> report; kernel and sweep feed the report directly; publish
 turns final checkpoints into Hub repos. Rules only wire console scripts; the logic lives in the deltamatch package.

@@ -13,7 +13,7 @@ BENCH = f"{RESULTS}/benchmarks"
 PAPER = str(Path(workflow.basedir) / "reports" / "paper_reported.yaml")
 
 # One training run is (variant, size, method, seed); every per-run output is laid out under this tag, which the
-# report also reads back from the paths (reports/tables.py: RUN_TAG).
+# report also reads back from the paths (reports/inputs.py: RUN_TAG).
 TAG = "{variant}/{size}/{method}/s{seed}"
 RUN = f"{RESULTS}/runs/{TAG}"
 
