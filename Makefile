@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml setup.py envs/pip-cpu.lock.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
+# The rules call the dm-* console scripts through PATH.
 run: $(STAMP)
-	$(BIN)/dm-sweep --out results/default/sweep.csv
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores all
 
 # As root (CI, a fresh machine) the suite also installs Debian's SLURM for the real-cluster tests (tests/cluster/).
 test: $(STAMP)
