@@ -41,6 +41,9 @@ rule train:
     resources:
         **resources_of("train"),
         nodes=config["launch"]["nodes"],
+        # Without GPUs, one task per node keeps SLURM from shrinking the job to one node; with gres the plugin turns
+        # `tasks` into --ntasks-per-gpu, so it is left out there.
+        **({} if config["resources"]["train"]["gpus"] else {"tasks": config["launch"]["nodes"]}),
     conda:
         "../../envs/train.yaml"
     shell:
