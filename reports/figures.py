@@ -105,7 +105,7 @@ def figure_gain(metrics: pd.DataFrame, paper: pd.DataFrame, scale_of: dict[str, 
     """Figure 4: the last attention layer's largest key gain and its gain concentration over training."""
     import seaborn as sns
 
-    plt = _pyplot()
+    _pyplot()  # selects the headless backend before seaborn draws
     gain = last_layer_gains(records(metrics, "gain"))
     long = gain.melt(id_vars=[*RUN_KEYS, "step"], value_vars=["k_gain_max", "concentration"], var_name="quantity")
     grid = sns.relplot(data=long, x="step", y="value", hue="method", hue_order=_methods(long), col="quantity",
