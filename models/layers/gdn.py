@@ -115,6 +115,13 @@ def chunk_gated_delta_rule(
     Returns ``o (B, T, H, V)`` and the final state ``(B, H, K, V)``, both in FP32. q and k are used as given
     (normalise them first). Padding at the end of the last chunk has beta = k = 0, so it never touches the state.
     """
+    # FP32 means FP32 under the trainer's bf16 autocast too: the nilpotent inverse and the chunk-to-chunk state
+    # recurrence lose too much in BF16 matmuls (fla's kernels accumulate these in FP32 as well).
+    with torch.autocast(k.device.type, enabled=False):
+        return _chunk_rule_fp32(q, k, v, g, beta, scale, initial_state, chunk_size)
+
+
+def _chunk_rule_fp32(q, k, v, g, beta, scale, initial_state, chunk_size):
     B, T, H, K = k.shape
     scale = K**-0.5 if scale is None else scale
     C = min(chunk_size, T)

@@ -112,3 +112,17 @@ def test_cached_decoding_equals_full_sequence():
         parts = [layer(x[:, :6], cache=cache)]  # prefill, then one token at a time
         parts += [layer(x[:, t : t + 1], cache=cache) for t in range(6, 21)]
     assert rel_rms(torch.cat(parts, 1), full) < 1e-5
+
+
+def test_chunk_rule_stays_fp32_under_bf16_autocast():
+    """The trainer runs the twin under bf16 autocast on GPUs where fla refuses its backward; it must not drop to BF16."""
+    from deltamatch.models.layers.gdn import chunk_gated_delta_rule, l2_normalize
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (l2_normalize(torch.randn(1, 150, 2, 32, generator=gen)) for _ in range(2))
+    v = torch.randn(1, 150, 2, 48, generator=gen)
+    g, beta = -torch.rand(1, 150, 2, generator=gen) * 0.1, torch.rand(1, 150, 2, generator=gen)
+    ref, ref_state = chunk_gated_delta_rule(q, k, v, g, beta)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, state = chunk_gated_delta_rule(q, k, v, g, beta)
+    assert out.dtype == torch.float32 and torch.equal(out, ref) and torch.equal(state, ref_state)
