@@ -116,8 +116,6 @@ def test_cached_decoding_equals_full_sequence():
 
 def test_chunk_rule_stays_fp32_under_bf16_autocast():
     """The trainer runs the twin under bf16 autocast on GPUs where fla refuses its backward; it must not drop to BF16."""
-    from deltamatch.models.layers.gdn import chunk_gated_delta_rule, l2_normalize
-
     gen = torch.Generator().manual_seed(0)
     q, k = (l2_normalize(torch.randn(1, 150, 2, 32, generator=gen)) for _ in range(2))
     v = torch.randn(1, 150, 2, 48, generator=gen)
