@@ -108,23 +108,21 @@ def load_metrics(summaries: pd.DataFrame, kinds: tuple[str, ...] = ("train", "ga
     return frame.drop_duplicates(subset=dedup, keep="last").reset_index(drop=True)
 
 
-def load_probes(path: str) -> pd.DataFrame:
-    """Table 9 rows from ``dm-probe``: layer, delta, before_cast, after_cast, dk_colsum."""
+def _read_table(path: str, columns: set[str], what: str) -> pd.DataFrame:
     if not Path(path).is_file():
         raise ValueError(f"missing input file: {path}")
     frame = pd.read_csv(path)
-    missing = {"layer", "delta", "before_cast", "after_cast", "dk_colsum"} - set(frame.columns)
+    missing = columns - set(frame.columns)
     if missing:
-        raise ValueError(f"{path}: probe table lacks columns {sorted(missing)}")
+        raise ValueError(f"{path}: {what} table lacks columns {sorted(missing)}")
     return frame
+
+
+def load_probes(path: str) -> pd.DataFrame:
+    """Table 9 rows from ``dm-probe``: layer, delta, before_cast, after_cast, dk_colsum."""
+    return _read_table(path, {"layer", "delta", "before_cast", "after_cast", "dk_colsum"}, "probe")
 
 
 def load_sweep(path: str) -> pd.DataFrame:
     """The random-head sweep's long table: inputs, spread, method, metric, value."""
-    if not Path(path).is_file():
-        raise ValueError(f"missing input file: {path}")
-    frame = pd.read_csv(path)
-    missing = {"inputs", "spread", "method", "metric", "value"} - set(frame.columns)
-    if missing:
-        raise ValueError(f"{path}: sweep table lacks columns {sorted(missing)}")
-    return frame
+    return _read_table(path, {"inputs", "spread", "method", "metric", "value"}, "sweep")
