@@ -151,7 +151,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     )
 
 
-def _delta_kind(method: AttentionMethod) -> str:
+def delta_kind(method: AttentionMethod) -> str:
+    """The δ a method's backward subtracts (BF16 uses FlashAttention's, i.e. the stale formula)."""
     return "stale" if method.delta == "exact" else method.delta
 
 
@@ -186,7 +187,7 @@ class _ReferenceAttention(torch.autograd.Function):
         with _fp32_math(q.device):
             parts = _backward(
                 _bhnd(q), _bhnd(k), _bhnd(v), o, lse, _bhnd(do),
-                ctx.causal, ctx.scale, ctx.method, _delta_kind(ctx.method),
+                ctx.causal, ctx.scale, ctx.method, delta_kind(ctx.method),
             )  # fmt: skip
         return parts.dq.to(q.dtype), parts.dk.to(k.dtype), parts.dv.to(v.dtype), None, None, None
 

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from deltamatch.atomic import atomic_path
 from deltamatch.kernels.measures import dk_colsum_share, relative_error, rowsum_residual
-from deltamatch.kernels.reference import _delta_kind, attention_exact, attention_reference, probe_backward
+from deltamatch.kernels.reference import attention_exact, delta_kind, attention_reference, probe_backward
 from deltamatch.kernels.methods import get_method
 
 SWEEP_METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8_sim")
@@ -67,7 +67,7 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o64 = attention_exact(q64, k64, v64, causal)
     o64.backward(do.double())
-    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[_delta_kind(get_method(method))]
+    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[delta_kind(get_method(method))]
     with torch.no_grad():
         o = attention_reference(q, k, v, causal, method)
     return {
