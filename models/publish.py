@@ -9,7 +9,9 @@ tokenizer files, and ``README.md``: a model card with the architecture, the atte
 metrics (``summary.json`` of the run, and ``dm-eval`` results) and the paper's citation.
 
 The Hub token is read from ``HF_TOKEN`` only, handed to ``huggingface_hub`` and nowhere else: it is never printed,
-logged, put in the card or written to a file, and a staged folder that contains it anyway is refused.
+logged, put in the card or written to a file. A checkpoint or card that contains it anyway is refused before anything
+is staged. The folder is staged in a temporary folder that is always removed: with ``--out`` it is renamed into place
+once complete (after the upload, for a real one), and a real upload without ``--out`` leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import os
 import shutil
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 SHIPPED_SUFFIXES = (".safetensors", ".json", ".py", ".txt", ".model", ".jinja")
@@ -143,34 +147,82 @@ def _read_json(path: Path | None) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def build_folder(checkpoint: Path, out: Path, card: str) -> Path:
-    """Link or copy the shipped files and write the card into ``out``, atomically (a sibling temp folder, then a
-    rename)."""
-    files = checkpoint_files(checkpoint)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for path in files:
-        try:  # multi-GB weights: a hard link where the file system allows one, else a copy
-            os.link(path, tmp / path.name)
-        except OSError:
-            shutil.copy2(path, tmp / path.name)
-    (tmp / "README.md").write_text(card, encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+def _contains(path: Path, needle: bytes, chunk: int = 1 << 20) -> bool:
+    """Whether ``needle`` occurs in the file at ``path``, read in chunks (weights can be many GB)."""
+    keep = len(needle) - 1
+    tail = b""
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            window = tail + block
+            if needle in window:
+                return True
+            tail = window[-keep:] if keep else b""
+    return False
 
 
-def assert_secret_free(folder: Path, secret: str | None) -> None:
-    """Refuse a folder in which the token appears (it would be public once uploaded)."""
+def assert_secret_free(files: Path | list[Path], secret: str | None, card: str = "") -> None:
+    """Refuse files (a list, or every file under a folder) or a card in which the token appears: it would be public
+    once uploaded. The message names the file, never the token."""
     if not secret:
         return
     needle = secret.encode()
-    for path in folder.rglob("*"):
-        if path.is_file() and needle in path.read_bytes():
-            raise ValueError(f"{path.name} contains the value of HF_TOKEN; refusing to publish it")
+    paths = sorted(p for p in files.rglob("*") if p.is_file()) if isinstance(files, Path) else files
+    for path in paths:
+        if _contains(path, needle):
+            raise ValueError(f"{path} contains the value of HF_TOKEN; refusing to publish it")
+    if secret in card:
+        raise ValueError("the model card (README.md) would contain the value of HF_TOKEN (from --summary, --evals or "
+                         "--data); refusing to publish it")
+
+
+def stage(files: list[Path], card: str, parent: Path | None = None) -> Path:
+    """A new temporary folder (in ``parent``, else the system's temp folder) holding ``files`` and the card as
+    README.md. The caller removes it; if staging fails it is removed here."""
+    if parent is None:
+        tmp = Path(tempfile.mkdtemp(prefix="dm-publish-"))
+    else:  # a sibling of the output, for hard links and an atomic rename; mkdir (not mkdtemp) keeps the umask's mode
+        tmp = parent / f".dm-publish-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp"
+        tmp.mkdir()
+    try:
+        for path in files:
+            try:  # multi-GB weights: a hard link where the file system allows one, else a copy
+                os.link(path, tmp / path.name)
+            except OSError:
+                shutil.copy2(path, tmp / path.name)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def _move_into_place(staged: Path, out: Path) -> None:
+    """Rename ``staged`` to ``out``, replacing what was there (moved aside first, so ``out`` is never half-built)."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent)) / "old"
+        os.replace(out, old)
+    os.replace(staged, out)
+    if old is not None:
+        shutil.rmtree(old.parent, ignore_errors=True)
+
+
+def build_folder(checkpoint: Path, out: Path, card: str, secret: str | None = None) -> Path:
+    """Check the shipped files and the card for ``secret``, then link or copy them and write the card into ``out``,
+    atomically (a sibling temp folder, renamed into place only when complete; removed otherwise)."""
+    files = checkpoint_files(checkpoint)
+    assert_secret_free(files, secret, card)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = stage(files, card, out.parent)
+    try:
+        _move_into_place(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return out
+
+
+def _redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, "***") if secret else text
 
 
 def upload(folder: Path, repo_id: str, token: str, private: bool) -> str:
@@ -192,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files for the card")
     parser.add_argument("--data", help="the dm-prepare-data folder (its manifest.json describes the corpus)")
     parser.add_argument("--dry-run", action="store_true", help="build the folder offline; upload nothing")
-    parser.add_argument("--out", help="folder to build (required with --dry-run; a temporary one otherwise)")
+    parser.add_argument("--out", help="folder to build (required with --dry-run; with an upload, where the uploaded "
+                        "folder is kept, else it is staged in a temporary folder and removed)")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     args = parser.parse_args(argv)
     token = os.environ.get("HF_TOKEN") or None
@@ -209,25 +262,34 @@ def main(argv: list[str] | None = None) -> int:
         evals = [_read_json(Path(p)) for p in args.evals]
         config = _read_json(checkpoint / "config.json")
         manifest = _read_json(Path(args.data) / "manifest.json") if args.data else None
+        files = checkpoint_files(checkpoint)
         card = model_card(args.repo_id, config, parameter_count(checkpoint), summary, evals, manifest)
-        out = Path(args.out) if args.out else Path(tempfile_dir()) / args.repo_id.replace("/", "--")
-        folder = build_folder(checkpoint, out, card)
-        assert_secret_free(folder, token)
+        assert_secret_free(files, token, card)  # before anything is written: a refused folder never exists
+        out = Path(args.out) if args.out else None
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        staged = stage(files, card, out.parent if out is not None else None)
+        try:
+            if not args.dry_run:
+                try:
+                    url = upload(staged, args.repo_id, token, args.private)
+                except Exception as err:  # noqa: BLE001 -- the Hub's errors vary; report them without the token
+                    print(f"dm-publish: error: upload to {args.repo_id} failed: {type(err).__name__}: "
+                          f"{_redact(str(err), token)}", file=sys.stderr)
+                    return 1
+            if out is not None:
+                _move_into_place(staged, out)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
         if args.dry_run:
-            print(f"dm-publish: dry run: {folder} holds what would be uploaded to {args.repo_id}")
-            return 0
-        url = upload(folder, args.repo_id, token, args.private)
-        print(f"dm-publish: uploaded {folder} to {args.repo_id}: {url}")
+            print(f"dm-publish: dry run: {out} holds what would be uploaded to {args.repo_id}")
+        else:
+            kept = f" (the uploaded folder is {out})" if out is not None else ""
+            print(f"dm-publish: uploaded to {args.repo_id}: {_redact(url, token)}{kept}")
     except ValueError as err:
-        print(f"dm-publish: error: {err}", file=sys.stderr)
+        print(f"dm-publish: error: {_redact(str(err), token)}", file=sys.stderr)
         return 2
     return 0
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="dm-publish-")
 
 
 if __name__ == "__main__":

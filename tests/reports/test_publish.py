@@ -1,6 +1,11 @@
-"""dm-publish --dry-run on a real tiny checkpoint: the folder's contents, the card, and that HF_TOKEN never leaks."""
+"""dm-publish on a real tiny checkpoint: the --dry-run folder's contents and card, the upload (against a fake
+``huggingface_hub.HfApi``; no network), and that HF_TOKEN never leaks nor leaves a refused or temporary folder behind."""
 
 import json
+import logging
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -43,12 +48,14 @@ def publish(monkeypatch, capfd):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
     def run(checkpoint, out, *extra, token=SECRET):
+        """``out=None`` leaves --out off (a real upload then stages in a temporary folder)."""
         if token:
             monkeypatch.setenv("HF_TOKEN", token)
         else:
             monkeypatch.delenv("HF_TOKEN", raising=False)
         status = main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "someone/deltamatch-tiny-matched",
-                       "--evals", str(checkpoint["dir"] / "offline.json"), "--out", str(out), *extra])
+                       "--evals", str(checkpoint["dir"] / "offline.json"),
+                       *(["--out", str(out)] if out is not None else []), *extra])
         captured = capfd.readouterr()
         return status, captured.out + captured.err
 
@@ -97,8 +104,9 @@ def test_upload_needs_the_token_and_refuses_a_leaking_folder(checkpoint, tmp_pat
     (leaky / "final" / "notes.txt").write_text(f"token={SECRET}")
     (leaky / "offline.json").write_bytes((checkpoint["dir"] / "offline.json").read_bytes())
     status, printed = publish({"dir": leaky}, tmp_path / "b", "--dry-run")
-    assert status == 2 and "contains the value of HF_TOKEN" in printed
+    assert status == 2 and "contains the value of HF_TOKEN" in printed and "notes.txt" in printed
     assert SECRET not in printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["leaky"]  # neither the refused folder nor a staging one
 
 
 def test_bad_arguments_name_the_problem(checkpoint, tmp_path, capsys):
@@ -107,3 +115,172 @@ def test_bad_arguments_name_the_problem(checkpoint, tmp_path, capsys):
     assert main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "nobody", "--dry-run",
                  "--out", str(tmp_path / "o")]) == 2
     assert "--repo-id" in capsys.readouterr().err
+
+
+# --- the upload, against a fake HfApi -------------------------------------------------------------------------------
+
+REPO = "someone/deltamatch-tiny-matched"
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """Replace ``huggingface_hub.HfApi`` (publish.upload imports it at call time) with a recorder; point the temp
+    folder at ``tmp_path/tmp`` so leftovers show; send every log record at DEBUG to ``tmp_path/publish.log``."""
+    import huggingface_hub
+
+    record = {"init": [], "create_repo": [], "upload_folder": [], "fail": None}
+
+    class FakeHfApi:
+        def __init__(self, *args, **kwargs):
+            record["init"].append(kwargs)
+
+        def create_repo(self, repo_id, **kwargs):
+            record["create_repo"].append({"repo_id": repo_id, **kwargs})
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, *, repo_id, folder_path, **kwargs):
+            folder = Path(folder_path)
+            files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+            record["upload_folder"].append({"repo_id": repo_id, "folder": folder, "files": files, **kwargs})
+            if record["fail"]:
+                raise OSError(record["fail"])
+            return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0123abcd")
+
+        def __getattr__(self, name):  # any other Hub call would need the network
+            raise AssertionError(f"dm-publish called HfApi.{name}, which the fake does not provide")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    handler = logging.FileHandler(tmp_path / "publish.log", encoding="utf-8")
+    handler.setLevel(logging.DEBUG)
+    loggers = [logging.getLogger(), logging.getLogger("huggingface_hub")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+    record["temp"], record["log"] = temp, tmp_path / "publish.log"
+    yield record
+    for logger, level in zip(loggers, levels):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    handler.close()
+
+
+def _token_of(record):
+    """The token the fake Hub was given: to the client, or to each call."""
+    given = {call.get("token") for call in record["init"]}
+    given |= {call.get("token") for call in record["create_repo"] + record["upload_folder"] if "token" in call}
+    return given - {None}
+
+
+def _files_with_secret(root):
+    return [p for p in Path(root).rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+
+
+def test_upload_hands_the_token_and_the_folder_to_the_hub_and_leaves_no_temp_folder(checkpoint, tmp_path, publish, hub):
+    status, printed = publish(checkpoint, None)
+    assert status == 0, printed
+    assert _token_of(hub) == {SECRET}
+    assert [call["repo_id"] for call in hub["create_repo"]] == [REPO]
+    assert hub["create_repo"][0].get("repo_type", "model") == "model" and hub["create_repo"][0].get("exist_ok")
+    assert not hub["create_repo"][0].get("private")
+    (upload,) = hub["upload_folder"]
+    assert upload["repo_id"] == REPO and upload.get("repo_type", "model") == "model"
+    source = checkpoint["dir"] / "final"
+    shipped = sorted(p.name for p in source.iterdir() if p.suffix != ".bin")
+    assert sorted(upload["files"]) == sorted([*shipped, "README.md"])
+    for name in shipped:
+        assert upload["files"][name] == (source / name).read_bytes(), name
+    card = upload["files"]["README.md"].decode()
+    assert "## Metrics" in card and REPO in card
+    assert "https://huggingface.co/someone/deltamatch-tiny-matched/commit/0123abcd" in printed
+    # the staging folder was removed, and nothing else was left in the temp folder
+    assert not upload["folder"].exists() and list(hub["temp"].iterdir()) == []
+    # the token: nowhere in stdout/stderr, in what was uploaded, in the log file, nor in any file written here
+    assert SECRET not in printed
+    assert all(SECRET.encode() not in data for data in upload["files"].values())
+    assert SECRET not in hub["log"].read_text(encoding="utf-8")
+    assert _files_with_secret(tmp_path) == []
+
+
+def test_upload_with_out_keeps_exactly_the_uploaded_folder(checkpoint, tmp_path, publish, hub):
+    out = tmp_path / "results" / "publish" / "s0"  # as the publish rule runs it, with --out {output}
+    status, printed = publish(checkpoint, out, "--private")
+    assert status == 0, printed
+    (upload,) = hub["upload_folder"]
+    assert hub["create_repo"][0]["private"] is True
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == upload["files"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["s0"]  # no staging sibling left
+    assert list(hub["temp"].iterdir()) == []
+    assert SECRET not in printed and _files_with_secret(tmp_path) == []
+    assert SECRET not in hub["log"].read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def leaky(checkpoint, tmp_path):
+    """A copy of the checkpoint with the token in one of its shipped files."""
+    run = tmp_path / "leaky"
+    (run / "final").mkdir(parents=True)
+    for path in (checkpoint["dir"] / "final").iterdir():
+        (run / "final" / path.name).write_bytes(path.read_bytes())
+    (run / "final" / "special_tokens_map.json").write_text(json.dumps({"note": f"pasted by mistake: {SECRET}"}))
+    (run / "offline.json").write_bytes((checkpoint["dir"] / "offline.json").read_bytes())
+    return {"dir": run}
+
+
+@pytest.mark.parametrize("out", [None, "given"])
+def test_a_checkpoint_holding_the_token_is_refused_and_leaves_nothing(leaky, tmp_path, publish, hub, out):
+    target = tmp_path / "results" / "publish" / "s0" if out else None
+    status, printed = publish(leaky, target)
+    assert status == 2
+    assert "special_tokens_map.json contains the value of HF_TOKEN; refusing to publish it" in printed
+    assert SECRET not in printed
+    assert hub["init"] == [] and hub["upload_folder"] == []  # nothing reached the Hub
+    assert not (tmp_path / "results").exists()  # no output folder, not even its parent
+    assert list(hub["temp"].iterdir()) == []  # and no staging folder
+    # the only file holding the token is the one it was put in
+    assert _files_with_secret(tmp_path) == [leaky["dir"] / "final" / "special_tokens_map.json"]
+
+
+def test_a_card_that_would_hold_the_token_is_refused(checkpoint, tmp_path, publish, hub):
+    evals = tmp_path / "evals.json"
+    evals.write_text(json.dumps({"suite": SECRET, "average": 0.5, "tasks": {}}))
+    out = tmp_path / "out"
+    status, printed = publish(checkpoint, out, "--dry-run", "--evals", str(evals))
+    assert status == 2 and "model card (README.md) would contain the value of HF_TOKEN" in printed
+    assert SECRET not in printed and not out.exists() and list(hub["temp"].iterdir()) == []
+
+
+def test_a_real_upload_without_hf_token_fails_fast(tmp_path, publish, hub):
+    out = tmp_path / "out"
+    # the checkpoint does not even exist: the token is checked before anything is read or written
+    status, printed = publish({"dir": tmp_path / "nowhere"}, out, token=None)
+    assert status == 2
+    assert "HF_TOKEN is not set" in printed and "--dry-run" in printed
+    assert hub["init"] == [] and not out.exists() and list(hub["temp"].iterdir()) == []
+
+
+def test_a_failed_upload_reports_without_the_token_and_leaves_nothing(checkpoint, tmp_path, publish, hub):
+    hub["fail"] = f"401 Client Error for token {SECRET}: unauthorized"
+    out = tmp_path / "results" / "s0"
+    status, printed = publish(checkpoint, out)
+    assert status == 1
+    assert "upload to someone/deltamatch-tiny-matched failed" in printed and "401" in printed
+    assert SECRET not in printed
+    assert not out.exists() and sorted(p.name for p in out.parent.iterdir()) == []
+    assert list(hub["temp"].iterdir()) == [] and _files_with_secret(tmp_path) == []
+
+
+def test_the_token_scan_finds_it_across_read_chunks(tmp_path):
+    from deltamatch.models.publish import _contains
+
+    needle = SECRET.encode()
+    for offset in range(0, 2 * len(needle)):
+        path = tmp_path / f"f{offset}"
+        path.write_bytes(b"x" * offset + needle + b"y")
+        (tmp_path / "near").write_bytes(b"x" * offset + needle[:-1] + b"y")
+        for chunk in (1, 2, 5, len(needle) - 1, len(needle), 64):
+            assert _contains(path, needle, chunk), (offset, chunk)
+            assert not _contains(tmp_path / "near", needle, chunk), (offset, chunk)

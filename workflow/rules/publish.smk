@@ -12,6 +12,8 @@ rule publish:
         directory(f"{RESULTS}/publish/{TAG}"),
     log:
         f"{LOGS}/publish/{TAG}.log",
+    benchmark:
+        f"{BENCH}/publish/{TAG}.tsv"
     params:
         repo_id=repo_id,
         dry_run="--dry-run" if config["publish"]["dry_run"] else "",
