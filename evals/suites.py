@@ -2,14 +2,16 @@
 
 A suite is a YAML file in ``evals/suites/`` (or any path). It lists one or more *runs*; each run is one lm-eval
 evaluation whose tasks share the same task metadata (RULER sizes its synthetic data from ``max_seq_lengths`` there, so
-RULER at 8K and at 64K are two runs). Each task entry names an lm-eval task or group, the metrics to report, the one
-metric that enters the suite average (or none: perplexities are reported beside the average, not in it) and an
-optional per-task sample limit. Task YAMLs of our own live in ``evals/tasks/<dir>/`` and are indexed through
+RULER at two lengths would be two runs; the shipped RULER suites hold one length each, ``ruler_8k`` and ``ruler_64k``,
+so that a suite average never mixes context lengths). Each task entry names an lm-eval task or group, the metrics to
+report, the one metric that enters the suite average (or none: perplexities are reported beside the average, not in
+it) and an optional per-task sample limit. Task YAMLs of our own live in ``evals/tasks/<dir>/`` and are indexed through
 ``TaskManager(include_path=...)``; ``include_defaults`` says whether lm-eval's ~15k built-in task configs are indexed
 too (that costs ~5 s of start-up, so the offline suite leaves it off).
 
 Everything a suite may download is named in the suite or in its task configs, so :mod:`deltamatch.evals.preflight`
-can refuse an offline run before the model is even loaded.
+can refuse an offline run before the model is even loaded, and :mod:`deltamatch.evals.prefetch` can fill the caches
+beforehand on a machine with network.
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ class Suite:
     hub_datasets: list[str] = field(default_factory=list)
     """Hub datasets loaded inside task code (``path`` or ``path:name``); those in task YAMLs are found automatically."""
     urls: list[str] = field(default_factory=list)
-    """Files that task code downloads from the web without a cache: the suite needs network."""
+    """Files that task code downloads from the web (``requests.get``) without a cache: the suite needs network, or a
+    prefetch (``python -m deltamatch.evals.prefetch``), after which dm-eval serves them from its cache offline."""
+    nltk_data: list[str] = field(default_factory=list)
+    """NLTK resources task code needs (``tokenizers/punkt_tab``); NLTK downloads a missing one at import, so an
+    offline run checks them first."""
     model_args: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the lm-eval model (``max_length``, ``batch_size``, ``dtype``)."""
 
@@ -103,7 +109,7 @@ def _build(cls, data: Any, where: str):
 
 _SCALARS = {"task": str, "average": (str, int, type(None)), "limit": (int, type(None)), "subtasks": bool, "name": str,
             "description": str, "include_defaults": bool, "needs_data": bool}
-_STR_LISTS = {"report", "task_dirs", "hub_datasets", "urls"}
+_STR_LISTS = {"report", "task_dirs", "hub_datasets", "urls", "nltk_data"}
 _MAPPINGS = {"metadata", "model_args"}
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,15 +13,26 @@ from deltamatch.evals.suites import available_suites, load_suite
 
 
 def test_shipped_suites_load():
-    assert {"offline", "commonsense", "ruler"} <= set(available_suites())
+    assert {"offline", "commonsense", "ruler_8k", "ruler_64k"} <= set(available_suites())
     commonsense = load_suite("commonsense")
     averaged = {t.task: t.average for t in commonsense.runs[0].tasks if t.average}
     assert averaged == {"lambada_openai": "acc", "piqa": "acc", "hellaswag": "acc_norm", "winogrande": "acc",
                         "arc_easy": "acc", "arc_challenge": "acc_norm", "social_iqa": "acc", "boolq": "acc",
                         "openbookqa": "acc_norm"}
-    ruler = load_suite("ruler")
-    assert [r.metadata["max_seq_lengths"] for r in ruler.runs] == [[8192], [65536]]
-    assert [r.tasks[0].average for r in ruler.runs] == ["8192", "65536"]
+    for name, length in (("ruler_8k", 8192), ("ruler_64k", 65536)):
+        ruler = load_suite(name)
+        assert [r.metadata["max_seq_lengths"] for r in ruler.runs] == [[length]]
+        assert [(t.task, t.average) for r in ruler.runs for t in r.tasks] == [(f"dm_{name}", str(length))]
+
+
+def test_no_suite_averages_ruler_over_two_lengths():
+    """A suite average is one number per suite (``<suite>_avg`` in the report): RULER at 8K and at 64K in one suite
+    would average two context lengths into a number the paper never reports."""
+    assert "ruler" not in available_suites()
+    for name in available_suites():
+        suite = load_suite(name)
+        groups = {t.task for run in suite.runs for t in run.tasks if t.average and re.fullmatch(r"dm_ruler_\d+k", t.task)}
+        assert len(groups) <= 1, f"suite {name} averages {sorted(groups)} into one number"
 
 
 def test_bad_suite_names_the_key(tmp_path):
@@ -59,18 +71,19 @@ def test_ruler_groups_average_the_chosen_length_and_need_network(monkeypatch):
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(name, "1")  # restored after the test; set_hub_offline below also flips the imported switches
     set_hub_offline(True)
-    suite = load_suite("ruler")
-    manager = TaskManager(include_path=[str(p) for p in suite.include_paths()], include_defaults=True)
+    suites = [load_suite("ruler_8k"), load_suite("ruler_64k")]
+    manager = TaskManager(include_path=[str(p) for p in suites[0].include_paths()], include_defaults=True)
     builtin = load_yaml(manager.task_index["ruler"].yaml_path, resolve_func=False)
-    for run in suite.runs:
+    for suite in suites:
+        (run,) = suite.runs
         group = load_yaml(manager.task_index[run.tasks[0].task].yaml_path, resolve_func=False)
         assert group["task"] == builtin["task"]  # all thirteen of lm-eval's RULER tasks
         assert [m["metric"] for m in group["aggregate_metric_list"]] == [str(run.metadata["max_seq_lengths"][0])]
         assert all(str(run.metadata["max_seq_lengths"][0]) in
                    [m["metric"] for m in load_yaml(manager.task_index[t].yaml_path, resolve_func=False)["metric_list"]]
                    for t in group["task"])
-    with pytest.raises(ValueError, match=r"baber/paul_graham_essays.*SQuAD-explorer"):
-        check_offline(suite, manager)
+        with pytest.raises(ValueError, match=r"baber/paul_graham_essays.*SQuAD-explorer"):
+            check_offline(suite, manager)
 
 
 def test_adapter_is_registered_with_lm_eval():
