@@ -5,7 +5,8 @@
 Output: ``{"checkpoint", "suite", "lm_eval_version", "tasks": {task: {metric: value}}, "average",
 "metric_per_task": {task: metric averaged}, "n_samples": {task: documents scored}, "limit", "wall_s"}``, written
 atomically. Suites live in ``evals/suites/`` (``--suite`` also takes a YAML path). Runs offline unless ``--online``:
-a suite needing a Hub dataset that is not cached fails at once, naming it.
+a suite needing a Hub dataset, URL download or NLTK resource that is not cached fails at once, naming it;
+``python -m deltamatch.evals.prefetch --suite NAME`` fills those caches where the network allows.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="at most N documents per task (below the suite's)")
     parser.add_argument("--data", default=None, help="dm-prepare-data folder (val_docs.jsonl) for local tasks")
     parser.add_argument("--online", action="store_true", help="allow Hub and web downloads (default: offline)")
-    parser.add_argument("--cache", default=None,
-                        help="folder for synthetic task data (default ~/.cache/deltamatch/evals)")
+    parser.add_argument("--cache", default=None, help="folder for synthetic task data and prefetched URL downloads "
+                        "(default ~/.cache/deltamatch/evals)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
     return parser
 

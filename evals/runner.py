@@ -4,11 +4,13 @@ Per run of the suite: a ``TaskManager`` indexing our task folders (and lm-eval's
 the run's metadata plus the checkpoint path (RULER sizes its synthetic prompts with the checkpoint's tokenizer); the
 tasks loaded one entry at a time so a failure names the entry; per-task sample limits passed to
 ``lm_eval.simple_evaluate`` as explicit document indices; then the chosen metrics picked out of lm-eval's results.
-The suite average is the plain mean of each task's ``average`` metric.
+The suite average is the plain mean of each task's ``average`` metric. Offline (the default), files the suite downloads
+from plain URLs are served from the URL cache that ``python -m deltamatch.evals.prefetch`` filled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tempfile
@@ -17,7 +19,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from deltamatch.evals.preflight import check_offline, set_hub_offline
+from deltamatch.evals.preflight import check_offline, serve_cached_urls, set_hub_offline
 from deltamatch.evals.suites import Suite, SuiteRun
 from deltamatch.atomic import write_json
 
@@ -114,8 +116,10 @@ def evaluate_suite(checkpoint: str | Path, suite: Suite, data_dir: str | Path | 
         raise ValueError(f"limit must be >= 1, got {limit}")
     set_hub_offline(not online)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="dm-eval-") as scratch:
-        local = {"dm_ruler_cache": str(Path(cache_dir or default_cache_dir()) / "ruler")}
+    cache = Path(cache_dir or default_cache_dir())
+    served = serve_cached_urls(suite.urls, cache) if suite.urls and not online else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix="dm-eval-") as scratch, served:
+        local = {"dm_ruler_cache": str(cache / "ruler")}
         if suite.needs_data:
             from deltamatch.evals.offline_tasks import build_offline_data
 
@@ -123,7 +127,7 @@ def evaluate_suite(checkpoint: str | Path, suite: Suite, data_dir: str | Path | 
         managers = [_task_manager(suite, {**run.metadata, **local, "pretrained": str(checkpoint)})
                     for run in suite.runs]
         if not online:
-            check_offline(suite, managers[0])
+            check_offline(suite, managers[0], cache)
 
         import lm_eval
         from deltamatch.evals.adapter import DeltaMatchLM
