@@ -1,6 +1,7 @@
 # Kernel: the ahead-of-time build check (PTX/SASS of every kernel for sm_90a; runs without a GPU, and on a Hopper GPU
 # also runs the GPU correctness tests) and the latency benchmark. `dm-report hardware` records the machine's GPU in
-# bench/hardware.json; without a Hopper GPU nothing is timed and the report says so.
+# bench/hardware.json; without a Hopper GPU nothing is timed and the report says so. Both take config
+# resources.kernel: on a cluster that group asks for a GPU (gres), which the `light` jobs never get.
 
 
 rule kernel_check:
@@ -13,9 +14,9 @@ rule kernel_check:
     params:
         extra=" ".join(config["kernel"]["check_args"]),
         gpu_tests=str(Path(workflow.basedir) / "tests" / "kernels"),
-    threads: config["resources"]["light"]["threads"]
+    threads: config["resources"]["kernel"]["threads"]
     resources:
-        **resources_of("light"),
+        **resources_of("kernel"),
     conda:
         "../../envs/kernel.yaml"
     shell:
@@ -33,9 +34,9 @@ rule kernel_bench:
         f"{BENCH}/kernel/bench.tsv"
     params:
         extra=" ".join(config["kernel"]["bench_args"]),
-    threads: config["resources"]["light"]["threads"]
+    threads: config["resources"]["kernel"]["threads"]
     resources:
-        **resources_of("light"),
+        **resources_of("kernel"),
     conda:
         "../../envs/kernel.yaml"
     shell:
