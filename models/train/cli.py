@@ -1,7 +1,8 @@
 """``dm-train --config FILE``: train (or resume, or finish) the run a YAML config describes (see ``config.RunConfig``).
 
 Run it as it is on one process, or under ``torchrun --nproc-per-node N -m deltamatch.models.train.cli --config FILE``
-(``dm-launch`` wraps that for SLURM). Bad configs exit with status 2 and a message naming the key.
+(``dm-launch`` wraps that for SLURM). Bad configs exit with status 2 and a message naming the key; a NaN or infinite loss or gradient norm
+stops the run with status 3 before the optimizer step that would spread it into the weights.
 """
 
 from __future__ import annotations
@@ -24,15 +25,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"dm-train: error: {err}", file=sys.stderr)
         return 2
-    from deltamatch.models.train.loop import train  # after validation: a bad config fails before torch spins up
+    from deltamatch.models.train.loop import NonFiniteError, train  # after validation: a bad config fails first
 
     try:
         summary = train(config)
     except ValueError as err:
         print(f"dm-train: error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteError as err:
+        print(f"dm-train: error: {err}", file=sys.stderr)
+        return 3
     if summary:
-        print(f"dm-train: {config.run_dir}: {summary['steps']} steps, final val loss {summary['final_val_loss']:.4f}")
+        ended = (f" (stopped: step {summary['diverged_at_step']} was not finite)"
+                 if summary.get("diverged_at_step") is not None else "")
+        print(f"dm-train: {config.run_dir}: {summary['steps']} steps{ended}, "
+              f"final val loss {summary['final_val_loss']:.4f}")
     return 0
 
 

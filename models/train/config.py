@@ -160,7 +160,8 @@ class OptimSection:
     muon_momentum: float = 0.95
     """Muon momentum."""
     weight_decay: float = 0.1
-    """Decoupled weight decay of 2-D matrices; embeddings, norms, biases and gate parameters get none."""
+    """Decoupled weight decay of matrices (hidden matrices, embeddings, LM head, convolutions); norms, biases and the
+    linear mixers' gate parameters get none."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""
     eps: float = 1e-8
@@ -205,6 +206,12 @@ class TrainSection:
     """CPU threads per process (0 leaves torch's default)."""
     progress: bool = True
     """Show a tqdm bar with tokens/s on rank 0."""
+    on_nonfinite: Literal["stop", "raise"] = "stop"
+    """A NaN or infinite loss or gradient norm is never applied to the weights. ``stop`` ends the run there (final
+    validation and export from the last finite weights; ``summary.json`` names the step in ``diverged_at_step``, so
+    a divergent run is still a result for the report); ``raise`` exits dm-train with status 3."""
+    final_export: bool = True
+    """Write the final checkpoint and the HF export under ``final/`` (benchmarks turn it off to time only steps)."""
 
 
 @dataclass
@@ -270,5 +277,21 @@ class RunConfig:
         for key, value in non_negative.items():
             if value < 0:
                 raise ValueError(f"config key '{key}' must be >= 0, got {value}")
+        if self.data.seq_len < 2:
+            raise ValueError(f"config key 'data.seq_len' must be >= 2 (one prediction needs two tokens), "
+                             f"got {self.data.seq_len}")
+        positive_reals = {"optim.lr": self.optim.lr, "optim.muon_lr": self.optim.muon_lr, "optim.eps": self.optim.eps}
+        for key, value in positive_reals.items():
+            if not value > 0:
+                raise ValueError(f"config key '{key}' must be > 0, got {value}")
+        if self.optim.weight_decay < 0:
+            raise ValueError(f"config key 'optim.weight_decay' must be >= 0, got {self.optim.weight_decay}")
+        unit = {"optim.betas[0]": self.optim.betas[0], "optim.betas[1]": self.optim.betas[1],
+                "optim.muon_momentum": self.optim.muon_momentum}
+        for key, value in unit.items():
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"config key '{key}' must be in [0, 1), got {value}")
+        if not 0.0 <= self.schedule.min_lr_ratio <= 1.0:
+            raise ValueError(f"config key 'schedule.min_lr_ratio' must be in [0, 1], got {self.schedule.min_lr_ratio}")
         if not 0.0 <= self.schedule.decay_fraction <= 1.0:
             raise ValueError(f"config key 'schedule.decay_fraction' must be in [0, 1], got {self.schedule.decay_fraction}")

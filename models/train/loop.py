@@ -7,17 +7,23 @@ One function, :func:`train`, runs on one CPU process and on every rank of a ``to
    every rank; for a context-extension phase its weights come from ``model.init_from``; activation checkpointing;
    FSDP2 sharding;
 3. optimizers (AdamW, or Muon + AdamW) and the newest complete checkpoint of the run, if any (automatic resume: the
-   data position is the optimizer step, so the next batch is rebuilt exactly);
+   checkpoint holds the samples consumed, so the next batch is rebuilt exactly, also under another rank count);
 4. per step: ``grad_accum`` micro-batches (gradient sync only on the last), clipping, schedule, a ``train`` record;
    every ``probe_every`` steps ``gain`` and ``residual`` records; every ``val_every`` steps a ``val`` record;
    every ``checkpoint.every`` steps an atomic checkpoint;
 5. at the end: validation, a final checkpoint, the HF export under ``final/`` and ``summary.json``.
+
+A step whose loss or gradient norm is NaN or infinite is never applied. With ``train.on_nonfinite: stop`` (the default)
+the run ends there as in 5., from the weights of the step before, and ``summary.json`` names the step in
+``diverged_at_step`` (the paper's divergent runs are results, and the report shows them); with ``raise`` it exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import resource
 import sys
@@ -40,6 +46,10 @@ from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier
 
 
+class NonFiniteError(FloatingPointError):
+    """A training step or a validation pass produced a NaN or an infinity."""
+
+
 @contextlib.contextmanager
 def configured_numerics(config: RunConfig, layout: Layout):
     """Threads and determinism for the run (set before the first CUDA matmul), restored afterwards so an in-process
@@ -59,14 +69,27 @@ def configured_numerics(config: RunConfig, layout: Layout):
         torch.use_deterministic_algorithms(deterministic)
 
 
-def build_model(config: RunConfig, manifest: dict) -> torch.nn.Module:
-    """The configured model with the data's vocabulary and special tokens, seeded by ``config.seed``."""
-    from deltamatch.models import HybridConfig, HybridForCausalLM, get_config
+def check_model_names(config: RunConfig) -> None:
+    """``model.size``, ``model.attn_method`` and the override keys exist (before any data or weights are touched)."""
+    from deltamatch.kernels import METHODS
+    from deltamatch.models import HybridConfig, list_configs
 
+    if config.model.size not in list_configs():
+        raise ValueError(f"config key 'model.size' is {config.model.size!r}; choose one of {list_configs()}")
+    if config.model.attn_method not in METHODS:
+        raise ValueError(f"config key 'model.attn_method' is {config.model.attn_method!r}; "
+                         f"choose one of {sorted(METHODS)}")
     known = set(HybridConfig().to_dict())  # PretrainedConfig would silently keep a misspelt field as an attribute
     for key in config.model.overrides:
         if key not in known:
             raise ValueError(f"unknown config key 'model.overrides.{key}' (not a HybridConfig field)")
+
+
+def build_model(config: RunConfig, manifest: dict) -> torch.nn.Module:
+    """The configured model with the data's vocabulary and special tokens, seeded by ``config.seed``."""
+    from deltamatch.models import HybridForCausalLM, get_config
+
+    check_model_names(config)
     special = manifest["special_tokens"]
     fields = {"vocab_size": manifest["vocab_size"], "bos_token_id": special.get("bos"),
               "eos_token_id": special.get("eos"), "pad_token_id": special.get("pad"),
@@ -99,12 +122,20 @@ def train_step(model, micro_batches: list[torch.Tensor], optimizers, config: Run
         total += float(loss.detach()) / len(micro_batches)
     max_norm = config.optim.grad_clip or float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    loss = mean_over_ranks(total, layout)
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        # Every rank sees the same mean loss and global norm, so every rank stops here, before the weights change.
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"training loss {loss} / gradient norm {grad_norm} is not finite "
+                             f"(method {config.model.attn_method!r}, size {config.model.size!r}); the optimizer step "
+                             f"was not taken, and the run's checkpoints hold only finite weights")
     for opt in optimizers:
         opt.step()
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    return mean_over_ranks(total, layout), float(grad_norm)
+    return loss, grad_norm
 
 
 @torch.no_grad()
@@ -122,7 +153,16 @@ def evaluate(model, batches: list[torch.Tensor], layout: Layout, autocast) -> fl
         count += n
     model.train(was_training)
     loss_sum, count = sum_over_ranks([loss_sum, count], layout)
+    if not math.isfinite(loss_sum):
+        raise NonFiniteError(f"validation loss is not finite ({loss_sum / count}) over {len(batches)} batch(es) of "
+                             f"shape {tuple(batches[0].shape)}; the evaluation forward (model.eval(), no grad) "
+                             f"produced it")
     return loss_sum / count
+
+
+def muon_lr(config: RunConfig, lr_mult: float) -> dict[str, float]:
+    """The Muon rate of this step for the ``train`` record, when Muon is in use (``lr`` is AdamW's)."""
+    return {"muon_lr": config.optim.muon_lr * lr_mult} if config.optim.name == "muon" else {}
 
 
 def _due(step: int, every: int) -> bool:
@@ -141,6 +181,7 @@ def train(config: RunConfig) -> dict:
 
 def _train(config: RunConfig, layout: Layout) -> dict:
     start_wall = time.perf_counter()
+    check_model_names(config)
     run_dir, data_dir = Path(config.run_dir), Path(config.data.dir)
     manifest = read_manifest(data_dir)
     if config.data.verify_sha256 and layout.is_main:
@@ -151,45 +192,70 @@ def _train(config: RunConfig, layout: Layout) -> dict:
         return json.loads((run_dir / "summary.json").read_text()) if layout.is_main else {}
     model, optimizers = _model_and_optimizers(config, manifest, layout, init_from_source=latest is None)
     ckpt.clean_partial()
-    start_step, wall_before = 0, 0.0
+    position, wall_before = Position(0, 0), 0.0
     if latest is not None:
         state = ckpt.load(latest[1], model, optimizers)
-        start_step, wall_before = int(state["step"]), state["wall_s"]
+        position, wall_before = Position.from_state(state), state["wall_s"]
         if layout.is_main:
-            print(f"dm-train: resumed from {latest[1]} (step {start_step})", file=sys.stderr, flush=True)
+            print(f"dm-train: resumed from {latest[1]} (step {position.step})", file=sys.stderr, flush=True)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
-    metrics.truncate_after(start_step)
+    metrics.truncate_after(position.step)
 
     def wall() -> float:
         return wall_before + time.perf_counter() - start_wall
 
-    steps, autocast = config.train.steps, probes.autocast_for(layout.device, config.train.bf16_autocast)
+    autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     val = val_batches(TokenWindows(data_dir, "val", config.data.seq_len), config.train.micro_batch,
                       config.metrics.val_batches, layout.rank, layout.world)
-    tokens_per_step = _run_steps(config, layout, model, optimizers, ckpt, metrics, val, start_step, wall)
+    end, diverged_at = _run_steps(config, layout, model, optimizers, ckpt, metrics, val, position, wall)
     val_loss = evaluate(model, val, layout, autocast)
-    metrics.write("val", step=steps, loss=val_loss)
+    metrics.write("val", step=end.step, loss=val_loss)
     metrics.close()
-    if start_step < steps:
-        ckpt.save(steps, model, optimizers, {"step": steps, "wall_s": wall()})
-    export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
-    summary = {"final_val_loss": val_loss, "steps": steps, "tokens": steps * tokens_per_step,
-               "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall()}
+    if config.train.final_export:
+        if end.step > position.step or latest is None:
+            ckpt.save(end.step, model, optimizers, {**end.state(), "wall_s": wall()})
+        export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
+    summary = {"final_val_loss": val_loss, "steps": end.step, "tokens": end.samples * config.data.seq_len,
+               "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall(),
+               "diverged_at_step": diverged_at}
     if not layout.is_main:
         return {}
     write_summary(run_dir / "summary.json", summary)
     return summary
 
 
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a run stands: optimizer steps done and training samples consumed (the data position).
+
+    The two are kept apart so that a run resumed with another rank count or batch layout goes on from the sample it
+    reached rather than from ``step * samples_per_step`` of the new layout."""
+
+    step: int
+    samples: int
+
+    @classmethod
+    def from_state(cls, state: dict[str, float]) -> Position:
+        return cls(int(state["step"]), int(state["samples"]))
+
+    def state(self) -> dict[str, int]:
+        return {"step": self.step, "samples": self.samples}
+
+
 def _finished(config: RunConfig, latest: tuple[int, Path] | None) -> bool:
-    """Whether the run already completed (then rerunning it changes nothing); ValueError if it went further."""
+    """Whether the run already completed, or stopped on a divergence (then rerunning it changes nothing);
+    ValueError if it went further than ``train.steps``."""
     if latest is None:
         return False
     run_dir = Path(config.run_dir)
     if latest[0] > config.train.steps:
         raise ValueError(f"config key 'train.steps' is {config.train.steps}, but {run_dir} already holds a "
                          f"checkpoint at step {latest[0]}; use a new run_dir (and model.init_from) instead")
-    return latest[0] == config.train.steps and (run_dir / "summary.json").is_file() and (run_dir / "final").is_dir()
+    if not ((run_dir / "summary.json").is_file() and (run_dir / "final").is_dir()):
+        return False
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return latest[0] == config.train.steps or (summary.get("diverged_at_step") is not None
+                                               and latest[0] == summary.get("steps"))
 
 
 def _model_and_optimizers(config: RunConfig, manifest: dict, layout: Layout, init_from_source: bool):
@@ -207,26 +273,44 @@ def _model_and_optimizers(config: RunConfig, manifest: dict, layout: Layout, ini
 
 
 def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Checkpointer, metrics: MetricsWriter,
-               val: list[torch.Tensor], start_step: int, wall) -> int:
-    """Optimizer steps ``start_step .. steps`` with their records and periodic checkpoints; returns tokens/step."""
+               val: list[torch.Tensor], start: Position, wall) -> tuple[Position, int | None]:
+    """Optimizer steps from ``start`` to ``train.steps`` with their records and periodic checkpoints.
+
+    Returns where the run ended and, if a step's loss or gradient norm was not finite and ``train.on_nonfinite`` is
+    ``stop``, that step (the run then ends before it, with the finite weights of the step before)."""
     batches = TrainBatches(TokenWindows(config.data.dir, "train", config.data.seq_len), config.seed,
-                           config.train.micro_batch, config.train.grad_accum, layout.rank, layout.world)
+                           config.train.micro_batch, config.train.grad_accum, layout.rank, layout.world,
+                           start_step=start.step, start_sample=start.samples)
     tokens_per_step = batches.samples_per_step * config.data.seq_len
     autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
-    steps = config.train.steps
-    bar = tqdm(total=steps, initial=start_step, unit="step", desc=f"train {config.model.attn_method}",
+    steps, position = config.train.steps, start
+    bar = tqdm(total=steps, initial=start.step, unit="step", desc=f"train {config.model.attn_method}",
                disable=not (layout.is_main and config.train.progress), dynamic_ncols=True)
-    for step in range(start_step, steps):
+    for step in range(start.step, steps):
         tick = time.perf_counter()
         lr_mult = lr_multiplier(step, steps, config.schedule)
         set_lr(optimizers, lr_mult)
         micro = batches.step(step)
-        loss, grad_norm = train_step(model, micro, optimizers, config, layout, autocast)
+        try:
+            loss, grad_norm = train_step(model, micro, optimizers, config, layout, autocast)
+        except NonFiniteError as err:
+            bar.close()
+            if config.train.on_nonfinite == "raise":
+                latest = ckpt.latest()
+                raise NonFiniteError(f"step {step + 1}: {err}; the newest checkpoint is "
+                                     f"{latest[1] if latest else 'none'}") from None
+            metrics.write("diverged", step=step + 1, message=str(err))
+            if layout.is_main:
+                print(f"dm-train: step {step + 1}: {err}; the run ends at step {step} (train.on_nonfinite: stop)",
+                      file=sys.stderr, flush=True)
+            return position, step + 1
         if layout.device.type == "cuda":
             torch.cuda.synchronize(layout.device)
-        done, tok_s = step + 1, tokens_per_step / (time.perf_counter() - tick)
-        metrics.write("train", step=done, tokens=done * tokens_per_step, loss=loss, lr=config.optim.lr * lr_mult,
-                      grad_norm=grad_norm, tokens_per_s=tok_s, peak_mem_bytes=peak_memory(layout.device))
+        position = Position(step + 1, position.samples + batches.samples_per_step)
+        done, tok_s = position.step, tokens_per_step / (time.perf_counter() - tick)
+        metrics.write("train", step=done, tokens=position.samples * config.data.seq_len, loss=loss,
+                      lr=config.optim.lr * lr_mult, grad_norm=grad_norm, tokens_per_s=tok_s,
+                      peak_mem_bytes=peak_memory(layout.device), **muon_lr(config, lr_mult))
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
         bar.update(1)
         if _due(done, config.metrics.probe_every):
@@ -234,9 +318,9 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
         if _due(done, config.metrics.val_every) and done != steps:
             metrics.write("val", step=done, loss=evaluate(model, val, layout, autocast))
         if _due(done, config.checkpoint.every) and done != steps:
-            ckpt.save(done, model, optimizers, {"step": done, "wall_s": wall()})
+            ckpt.save(done, model, optimizers, {**position.state(), "wall_s": wall()})
     bar.close()
-    return tokens_per_step
+    return position, None
 
 
 def _probe(model, batch: torch.Tensor, config: RunConfig, layout: Layout, autocast, metrics: MetricsWriter,

@@ -1,8 +1,9 @@
 """The metrics JSONL: one JSON object per line, each with a ``kind``, flushed as it is written.
 
-Kinds (the contract the reports read): ``train`` {step, tokens, loss, lr, grad_norm, tokens_per_s, peak_mem_bytes};
-``gain`` {step, layer, concentration, top_channels, q_gain_max, k_gain_max}; ``residual`` {step, layer, delta,
-before_cast, after_cast, dk_colsum}; ``val`` {step, loss}. Only rank 0 writes. A resumed run first drops the records
+Kinds (the contract the reports read): ``train`` {step, tokens, loss, lr, [muon_lr,] grad_norm, tokens_per_s,
+peak_mem_bytes}; ``gain`` {step, layer, concentration, top_channels, q_gain_max, k_gain_max}; ``residual`` {step,
+layer, delta, before_cast, after_cast, dk_colsum}; ``val`` {step, loss}; ``diverged`` {step, message} (the step whose
+loss or gradient norm was not finite, never applied). Only rank 0 writes. A resumed run first drops the records
 logged after its checkpoint, so the file reads as one uninterrupted run.
 """
 
@@ -13,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-KINDS = ("train", "gain", "residual", "val")
+KINDS = ("train", "gain", "residual", "val", "diverged")
 
 
 class MetricsWriter:

@@ -83,8 +83,9 @@ def test_single_process_run_writes_the_contract(reference, data_dir):
     train_records = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train_records] == list(range(1, STEPS + 1))
     assert train_records[-1]["tokens"] == STEPS * 4 * 32
-    assert set(train_records[0]) == {"kind", "step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s",
-                                     "peak_mem_bytes"}
+    assert set(train_records[0]) == {"kind", "step", "tokens", "loss", "lr", "muon_lr", "grad_norm", "tokens_per_s",
+                                     "peak_mem_bytes"}  # the run uses Muon: its rate is recorded beside AdamW's
+    assert train_records[0]["muon_lr"] / train_records[0]["lr"] == pytest.approx(0.05 / 1e-2)
     assert train_records[-1]["loss"] < train_records[0]["loss"]
     gains = [r for r in records if r["kind"] == "gain"]
     assert [(r["step"], r["layer"]) for r in gains] == [(4, 1), (8, 1), (12, 1)]
@@ -99,6 +100,7 @@ def test_single_process_run_writes_the_contract(reference, data_dir):
     assert [r["step"] for r in vals] == [6, 12] and vals[-1]["loss"] == summary["final_val_loss"]
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     assert summary["method"] == "matched" and summary["size"] == "tiny" and summary["tokens"] == STEPS * 128
+    assert summary["diverged_at_step"] is None
 
 
 def test_export_reloads_and_reproduces_the_val_loss(reference, data_dir):
@@ -263,3 +265,87 @@ def test_misspelt_model_override_is_rejected(data_dir, tmp_path):
     with pytest.raises(ValueError, match="'model.overrides.attn_type'"):
         train(parse(RunConfig, cfg))
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def _poison_step_5(monkeypatch):
+    """Step 5's second micro-batch (grad_accum 2) returns a NaN loss."""
+    from deltamatch.models.modeling_hybrid import HybridForCausalLM
+
+    real_forward, calls = HybridForCausalLM.forward, []
+
+    def poisoned(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if torch.is_grad_enabled():
+            calls.append(None)
+            if len(calls) == 10:
+                out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(HybridForCausalLM, "forward", poisoned)
+
+
+def test_a_nan_loss_raises_before_the_optimizer_step(data_dir, tmp_path, monkeypatch):
+    from deltamatch.models.train.loop import NonFiniteError
+
+    _poison_step_5(monkeypatch)
+    run_dir = tmp_path / "nan"
+    cfg = run_config(data_dir, run_dir, train={"on_nonfinite": "raise"}, metrics={"probe_every": 0, "val_every": 0})
+    with pytest.raises(NonFiniteError, match=r"step 5: training loss nan .*method 'matched'.*step_00000003"):
+        train(parse(RunConfig, cfg))
+    assert sorted(losses(run_dir)) == [1, 2, 3, 4]
+    assert [s for s, _ in complete_checkpoints(run_dir / "checkpoints")] == [3]
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_a_nan_loss_ends_the_run_with_the_weights_of_the_step_before(reference, data_dir, tmp_path, monkeypatch):
+    """``on_nonfinite: stop`` (the default): the run ends at step 4 with exactly the weights step 4 left (the
+    poisoned step 5 is never applied), and says so in its summary; rerunning it changes nothing."""
+    from deltamatch.models.train.checkpoint import Checkpointer, load_model_weights
+    from deltamatch.models.train.loop import build_model
+    from deltamatch.models.data.shards import read_manifest
+
+    ref_dir, _ = reference
+    _poison_step_5(monkeypatch)
+    real_save, after_step_4 = Checkpointer.save, {}
+
+    def save(self, step, model, optimizers, trainer):  # the periodic save right after step 4, before step 5 runs
+        after_step_4.setdefault(step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        return real_save(self, step, model, optimizers, trainer)
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    run_dir = tmp_path / "stop"
+    cfg = parse(RunConfig, run_config(data_dir, run_dir, checkpoint={"every": 4, "keep": 10},
+                                      metrics={"probe_every": 0, "val_every": 0}))
+    summary = train(cfg)
+    assert summary["diverged_at_step"] == 5 and summary["steps"] == 4 and summary["tokens"] == 4 * 4 * 32
+    assert losses(run_dir) == {k: v for k, v in losses(ref_dir).items() if k <= 4}
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "diverged")] == [5]
+    stopped = build_model(cfg, read_manifest(data_dir))
+    load_model_weights(stopped, run_dir / "final")
+    assert list(after_step_4) == [4]
+    for name, value in stopped.state_dict().items():
+        assert torch.isfinite(value).all() and torch.equal(value, after_step_4[4][name]), name
+    monkeypatch.undo()
+    assert train(cfg) == summary  # finished: not resumed into the same divergence
+
+
+def test_resume_under_another_batch_layout_continues_from_the_sample_reached(data_dir, tmp_path):
+    """6 steps of 4 samples, then the run goes on with 2 samples per step: step 7 starts at sample 24, not 12."""
+    from deltamatch.models.data.loader import TokenWindows, TrainBatches
+
+    run_dir = tmp_path / "layout"
+    first = run_config(data_dir, run_dir, train={"steps": 6}, metrics={"probe_every": 0, "val_every": 0})
+    train(parse(RunConfig, first))
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "summary.json").unlink()
+    second = run_config(data_dir, run_dir, train={"steps": 8, "grad_accum": 1},
+                        metrics={"probe_every": 0, "val_every": 0})
+    summary = train(parse(RunConfig, second))
+    tokens = {r["step"]: r["tokens"] for r in read_metrics(run_dir / "metrics.jsonl", "train")}
+    assert tokens[6] == 24 * 32 and tokens[7] == 26 * 32 and summary["tokens"] == 28 * 32
+    windows = TokenWindows(data_dir, "train", 32)
+    resumed = TrainBatches(windows, 0, 2, 1, 0, 1, start_step=6, start_sample=24).step(6)
+    straight = TrainBatches(windows, 0, 2, 2, 0, 1).step(6)[0]  # samples 24, 25 of the same stream
+    assert torch.equal(resumed[0], straight)
+    with pytest.raises(ValueError, match="precedes"):
+        TrainBatches(windows, 0, 2, 1, 0, 1, start_step=6, start_sample=24).step(5)
