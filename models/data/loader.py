@@ -63,11 +63,16 @@ class SampleOrder:
 
 
 class TrainBatches:
-    """The micro-batches of each optimizer step for one rank; the data position is the step number."""
+    """The micro-batches of each optimizer step for one rank.
 
-    def __init__(self, windows: TokenWindows, seed: int, micro_batch: int, grad_accum: int, rank: int, world: int):
+    Step ``start_step`` begins at sample ``start_sample`` of the stream (the position a checkpoint recorded, whatever
+    batch layout wrote it); each later step follows ``samples_per_step`` further on."""
+
+    def __init__(self, windows: TokenWindows, seed: int, micro_batch: int, grad_accum: int, rank: int, world: int,
+                 start_step: int = 0, start_sample: int = 0):
         self.windows, self.order = windows, SampleOrder(len(windows), seed)
         self.micro_batch, self.grad_accum, self.rank, self.world = micro_batch, grad_accum, rank, world
+        self.start_step, self.start_sample = start_step, start_sample
 
     @property
     def samples_per_step(self) -> int:
@@ -76,7 +81,9 @@ class TrainBatches:
 
     def step(self, step: int) -> list[torch.Tensor]:
         """The ``grad_accum`` micro-batches, each ``(micro_batch, seq_len)``, of optimizer step ``step`` (0-based)."""
-        base = step * self.samples_per_step
+        if step < self.start_step:
+            raise ValueError(f"step {step} precedes the data position this loader starts from (step {self.start_step})")
+        base = self.start_sample + (step - self.start_step) * self.samples_per_step
         out = []
         for m in range(self.grad_accum):
             first = base + (m * self.world + self.rank) * self.micro_batch

@@ -1,7 +1,7 @@
 """Atomic distributed checkpoints (``torch.distributed.checkpoint``) and automatic resume.
 
 A checkpoint holds the model and optimizer state (sharded as FSDP2 holds them, so any rank count can save it), the
-trainer state (optimizer steps done, which is the data position, and the wall time so far) and every rank's RNG state.
+trainer state (optimizer steps done, training samples consumed — the data position — and the wall time so far) and every rank's RNG state.
 
 Atomicity: all ranks write into ``checkpoints/.tmp-step_XXXXXXXX``; after a barrier rank 0 writes ``COMPLETE`` into it
 and renames it to ``checkpoints/step_XXXXXXXX`` (a rename within one folder is atomic on POSIX and on Lustre/GPFS).
@@ -83,7 +83,7 @@ class Checkpointer:
 
     def save(self, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer],
              trainer: dict[str, int | float]) -> Path:
-        """Write checkpoint ``step`` atomically; ``trainer`` holds scalars (``step``, ``wall_s``)."""
+        """Write checkpoint ``step`` atomically; ``trainer`` holds scalars (``step``, ``samples``, ``wall_s``)."""
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".tmp-{final.name}"
         if self.layout.is_main:
@@ -104,13 +104,17 @@ class Checkpointer:
 
     def load(self, path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
         """Restore model, optimizers and RNG from ``path``; returns the trainer scalars."""
-        state = self._state(model, optimizers, {"step": 0, "wall_s": 0.0})
+        state = self._state(model, optimizers, {"step": 0, "samples": -1, "wall_s": 0.0})
         # another rank count leaves some rank's RNG key absent: load what exists, keep the fresh seed for the rest
         with _single_process_ok():
             dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=True))
         set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"])
         _set_rng_state(state["rng"], self.layout)
-        return {k: float(v) for k, v in state["trainer"].items()}
+        trainer = {k: float(v) for k, v in state["trainer"].items()}
+        if trainer["samples"] < 0:
+            raise ValueError(f"checkpoint {path} records no data position (trainer.samples); it was written by an "
+                             f"older deltamatch: start the run in a new run_dir with model.init_from={path}")
+        return trainer
 
     def clean_partial(self) -> None:
         """Delete temporary folders of saves that never completed (rank 0)."""
