@@ -13,6 +13,9 @@ LINEAR_MIXERS = ("gdn", "kda", "mamba2")
 ATTENTION_MIXERS = ("gqa", "mla")
 ATTN_METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8", "cudnn_fp8_sim")
 ATTN_INFERENCE = ("sdpa", "method")
+POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "gdn_num_heads", "gdn_head_dim", "conv_size", "mla_kv_lora_rank",
+                 "mla_rope_dim", "mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_n_groups")
 
 
 class HybridConfig(PretrainedConfig):
@@ -93,6 +96,9 @@ class HybridConfig(PretrainedConfig):
     """End-of-sequence token id."""
 
     def __post_init__(self, **kwargs):
+        for key, choices in (("linear_mixer", LINEAR_MIXERS), ("attn_mixer", ATTENTION_MIXERS)):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"config key {key}: unknown mixer {getattr(self, key)!r}; choose from {choices}")
         if self.layer_pattern is None:
             if self.attn_every < 1:
                 raise ValueError(f"config key attn_every must be >= 1, got {self.attn_every}")
@@ -127,10 +133,20 @@ class HybridConfig(PretrainedConfig):
                 f"config key num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        for key in POSITIVE_INTS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"config key {key} must be a positive integer, got {value!r}")
+        if not self.gdn_expand_v > 0:
+            raise ValueError(f"config key gdn_expand_v must be > 0, got {self.gdn_expand_v}")
         if self.head_dim % 16 or self.head_dim > 256:
             raise ValueError(f"config key head_dim must be a multiple of 16 and at most 256, got {self.head_dim}")
-        if self.rope and self.head_dim % 2:
-            raise ValueError(f"config key head_dim must be even for RoPE, got {self.head_dim}")
+        if self.tie_word_embeddings:
+            raise ValueError("config key tie_word_embeddings=True is not supported: the paper's models (and this "
+                             "implementation) keep the LM head separate from the embeddings")
+        if not self.rope and "mla" in self.layer_pattern:
+            raise ValueError("config key rope=False (NoPE) is not supported with MLA layers: MLA's decoupled RoPE "
+                             "channels (mla_rope_dim) are part of its design; use attn_mixer='gqa' for the NoPE ablation")
 
     @property
     def attention_layer_ids(self) -> list[int]:

@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], type=_parse_override,
                         metavar="KEY=VALUE", help="config override (JSON value), repeatable")
     args = parser.parse_args(argv)
-    json.dump(model_info(args.name, **dict(args.overrides)), sys.stdout, indent=2)
+    try:
+        info = model_info(args.name, **dict(args.overrides))
+    except ValueError as err:
+        print(f"dm-model-info: error: {err}", file=sys.stderr)
+        return 2
+    json.dump(info, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
 

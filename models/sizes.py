@@ -78,6 +78,15 @@ def get_config(name: str, **overrides) -> HybridConfig:
     ``linear_mixer="kda"``, ``attn_mixer="mla"``, ``head_dim=256``, ``rope=False``, ``qk_norm=False``)."""
     if name not in CONFIGS:
         raise ValueError(f"unknown model size {name!r}; choose one of {list_configs()}")
+    defaults = HybridConfig().to_dict()  # PretrainedConfig would silently keep a misspelt field as an attribute
+    for key, value in overrides.items():
+        if key not in defaults:
+            raise ValueError(f"unknown HybridConfig field {key!r} in the overrides of size {name!r}")
+        default = defaults[key]
+        expected = (int, float) if type(default) is float else type(default)
+        if default is not None and type(default) in (bool, int, float, str) and (
+                not isinstance(value, expected) or isinstance(value, bool) != isinstance(default, bool)):
+            raise ValueError(f"HybridConfig field {key!r} must be {type(default).__name__}, got {value!r}")
     fields = CONFIGS[name]()
     fields.update(overrides)
     return HybridConfig(**fields)

@@ -63,3 +63,26 @@ def test_model_info_cli(capsys):
     assert info["params"] == sum(p.numel() for p in model.parameters())
     assert info["params"] - info["non_embedding_params"] == 2 * 1000 * config.hidden_size
     assert info["layer_pattern"] == ["gdn", "gdn", "gdn", "gqa"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"hiden_size": 64}, "'hiden_size'"),
+    ({"hidden_size": "64"}, "'hidden_size' must be int"),
+    ({"qk_norm": 1}, "'qk_norm' must be bool"),
+    ({"num_hidden_layers": True}, "'num_hidden_layers' must be int"),
+    ({"hidden_size": 0}, "hidden_size must be a positive integer"),
+    ({"linear_mixer": "gdm"}, "linear_mixer: unknown mixer 'gdm'"),
+    ({"attn_mixer": "mha"}, "attn_mixer: unknown mixer 'mha'"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"attn_mixer": "mla", "rope": False}, "rope=False"),
+])
+def test_bad_overrides_are_rejected_by_name(overrides, message, capsys):
+    with pytest.raises(ValueError, match=message):
+        get_config("tiny", **overrides)
+    args = [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
+    assert model_info_main(["tiny", *args]) == 2
+    assert "dm-model-info: error:" in capsys.readouterr().err
+
+
+def test_float_fields_take_integers():
+    assert get_config("tiny", rope_base=500000, gdn_expand_v=1).rope_base == 500000

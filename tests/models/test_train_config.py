@@ -95,3 +95,45 @@ def test_example_configs_validate(path):
 
     config = load_yaml(PrepareConfig if path.name.startswith("data_") else RunConfig, path)
     assert config is not None
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"data": {"seq_len": 1}}, "data.seq_len"),
+    ({"optim": {"lr": 0}}, "optim.lr"),
+    ({"optim": {"betas": [1.0, 0.9]}}, "optim.betas[0]"),
+    ({"optim": {"muon_momentum": 1.5}}, "optim.muon_momentum"),
+    ({"optim": {"weight_decay": -0.1}}, "optim.weight_decay"),
+    ({"schedule": {"min_lr_ratio": 1.5}}, "schedule.min_lr_ratio"),
+    ({"train": {"on_nonfinite": "ignore"}}, "train.on_nonfinite"),
+    ({"model": {"size": "7B"}}, "model.size"),
+    ({"model": {"attn_method": "fp4"}}, "model.attn_method"),
+])
+def test_out_of_range_values_are_rejected_by_name(bad, key, tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "run"), "data": {"dir": str(tmp_path / "none")},
+                                    **bad}))
+    assert cli.main(["--config", str(path)]) == 2
+    assert f"'{key}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [{"linear_mixer": "kda"}, {"linear_mixer": "mamba2"}, {"attn_mixer": "mla"}],
+                         ids=lambda o: next(iter(o.values())))
+def test_muon_split_of_the_variants(overrides):
+    """Every variant's gates stay with AdamW: an independent walk over the modules, by the gate names of each mixer."""
+    from deltamatch.models import HybridForCausalLM, get_config
+
+    torch.manual_seed(0)
+    model = HybridForCausalLM(get_config("tiny", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                         **overrides))
+    groups = split_parameters(model)
+    muon = {n for n, _ in groups["muon"]}
+    gate_modules = {"a_proj", "b_proj", "f_proj"}
+    expected = {f"model.layers.{i}.{name}.weight" for i, block in enumerate(model.model.layers)
+                for name, mod in block.named_modules()
+                if isinstance(mod, nn.Linear) and not gate_modules & set(name.split("."))}
+    assert muon == expected
+    no_decay = {n for n, _ in groups["no_decay"]}
+    for name, param in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in ("A_log", "dt_bias", "D") or param.ndim == 1:
+            assert name in no_decay, name
