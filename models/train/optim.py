@@ -11,6 +11,10 @@ for a weight that maps one hidden space into another. So Muon takes the 2-D weig
   ``a_proj`` / ``b_proj`` / ``f_proj``. Those projections have as many rows as heads (2 x hidden), so an orthogonalised
   update would set every gate's change to the same unit spectral norm regardless of its gradient.
 
+One exception: Mamba-2 computes its per-head step ``dt`` from rows of the shared ``in_proj`` (as transformers'
+``Mamba2Mixer`` does), so those rows go to Muon with the rest of that matrix; its ``A_log``, ``dt_bias`` and ``D`` stay
+with AdamW.
+
 Weight decay applies to matrices only (2-D and up, gates excluded). Each group remembers its peak ``initial_lr``; the
 loop multiplies it by the schedule every step.
 """
