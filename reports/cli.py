@@ -2,15 +2,20 @@
 
     dm-report table main --runs R/summary.json ... --evals E.json ... --out tables/main_1p67b.csv
     dm-report table scale|ablations (same inputs)      dm-report table probes --probes P.csv --size tiny --out ...
-    dm-report table kernel --check C.jsonl --bench DIR --out ...     dm-report table sweep --sweep S.csv --out ...
+    dm-report table kernel --check C.jsonl --bench DIR [--recorded benchmarks/results] --out ...
+    dm-report table sweep --sweep S.csv --out ...
     dm-report figure figure1_loss|figure4_gain|figure5_scales --runs ... --out F.png --values F.csv
     dm-report figure sweep --sweep S.csv --out F.png --values F.csv
     dm-report render --inputs tables/*.csv figures/* --name NAME --scale-note TEXT --html H --markdown M
-    dm-report all --results results/NAME          (every artefact from a finished results folder, without Snakemake)
+    dm-report all --results results/NAME [--recorded DIR] [--figure5-scale-of tiny=569M]
+                                                  (every artefact from a finished results folder, without Snakemake)
     dm-report hardware --out FILE | --has-hopper  (record the GPU; exit status 0 only on Hopper with --has-hopper)
 
-``--scale-of tiny=1.67B`` says which paper scale each of our sizes stands beside; ``--alias dm_ruler_8k=ruler_8k``
-renames our metric names to the paper's. Every output is written atomically.
+``--scale-of tiny=1.67B`` says which paper scale each of our sizes stands beside (for Figure 5, whose paper values
+are at 569M and 5.29B, the pipeline passes its own mapping); ``--alias dm_ruler_8k=ruler_8k`` renames our metric
+names to the paper's. ``--recorded DIR`` names kernel measurements a Hopper GPU recorded earlier (dm-kernel-bench's
+files): the kernel table shows them, labelled with their GPU, date and commit, when this run measured nothing. Every
+output is written atomically.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import pandas as pd
 
 from deltamatch.reports import figures, tables
 from deltamatch.atomic import atomic_path, write_text
-from deltamatch.reports.inputs import load_evals, load_metrics, load_probes, load_summaries, load_sweep
+from deltamatch.reports.inputs import (load_evals, load_metrics, load_probes, load_recorded_kernel, load_summaries,
+                                       load_sweep)
 from deltamatch.reports.paper import PAPER_YAML, load_paper
 from deltamatch.reports.render import render
 
@@ -77,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--size", help="our size of the probed checkpoint (table probes)")
     table.add_argument("--check", help="dm-kernel-check JSON lines (table kernel)")
     table.add_argument("--bench", help="dm-kernel-bench folder with hardware.json (table kernel)")
+    table.add_argument("--recorded", help="folder of recorded dm-kernel-bench files, shown when this run measured "
+                       "nothing (table kernel)")
     table.add_argument("--sweep", help="dm-sweep CSV (table sweep)")
     table.add_argument("--out", required=True)
     _common(table)
@@ -100,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     whole = sub.add_parser("all", help="every table and figure and the page from a finished results folder")
     whole.add_argument("--results", required=True, help="results/<name>")
     whole.add_argument("--scale-note", default="", help="where and at what scale our numbers were measured")
+    whole.add_argument("--figure5-scale-of", nargs="*", default=[], metavar="OURS=PAPER",
+                       help="for Figure 5 only, on top of --scale-of (its paper values are at 569M and 5.29B)")
+    whole.add_argument("--recorded", help="folder of recorded dm-kernel-bench files (see table kernel)")
     _common(whole)
 
     hw = sub.add_parser("hardware", help="record this machine's GPU; --has-hopper exits 1 without an sm90 GPU")
@@ -119,13 +130,16 @@ def build_table(args, paper: pd.DataFrame) -> pd.DataFrame:
     if args.name == "sweep":
         if not args.sweep:
             raise ValueError("table sweep needs --sweep")
-        return tables.sweep_table(load_sweep(args.sweep))
+        return tables.sweep_table(load_sweep(args.sweep), paper)
     if not args.check or not args.bench:
         raise ValueError("table kernel needs --check and --bench")
-    return kernel_from_files(args.check, args.bench)
+    return kernel_from_files(args.check, args.bench, paper, args.recorded)
 
 
-def kernel_from_files(check_path: str, bench_dir: str) -> pd.DataFrame:
+def kernel_from_files(check_path: str, bench_dir: str, paper: pd.DataFrame | None = None,
+                      recorded_dir: str | None = None) -> pd.DataFrame:
+    """The kernel table from the pipeline's files; ``recorded_dir``'s measurements stand in where no Hopper GPU ran
+    the bench (labelled as recorded, with their GPU, date and commit)."""
     bench = Path(bench_dir)
     if not Path(check_path).is_file():
         raise ValueError(f"missing input file: {check_path}")
@@ -135,7 +149,10 @@ def kernel_from_files(check_path: str, bench_dir: str) -> pd.DataFrame:
     optional = {name: pd.read_csv(bench / f"{name}.csv") if (bench / f"{name}.csv").is_file() else None
                 for name in ("kernel_bench", "kernel_memory")}
     hw = json.loads((bench / "hardware.json").read_text())
-    return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw)
+    if recorded_dir is not None and not Path(recorded_dir).is_dir():
+        raise ValueError(f"--recorded: no folder {recorded_dir}")
+    recorded = load_recorded_kernel(recorded_dir) if recorded_dir and optional["kernel_bench"] is None else None
+    return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw, paper, recorded)
 
 
 def draw_figure(args, paper: pd.DataFrame) -> None:
@@ -179,14 +196,16 @@ def build_all(args) -> int:
     table("ablations", tables.ablation_table(summaries, evals, paper, scale_of, aliases))
     figure("figure1_loss", figures.figure_loss(load_metrics(main_runs), paper, scale_of))
     figure("figure4_gain", figures.figure_gain(load_metrics(main_runs), paper, scale_of))
-    figure("figure5_scales", figures.figure_scales(load_metrics(base), paper, scale_of))
+    figure5_scale_of = {**scale_of, **pairs(args.figure5_scale_of, "--figure5-scale-of")}
+    figure("figure5_scales", figures.figure_scales(load_metrics(base), paper, figure5_scale_of))
     for probes in sorted(root.glob("probes/base/*/*/s*.csv"))[:1]:
         table("table9_probes", tables.probe_table(load_probes(str(probes)), probes.parent.parent.name, paper, scale_of))
     if (root / "kernel" / "check.jsonl").is_file() and (root / "kernel" / "bench").is_dir():
-        table("kernel_latency", kernel_from_files(str(root / "kernel" / "check.jsonl"), str(root / "kernel" / "bench")))
+        table("kernel_latency", kernel_from_files(str(root / "kernel" / "check.jsonl"), str(root / "kernel" / "bench"),
+                                                  paper, args.recorded))
     if (root / "sweep" / "sweep.csv").is_file():
         sweep = load_sweep(str(root / "sweep" / "sweep.csv"))
-        table("sweep", tables.sweep_table(sweep))
+        table("sweep", tables.sweep_table(sweep, paper))
         figure("sweep", figures.figure_sweep(sweep))
     render(outputs, root.name, args.scale_note or "(scale not stated)", str(report / "index.html"),
            str(report / "report.md"), args.paper)

@@ -126,3 +126,34 @@ def load_probes(path: str) -> pd.DataFrame:
 def load_sweep(path: str) -> pd.DataFrame:
     """The random-head sweep's long table: inputs, spread, method, metric, value."""
     return _read_table(path, {"inputs", "spread", "method", "metric", "value"}, "sweep")
+
+
+# The first line under a dm-kernel-bench Markdown title: "date 2026-11-29 10:12 UTC, commit 6452f11, GPU NVIDIA H200,
+# torch 2.11.0+cu130; ..." (kernels/bench.py writes it into kernel_bench.md and kernel_memory.md).
+BENCH_HEADER = re.compile(
+    r"^date (?P<date>[^,]+), commit (?P<commit>[^,]+), GPU (?P<gpu>[^,]+), torch (?P<torch>[^;,\s]+)", re.MULTILINE)
+
+
+def bench_provenance(markdown: str | Path) -> dict[str, str]:
+    """``date``, ``commit``, ``gpu``, ``torch`` from the header of a dm-kernel-bench Markdown file."""
+    path = Path(markdown)
+    if not path.is_file():
+        raise ValueError(f"missing input file: {path} (the recorded numbers' date, commit and GPU)")
+    match = BENCH_HEADER.search(path.read_text(encoding="utf-8"))
+    if match is None:
+        raise ValueError(f"{path}: no 'date ..., commit ..., GPU ..., torch ...' header line "
+                         "(dm-kernel-bench writes one)")
+    return {k: v.strip() for k, v in match.groupdict().items()}
+
+
+def load_recorded_kernel(folder: str | Path) -> dict | None:
+    """Kernel measurements a Hopper GPU recorded earlier (``kernel_bench.csv``/``.md``, ``kernel_memory.csv``/``.md``
+    as dm-kernel-bench writes them): ``{"bench", "memory", "provenance": {"bench", "memory"}}`` with each table's
+    provenance read from its Markdown header; None when the folder holds no ``kernel_bench.csv``."""
+    folder = Path(folder)
+    found: dict = {"bench": None, "memory": None, "provenance": {}}
+    for key, stem in (("bench", "kernel_bench"), ("memory", "kernel_memory")):
+        if (folder / f"{stem}.csv").is_file():
+            found[key] = pd.read_csv(folder / f"{stem}.csv")
+            found["provenance"][key] = bench_provenance(folder / f"{stem}.md")
+    return found if found["bench"] is not None else None

@@ -8,7 +8,10 @@ import pandas as pd
 import yaml
 
 PAPER_YAML = Path(__file__).with_name("paper_reported.yaml")
-PAPER_COLUMNS = ["artefact", "scale", "variant", "method", "metric", "layers", "value", "approx", "bound"]
+PAPER_COLUMNS = ["artefact", "scale", "variant", "method", "metric", "layers", "value", "approx", "bound", "at_least",
+                 "note"]
+# Flags on a paper value: read off a figure (≈), an upper bound the paper states (≤), a lower bound (≥).
+FLAGS = ("approx", "bound", "at_least")
 
 
 def load_paper(path: str | Path = PAPER_YAML) -> tuple[pd.DataFrame, pd.DataFrame, str]:
@@ -24,7 +27,7 @@ def load_paper(path: str | Path = PAPER_YAML) -> tuple[pd.DataFrame, pd.DataFram
     unknown = set(values.columns) - set(PAPER_COLUMNS)
     if unknown:
         raise ValueError(f"{path}: unknown fields {sorted(unknown)} in 'values'")
-    defaults = {"variant": "base", "layers": "", "approx": False, "bound": False}
+    defaults = {"variant": "base", "layers": "", "approx": False, "bound": False, "at_least": False, "note": ""}
     for column in PAPER_COLUMNS:
         if column not in values:
             values[column] = defaults.get(column)

@@ -10,11 +10,13 @@ with 1.67B); sizes it does not name are compared with the paper scale of the sam
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from deltamatch.kernels.methods import METHODS
 from deltamatch.reports.inputs import RUN_KEYS
-from deltamatch.reports.paper import paper_values
+from deltamatch.reports.paper import FLAGS, paper_values
 
 COMPARE = ["paper", "ours", "difference", "paper_scale", "our_scale", "seeds"]
 METHOD_ORDER = list(METHODS)
@@ -41,10 +43,19 @@ def seed_means(long: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                        our_scale=("size", lambda s: ",".join(sorted(set(s))))).reset_index()
 
 
-def compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Outer join on ``keys`` with the difference ours − paper; methods in the registry's order."""
-    paper = paper[[*keys, "paper", *(c for c in ("paper_scale", "approx", "bound") if c in paper and c not in keys)]]
-    table = ours.merge(paper, on=keys, how="outer")
+def compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], on: list[str] | None = None) -> pd.DataFrame:
+    """Outer join with the difference ours − paper; rows sorted by ``keys``, methods in the registry's order.
+
+    The join is on ``on`` (default ``keys``): a paper value keyed by fewer columns than ours (a claim about every
+    shape, every input family) stands beside each of our rows that share its ``on`` keys. The paper's ``note`` column
+    comes along only where one of its values has a note.
+    """
+    on = keys if on is None else on
+    flags = [c for c in ("paper_scale", *FLAGS) if c in paper and c not in on]
+    if "note" in paper and paper["note"].fillna("").astype(str).str.len().gt(0).any():
+        flags.append("note")
+    paper = paper[[*on, "paper", *flags]]
+    table = ours.merge(paper, on=on, how="outer")
     table["difference"] = table["ours"] - table["paper"]
     order = {}
     if "metric" in table:  # validation CE first, then what the paper reports, then ours alone
@@ -56,15 +67,39 @@ def compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str]) -> pd.Data
     table = table.assign(**{f"_{k}": table[k].map(rank) for k, rank in order.items()})
     table = table.sort_values(sort, kind="stable").drop(columns=[f"_{k}" for k in order])
     extra = [c for c in table.columns if c not in keys and c not in COMPARE]
-    return table[[*keys, *(c for c in COMPARE if c not in keys), *extra]].reset_index(drop=True)
+    return table[[*keys, *(c for c in COMPARE if c not in keys and c in table), *extra]].reset_index(drop=True)
+
+
+TASK_GAP = "commonsense_max_task_gap_to_bf16"
+
+
+def task_gap(evals: pd.DataFrame, suite: str = "commonsense", method: str = "matched",
+             reference: str = "bf16") -> pd.DataFrame:
+    """The largest |method − reference| over the suite's tasks (each task's averaged metric, mean over seeds, in
+    points): the paper's "every commonsense task within one point of BF16" as one number. One row (method, metric,
+    ours, seeds, our_scale), or none where either method lacks the suite."""
+    rows = evals[(evals["suite"] == suite) & evals["method"].isin([method, reference])]
+    rows = rows[~rows["metric"].str.contains(":") & ~rows["metric"].str.endswith("_avg")]  # tasks' averaged metrics
+    means = rows.groupby(["metric", "method"])["value"].mean().unstack("method")
+    if method not in means or reference not in means or means[[method, reference]].dropna().empty:
+        return pd.DataFrame(columns=["method", "metric", "ours", "seeds", "our_scale"])
+    gaps = (means[method] - means[reference]).abs().dropna()
+    seeds = rows.groupby("method")["seed"].nunique()
+    return pd.DataFrame([{"method": method, "metric": TASK_GAP, "ours": gaps.max(),
+                          "seeds": int(min(seeds[method], seeds[reference])),
+                          "our_scale": ",".join(sorted(set(rows["size"])))}])
 
 
 def main_table(summaries, evals, paper, scale_of, aliases) -> pd.DataFrame:
-    """Main table: per method, validation CE and every eval metric of the main-size runs, beside the paper's 1.67B."""
+    """Main table: per method, validation CE and every eval metric of the main-size runs, beside the paper's 1.67B;
+    plus the derived check ``commonsense_max_task_gap_to_bf16`` (:func:`task_gap`) beside the paper's "within one
+    point"."""
     sizes = sorted(set(summaries["size"]))
     if len(sizes) != 1:
         raise ValueError(f"the main table takes the runs of one size, got {sizes}")
     ours = seed_means(run_metrics(summaries, evals, aliases), ["method", "metric"])
+    gap = task_gap(evals)
+    ours = pd.concat([ours, gap], ignore_index=True) if not gap.empty else ours
     table = compare(ours, paper_values(paper, "main"), ["method", "metric"])
     table["paper_scale"] = table["paper_scale"].fillna(paper_scale(sizes[0], scale_of))
     return table
@@ -119,25 +154,107 @@ def probe_table(probes: pd.DataFrame, size: str, paper, scale_of) -> pd.DataFram
     return table
 
 
-def sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """The random-head sweep, one row per (inputs, spread, method), one column per metric. The paper gives no
-    numbers for it."""
-    wide = sweep.pivot_table(index=["inputs", "spread", "method"], columns="metric", values="value", sort=False)
-    return wide.reset_index().rename_axis(columns=None)
+SWEEP_SCALE = "random heads"
+
+
+def sweep_table(sweep: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """The random-head sweep, one row per (metric, inputs, spread, method). The paper has no such experiment; beside
+    the row-sum residuals stand the orders of magnitude it reports for the same measures on real activations (Table
+    9's layers 3-19 of its 1.67B checkpoint, artefact ``sweep``), with ``our_scale`` saying ours are random heads."""
+    ours = sweep.rename(columns={"value": "ours"}).assign(our_scale=SWEEP_SCALE)
+    keys = ["metric", "inputs", "spread", "method"]
+    return compare(ours[[*keys, "ours", "our_scale"]], paper_values(paper, "sweep"), keys, on=["method", "metric"])
 
 
 NO_HOPPER = "no Hopper GPU"
+RECORDED = "not measured by this run"
+# The paper's latency statements are about head dim 128; its memory statement is the backward's dS workspace,
+# B·H·N² bytes, stated at the shape its metric name gives.
+CLAIM_HEAD_DIM = 128
+LATENCY_BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16")
+WORKSPACE = re.compile(r"ds_workspace_gib_b(?P<batch>\d+)_h(?P<heads>\d+)_n(?P<seq_len>\d+)")
+WORKSPACE_FORMULA = ("paper: its E4M3 dS workspace alone, B·H·N² bytes by its formula at our shape (a lower bound on "
+                     "its backward's extra memory); ours: the whole backward's measured peak extra memory")
+
+
+def ds_workspace_gib(batch: int, heads: int, seq_len: int) -> float:
+    """The paper's backward dS workspace: one E4M3 byte per score, B·H·N² bytes, in GiB."""
+    return batch * heads * seq_len**2 / 2**30
+
+
+def recorded_source(provenance: dict) -> str:
+    """The label of numbers read from recorded files instead of measured by this run."""
+    return f"recorded on {provenance['gpu']} on {provenance['date']} at commit {provenance['commit']}, {RECORDED}"
+
+
+def kernel_claims(bench: pd.DataFrame | None, memory: pd.DataFrame | None, paper: pd.DataFrame,
+                  gpu: str | None) -> pd.DataFrame:
+    """The paper's kernel statements beside ours, one row per statement and measured shape.
+
+    Latency (head dim 128): Delta-Matching's fwd+bwd time over each baseline's, per (seq_len, causal); the paper says
+    above 1 against cuDNN BF16 and below 1 against FlashAttention-3 BF16, which our bench does not run (its
+    ``sdpa_flash_bf16`` is PyTorch's flash backend, shown without a paper value). Memory (``backward_extra_gib``):
+    our backward's peak extra memory (the memory bench runs B = 1) beside the paper's dS workspace, a lower bound on
+    its backward's extra memory: as stated at its shape, and by its formula B·H·N² bytes at each shape we measured.
+    """
+    theirs = paper_values(paper, "kernel")
+    keys = ["metric", "seq_len", "causal", "method"]
+    ratios = []
+    if bench is not None and {"method", "head_dim", "seq_len", "causal", "fwd_bwd_ms"} <= set(bench):
+        timed = bench[(bench["head_dim"] == CLAIM_HEAD_DIM) & bench["fwd_bwd_ms"].notna()]
+        per = {m: timed[timed["method"] == m].set_index(["seq_len", "causal"])["fwd_bwd_ms"]
+               for m in ("matched", *LATENCY_BASELINES)}
+        for baseline in LATENCY_BASELINES:
+            ratio = (per["matched"] / per[baseline]).dropna()
+            ratios += [{"metric": f"fwd_bwd_ms_over_{baseline}_hd{CLAIM_HEAD_DIM}", "seq_len": n, "causal": c,
+                        "method": "matched", "ours": r} for (n, c), r in ratio.items()]
+    latency = theirs[theirs["metric"].str.startswith("fwd_bwd_ms_over_")]
+    parts = [compare(pd.DataFrame(ratios, columns=[*keys, "ours"]), latency, keys, on=["method", "metric"])]
+
+    stated = {tuple(int(v) for v in WORKSPACE.fullmatch(r.metric).group("batch", "heads", "seq_len")): r
+              for r in theirs.itertuples() if WORKSPACE.fullmatch(r.metric)}
+    measured = {}
+    if stated and memory is not None and {"method", "seq_len", "heads", "peak_extra_backward_gib"} <= set(memory):
+        rows = memory[(memory["method"] == "matched") & memory["peak_extra_backward_gib"].notna()]
+        measured = {(1, int(r.heads), int(r.seq_len)): float(r.peak_extra_backward_gib) for r in rows.itertuples()}
+    rows = []
+    for shape in sorted(set(stated) | set(measured)):
+        said = stated.get(shape)
+        paper_row = ({"paper": said.paper, "paper_scale": said.paper_scale, "note": said.note} if said else
+                     {"paper": ds_workspace_gib(*shape), "paper_scale": next(iter(stated.values())).paper_scale,
+                      "note": WORKSPACE_FORMULA})
+        rows.append({"metric": "backward_extra_gib", "seq_len": shape[2], "method": "matched", "batch": shape[0],
+                     "heads": shape[1], "ours": measured.get(shape, float("nan")), **paper_row, "at_least": True})
+    if rows:
+        memory_rows = pd.DataFrame(rows)
+        parts.append(memory_rows.assign(difference=memory_rows["ours"] - memory_rows["paper"]))
+    table = pd.concat(parts, ignore_index=True).assign(head_dim=CLAIM_HEAD_DIM)
+    table["our_scale"] = table["ours"].notna().map({True: gpu, False: None})
+    return table
 
 
 def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.DataFrame | None,
-                 hardware: dict) -> pd.DataFrame:
-    """The kernel's build check, and its latency and backward memory where a Hopper GPU measured them.
+                 hardware: dict, paper: pd.DataFrame | None = None, recorded: dict | None = None) -> pd.DataFrame:
+    """The kernel's build check, its latency and backward memory where a Hopper GPU measured them, and the paper's
+    kernel statements beside ours.
 
     ``section`` says which: ``build`` (one row per compiled kernel: its FP8 wgmma count against its matmuls, other
     MMAs, registers, spills), ``latency`` (per method and shape, with ``speedup_vs_cudnn_bf16``: SDPA cuDNN BF16's
-    fwd+bwd time over this method's), ``memory`` and ``status`` (what was not measured, and why).
+    fwd+bwd time over this method's), ``memory``, ``paper`` (the paper's values and ours, :func:`kernel_claims`) and
+    ``status`` (what was not measured, and why). Without a Hopper GPU, ``recorded`` (``{"bench", "memory",
+    "provenance"}``: frames and ``{gpu, date, commit}`` of each, from files a Hopper GPU wrote earlier) stands in for
+    the measurements, every such row labelled in ``source`` with where, when and at which commit it was recorded.
     """
     parts = [check.assign(section="build")]
+    hopper = bool(hardware.get("hopper"))
+    device = hardware.get("device") or "no CUDA device"
+    sources = {name: f"measured by this run on {device}" for name in ("bench", "memory")}
+    gpu = device
+    if not hopper and recorded:
+        bench, memory = recorded.get("bench"), recorded.get("memory")
+        sources = {name: recorded_source(recorded["provenance"][name]) for name in ("bench", "memory")
+                   if name in recorded.get("provenance", {})}
+        gpu = recorded["provenance"]["bench"]["gpu"] if "bench" in sources else None
     if bench is not None and not bench.empty:
         bench = bench.copy()
         if "fwd_bwd_ms" in bench:
@@ -145,11 +262,18 @@ def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.Dat
             ref = bench[bench["method"] == "sdpa_cudnn_bf16"][[*shape, "fwd_bwd_ms"]]
             bench = bench.merge(ref.rename(columns={"fwd_bwd_ms": "_ref"}), on=shape, how="left")
             bench["speedup_vs_cudnn_bf16"] = bench.pop("_ref") / bench["fwd_bwd_ms"]
-        parts.append(bench.assign(section="latency"))
+        parts.append(bench.assign(section="latency", source=sources.get("bench")))
     if memory is not None and not memory.empty:
-        parts.append(memory.assign(section="memory"))
-    if not hardware.get("hopper"):
-        device = hardware.get("device") or "no CUDA device"
-        parts.append(pd.DataFrame([{"section": "status", "status": f"{NO_HOPPER} ({device}): latency not measured"}]))
+        parts.append(memory.assign(section="memory", source=sources.get("memory")))
+    if paper is not None:
+        claims = kernel_claims(bench, memory, paper, gpu)
+        which = claims["metric"].eq("backward_extra_gib").map({True: "memory", False: "bench"})
+        claims["source"] = [sources.get(w) if pd.notna(o) else None for w, o in zip(which, claims["ours"])]
+        parts.append(claims.assign(section="paper"))
+    if not hopper:
+        status = f"{NO_HOPPER} ({device}): latency not measured by this run"
+        if recorded and sources:
+            status += "; the latency and memory rows are " + sources.get("bench", sources.get("memory"))
+        parts.append(pd.DataFrame([{"section": "status", "status": status}]))
     table = pd.concat(parts, ignore_index=True)
     return table[["section", *(c for c in table.columns if c != "section")]]

@@ -2,12 +2,16 @@
 from the records the fixture wrote, and the page says what it must (scale, no Hopper GPU, the paper beside ours)."""
 
 import html as htmllib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from deltamatch.reports.cli import main
+from deltamatch.reports.inputs import bench_provenance
+
+RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 STEPS_TAIL = 0.1
 
@@ -94,3 +98,35 @@ def test_runs_without_gain_records_fail_naming_the_setting(synthetic, tmp_path, 
     assert main(["figure", "figure4_gain", "--runs", str(path / "summary.json"), "--out", str(tmp_path / "f.png"),
                  "--values", str(tmp_path / "f.csv")]) == 2
     assert "metrics.probe_every" in capsys.readouterr().err and not (tmp_path / "f.png").exists()
+
+
+def test_figure5_stands_beside_the_papers_569m_through_its_own_mapping(synthetic):
+    """The paper's Figure 5 numbers are at 569M and 5.29B; the main mapping (tiny -> 1.67B) joins none of them, the
+    Figure 5 mapping (tiny -> 569M) puts ours beside the 569M ones, labelled with our scale."""
+    root = synthetic["root"]
+    assert main(["all", "--results", str(root), "--scale-of", "tiny=1.67B", "--figure5-scale-of", "tiny=569M"]) == 0
+    f5 = pd.read_csv(root / "report" / "figures" / "figure5_scales.csv")
+    both = f5.dropna(subset=["ours", "paper"]).set_index(["method", "metric"])
+    assert set(both["paper_scale"]) == {"569M"} and set(both["our_scale"]) == {"tiny"}
+    assert both.loc[("stale", "final_train_loss"), "paper"] == 1.57 and both.loc[("stale", "gain_max"), "paper"] == 1.7
+    assert f5[f5["paper_scale"] == "5.29B"]["ours"].isna().all()
+    f1 = pd.read_csv(root / "report" / "figures" / "figure1_loss.csv")
+    assert set(f1.dropna(subset=["ours"])["paper_scale"]) == {"1.67B"}  # the other figures keep the main mapping
+    page = (root / "report" / "report.md").read_text()
+    assert "ours at tiny beside the paper's 569M" in page
+
+
+def test_page_labels_recorded_kernel_numbers_and_bounds(synthetic):
+    root = synthetic["root"]
+    assert main(["all", "--results", str(root), "--scale-of", "tiny=1.67B", "--recorded", str(RECORDED)]) == 0
+    provenance = bench_provenance(RECORDED / "kernel_bench.md")
+    label = (f"recorded on {provenance['gpu']} on {provenance['date']} at commit {provenance['commit']}, "
+             "not measured by this run")
+    for page in ((root / "report" / "report.md").read_text(),
+                 htmllib.unescape((root / "report" / "index.html").read_text())):
+        assert "No Hopper GPU" in page and label in page
+        assert f"ours at {provenance['gpu']} beside the paper's H100" in page
+        assert "≥ 0.99" in page and "a few channels' share" in page  # Figure 4: a lower bound, another statistic
+        assert "≤ 1" in page and "≥ 1" in page  # the kernel's latency statements as bounds on the ratio
+    kernel = pd.read_csv(root / "report" / "tables" / "kernel_latency.csv")
+    assert set(kernel[kernel["section"] == "latency"]["source"]) == {label}

@@ -1,16 +1,25 @@
 """Tables from synthetic pipeline outputs, checked against the numbers the fixture wrote (recomputed here)."""
 
+import json
+import re
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from deltamatch.reports import tables
 from deltamatch.reports.cli import main
-from deltamatch.reports.inputs import load_evals, load_summaries, run_tag
+from deltamatch.reports.inputs import load_evals, load_recorded_kernel, load_summaries, run_tag
 from deltamatch.reports.paper import load_paper
 
 SCALE_OF = {"tiny": "1.67B"}
 ALIASES = {"dm_ruler_8k": "ruler_8k"}
+
+
+@pytest.fixture(scope="module")
+def root():
+    return Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -113,24 +122,156 @@ def test_probe_table_summaries(synthetic, paper):
         probes[(probes["layer"] == 7) & (probes["delta"] == "matched")]["after_cast"].item())
 
 
-def test_kernel_table_without_and_with_hopper():
+def test_kernel_table_without_and_with_hopper(paper):
     check = pd.DataFrame([{"name": "fwd", "fp8_wgmma_dots": 2, "matmuls": 2}])
-    table = tables.kernel_table(check, None, None, {"hopper": False, "device": None})
+    table = tables.kernel_table(check, None, None, {"hopper": False, "device": None}, paper)
     assert "no Hopper GPU" in table[table["section"] == "status"]["status"].item()
+    claims = table[table["section"] == "paper"]
+    assert claims["ours"].isna().all() and set(claims["paper_scale"]) == {"H100"}  # the paper's statements, alone
     bench = pd.DataFrame([{"method": m, "head_dim": 128, "seq_len": 8192, "causal": True, "fwd_bwd_ms": ms}
-                          for m, ms in (("sdpa_cudnn_bf16", 2.0), ("matched", 1.6))])
-    table = tables.kernel_table(check, bench, None, {"hopper": True, "device": "H200"})
+                          for m, ms in (("sdpa_cudnn_bf16", 2.0), ("sdpa_flash_bf16", 1.5), ("matched", 1.6))])
+    table = tables.kernel_table(check, bench, None, {"hopper": True, "device": "H200"}, paper)
     assert "status" not in set(table["section"])
     latency = table[table["section"] == "latency"].set_index("method")
     assert latency.loc["matched", "speedup_vs_cudnn_bf16"] == pytest.approx(2.0 / 1.6)
+    assert set(latency["source"]) == {"measured by this run on H200"}
+    claims = table[table["section"] == "paper"].set_index("metric")
+    # the paper: Delta-Matching's fwd+bwd above cuDNN BF16's (ratio ≥ 1) and below FlashAttention-3's (ratio ≤ 1)
+    cudnn = claims.loc["fwd_bwd_ms_over_sdpa_cudnn_bf16_hd128"]
+    assert cudnn["ours"] == pytest.approx(1.6 / 2.0) and cudnn["paper"] == 1.0 and cudnn["at_least"]
+    assert cudnn["difference"] == pytest.approx(1.6 / 2.0 - 1.0) and cudnn["seq_len"] == 8192
+    assert cudnn["paper_scale"] == "H100" and cudnn["our_scale"] == "H200"
+    fa3 = claims.loc["fwd_bwd_ms_over_fa3_bf16_hd128"]
+    assert fa3["bound"] and np.isnan(fa3["ours"]) and "FlashAttention-3" in fa3["note"]  # our bench runs no FA3
+    flash = claims.loc["fwd_bwd_ms_over_sdpa_flash_bf16_hd128"]
+    assert flash["ours"] == pytest.approx(1.6 / 1.5) and np.isnan(flash["paper"])
 
 
-def test_sweep_table_is_the_pivot(synthetic):
+def test_kernel_memory_beside_the_papers_ds_workspace(paper):
+    """The paper's backward keeps an N×N E4M3 dS workspace, B·H·N² bytes (1 GiB at B=1, H=16, N=8192); ours is the
+    whole backward's peak extra memory, beside that workspace as stated and by its formula at our shapes."""
+    stated = paper[(paper["artefact"] == "kernel") & (paper["metric"] == "ds_workspace_gib_b1_h16_n8192")]
+    assert stated["value"].item() == tables.ds_workspace_gib(1, 16, 8192) == 1.0
+    check = pd.DataFrame([{"name": "fwd", "fp8_wgmma_dots": 2, "matmuls": 2}])
+    memory = pd.DataFrame([{"method": m, "seq_len": n, "heads": 16, "head_dim": 128, "causal": True,
+                            "peak_extra_backward_gib": gib}
+                           for m, n, gib in (("matched", 16384, 0.25), ("stale", 16384, 0.3), ("matched", 8192, 0.1))])
+    table = tables.kernel_table(check, None, memory, {"hopper": True, "device": "H200"}, paper)
+    rows = table[(table["section"] == "paper") & (table["metric"] == "backward_extra_gib")].set_index("seq_len")
+    assert rows.loc[16384, "paper"] == 4.0 and rows.loc[16384, "ours"] == 0.25 and rows.loc[16384, "at_least"]
+    assert rows.loc[8192, "paper"] == 1.0 and rows.loc[8192, "ours"] == 0.1 and "as stated" in rows.loc[8192, "note"]
+    assert set(rows["our_scale"]) == {"H200"} and set(rows["paper_scale"]) == {"H100"}
+
+
+def _recorded(folder, gpu="NVIDIA H200", date="2026-11-29 10:12 UTC", commit="6452f11"):
+    """A folder as dm-kernel-bench --memory writes it (kernels/bench.py: CSV, and Markdown with the header line)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bench = pd.DataFrame([{"method": m, "head_dim": 128, "seq_len": 4096, "batch": 4, "heads": 16, "causal": True,
+                           "fwd_ms": ms / 3, "fwd_bwd_ms": ms}
+                          for m, ms in (("sdpa_cudnn_bf16", 2.0), ("matched", 3.0))])
+    memory = pd.DataFrame([{"method": "matched", "seq_len": 16384, "heads": 16, "head_dim": 128, "causal": True,
+                            "peak_extra_backward_gib": 0.25}])
+    header = f"date {date}, commit {commit}, GPU {gpu}, torch 2.11.0+cu130; B·H = 64, bf16 inputs"
+    for name, frame, title in (("kernel_bench", bench, "Kernel benchmark"),
+                               ("kernel_memory", memory, "Backward memory")):
+        frame.to_csv(folder / f"{name}.csv", index=False)
+        (folder / f"{name}.md").write_text(f"# {title}\n\n{header}\n\n" + frame.to_markdown(index=False) + "\n")
+    return bench, memory
+
+
+def test_kernel_table_falls_back_to_recorded_measurements(synthetic, tmp_path, paper):
+    """No Hopper GPU ran the bench: the recorded files stand in, every row saying where, when and at which commit."""
+    recorded = tmp_path / "recorded"
+    bench, _ = _recorded(recorded, gpu="NVIDIA H200", commit="abc1234")
+    kernel = synthetic["root"] / "kernel"
+    out = tmp_path / "kernel.csv"
+    assert main(["table", "kernel", "--check", str(kernel / "check.jsonl"), "--bench", str(kernel / "bench"),
+                 "--recorded", str(recorded), "--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    label = "recorded on NVIDIA H200 on 2026-11-29 10:12 UTC at commit abc1234, not measured by this run"
+    latency = table[table["section"] == "latency"].set_index("method")
+    assert latency.loc["matched", "fwd_bwd_ms"] == 3.0 and set(latency["source"]) == {label}
+    assert set(table[table["section"] == "memory"]["source"]) == {label}
+    assert label in table[table["section"] == "status"]["status"].item()
+    assert "no Hopper GPU" in table[table["section"] == "status"]["status"].item()
+    claim = table[(table["section"] == "paper") & (table["metric"] == "fwd_bwd_ms_over_sdpa_cudnn_bf16_hd128")]
+    assert claim["ours"].item() == pytest.approx(1.5) and claim["our_scale"].item() == "NVIDIA H200"
+    assert claim["source"].item() == label
+    # without --recorded: nothing but the statement that nothing was measured
+    assert main(["table", "kernel", "--check", str(kernel / "check.jsonl"), "--bench", str(kernel / "bench"),
+                 "--out", str(out)]) == 0
+    assert "latency" not in set(pd.read_csv(out)["section"])
+    # a Hopper GPU that measured wins over the recorded files
+    (kernel / "bench" / "hardware.json").write_text('{"hopper": true, "device": "NVIDIA H100", "capability": "sm90"}')
+    bench.assign(fwd_bwd_ms=bench["fwd_bwd_ms"] * 2).to_csv(kernel / "bench" / "kernel_bench.csv", index=False)
+    assert main(["table", "kernel", "--check", str(kernel / "check.jsonl"), "--bench", str(kernel / "bench"),
+                 "--recorded", str(recorded), "--out", str(out)]) == 0
+    latency = pd.read_csv(out).query("section == 'latency'").set_index("method")
+    assert latency.loc["matched", "fwd_bwd_ms"] == 6.0
+    assert set(latency["source"]) == {"measured by this run on NVIDIA H100"}
+
+
+def test_recorded_measurements_need_their_provenance(tmp_path):
+    folder = tmp_path / "recorded"
+    _recorded(folder)
+    (folder / "kernel_bench.md").write_text("# Kernel benchmark\n\nsome numbers\n")
+    with pytest.raises(ValueError, match="kernel_bench.md: no 'date"):
+        load_recorded_kernel(folder)
+    assert load_recorded_kernel(tmp_path) is None  # no kernel_bench.csv: nothing recorded
+
+
+def test_the_repos_recorded_h200_measurements_parse(root):
+    recorded = load_recorded_kernel(root / "benchmarks" / "results")
+    for key in ("bench", "memory"):
+        provenance = recorded["provenance"][key]
+        assert provenance["gpu"] and provenance["date"] and re.fullmatch(r"[0-9a-f]{7,40}", provenance["commit"])
+        assert not recorded[key].empty
+
+
+def test_sweep_table_puts_table9_beside_ours(synthetic, paper):
     sweep = synthetic["sweep"]
-    table = tables.sweep_table(sweep).set_index(["inputs", "spread", "method"])
-    one = sweep[(sweep["inputs"] == "outlier") & (sweep["spread"] == 2.0) & (sweep["method"] == "stale")]
-    for metric, value in zip(one["metric"], one["value"]):
-        assert table.loc[("outlier", 2.0, "stale"), metric] == pytest.approx(value)
+    table = tables.sweep_table(sweep, paper)
+    ours = table.dropna(subset=["ours"]).set_index(["metric", "inputs", "spread", "method"])
+    for row in sweep.itertuples():
+        assert ours.loc[(row.metric, row.inputs, row.spread, row.method), "ours"] == pytest.approx(row.value)
+    assert len(ours) == len(sweep) and set(ours["our_scale"]) == {"random heads"}
+    stale = ours.xs(("rowsum_before_cast", "stale"), level=["metric", "method"])
+    assert (stale["paper"] == 1.1e-2).all() and len(stale) == 4  # beside every input family and spread
+    matched = ours.xs(("rowsum_after_cast", "matched"), level=["metric", "method"])
+    assert (matched["paper"] == 2.7e-3).all() and set(matched["paper_scale"]) == {"1.67B"}
+    assert ours.xs("dk_colsum", level="metric")["paper"].isna().all()  # no paper value: none invented
+    # the paper's consistent-dO values stay although this sweep ran no consistent-dO
+    alone = table[table["ours"].isna()].set_index(["metric", "method"])
+    assert alone.loc[("rowsum_before_cast", "consistent"), "paper"] == 2.5e-3
+    assert list(table["metric"].drop_duplicates()[:2]) == ["rowsum_before_cast", "rowsum_after_cast"]
+
+
+def test_main_table_checks_every_commonsense_task_within_one_point(synthetic, paper, tmp_path):
+    runs, evals = _base(synthetic)
+    rng = np.random.default_rng(1)
+    accs = {(m, s): {t: rng.uniform(0.3, 0.7) for t in ("piqa", "boolq", "arc_easy")}
+            for m in ("bf16", "stale", "matched") for s in (0, 1)}
+    paths = []
+    for (method, seed), tasks in accs.items():
+        path = tmp_path / "results" / "evals" / "base" / "tiny" / method / f"s{seed}" / "commonsense.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"suite": "commonsense", "average": float(np.mean(list(tasks.values()))),
+                                    "tasks": {**{t: {"acc": a} for t, a in tasks.items()},
+                                              "wikitext": {"word_perplexity": 30.0 + seed}},
+                                    "metric_per_task": {t: "acc" for t in tasks}}))
+        paths.append(str(path))
+    table = tables.main_table(load_summaries(list(runs["summary"])),
+                              load_evals([e["path"] for e in evals] + paths), paper, SCALE_OF, ALIASES)
+    row = table[table["metric"] == "commonsense_max_task_gap_to_bf16"].set_index("method").loc["matched"]
+    expected = max(abs(np.mean([accs["matched", s][t] for s in (0, 1)]) - np.mean([accs["bf16", s][t] for s in (0, 1)]))
+                   for t in ("piqa", "boolq", "arc_easy"))
+    assert row["ours"] == pytest.approx(100 * expected)  # in points, as the paper's "one point"
+    assert row["paper"] == 1.0 and row["bound"] and row["seeds"] == 2 and row["our_scale"] == "tiny"
+    assert "within one point" in row["note"]
+    # without commonsense evals the paper's claim stands alone
+    alone = tables.main_table(load_summaries(list(runs["summary"])), load_evals([e["path"] for e in evals]), paper,
+                              SCALE_OF, ALIASES)
+    assert np.isnan(alone[alone["metric"] == "commonsense_max_task_gap_to_bf16"]["ours"].item())
 
 
 def test_cli_table_and_errors(synthetic, tmp_path, capsys):
