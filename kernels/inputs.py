@@ -1,5 +1,7 @@
 """Validation of attention inputs, shared by every backend so a bad call fails the same way everywhere."""
 
+import math
+
 import torch
 
 from deltamatch.kernels.methods import METHODS
@@ -36,5 +38,9 @@ def validate_attention_inputs(q, k, v, mode: str, softmax_scale=None) -> None:
         raise ValueError(f"query heads H={h} must be a multiple of key/value heads H_kv={hk} (GQA)")
     if d % 16 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"unsupported head dim {d}: must be a multiple of 16 and at most {MAX_HEAD_DIM}")
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a positive number, got {softmax_scale!r}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool)  # True would pass as the number 1
+        or not isinstance(softmax_scale, (int, float))
+        or not (math.isfinite(softmax_scale) and softmax_scale > 0)
+    ):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")

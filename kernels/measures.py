@@ -22,6 +22,8 @@ def dk_colsum_share(dk: torch.Tensor) -> float:
     dk = dk.double()
     num, den = dk.sum(1).abs().flatten(), dk.abs().sum(1).flatten()
     keep = den > 0
+    if not keep.any():
+        raise ValueError("dk_colsum_share: dK is zero in every (batch, head, channel)")
     return (num[keep] / den[keep]).median().item()
 
 
@@ -30,7 +32,10 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     if x.shape != ref.shape:
         raise ValueError(f"relative_error: shapes differ {tuple(x.shape)} vs {tuple(ref.shape)}")
     ref = ref.double()
-    return ((x.double() - ref).norm() / ref.norm()).item()
+    norm = ref.norm()
+    if norm == 0:
+        raise ValueError("relative_error: the reference is zero, so the error relative to it is undefined")
+    return ((x.double() - ref).norm() / norm).item()
 
 
 def residual_summary(q, k, v, do, causal: bool = True, softmax_scale=None) -> dict[str, dict[str, float]]:

@@ -72,5 +72,8 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
         with use_backend("nope"):
             pass
-    with pytest.raises(ValueError, match="softmax_scale"):
-        dm_attn_func(q, k, v, softmax_scale=-1.0)
+    for bad in (-1.0, 0, True, float("inf"), float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            dm_attn_func(q, k, v, softmax_scale=bad)
+    torch.testing.assert_close(dm_attn_func(q, k, v, mode="matched", softmax_scale=1),
+                               attention_reference(q, k, v, True, "matched", 1.0), rtol=0, atol=0)
