@@ -1,13 +1,20 @@
 """Build check without a GPU: compile every Triton kernel ahead of time for sm_90a and read its PTX, SASS and resources.
 
-``dm-kernel-check [--head-dims 64 128 256] [--out FILE.jsonl]`` prints one JSON object per (kernel, head dim):
+``dm-kernel-check [--head-dims 64 128 256] [--causal both|yes|no] [--out FILE.jsonl]`` prints one JSON object per
+(kernel, variant, head dim): every attention kernel causal and non-causal, and every quantisation-pass variant the
+autograd function launches (Q, centred K, V; dO with no, stale or consistent δ). Each row holds
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
 - ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
   ``matmuls`` × ``copies`` (a matmul appears in the unmasked and in the masked loop body, twice more when paired);
 - ``fp8_wgmma``: ``wgmma.mma_async … e4m3`` instructions in the PTX; ``qgmma``: QGMMA instructions in the SASS;
 - ``other_mma``: any other MMA instruction (BF16/FP16 wgmma, ``mma.sync``, HMMA, HGMMA);
-- ``registers``, ``spill_bytes`` (local memory per thread), ``shared_bytes`` from ``cuobjdump --dump-resource-usage``.
+- ``registers``, ``spill_bytes`` (the stack frame, where ptxas spills, plus local memory per thread) from
+  ``cuobjdump --dump-resource-usage``; ``sass_registers``, one more than the highest register the SASS names, which the
+  reported count must cover; ``shared_bytes``;
+- ``problems``: why the row fails (``ok`` when empty). The TTGIR dots, the PTX and the SASS must agree: every dot an
+  FP8 warp-group dot, at least one ``wgmma … e4m3`` per dot in the PTX, none without a dot, and exactly one QGMMA per
+  such wgmma in the SASS (ptxas lowers each to one instruction; a mismatch means the SASS is not what the PTX asks).
 
 Triton ships ``ptxas`` and ``cuobjdump`` with its NVIDIA backend, so this runs in CPU CI.
 """
@@ -37,6 +44,8 @@ class KernelSpec:
     """One kernel to compile: its function, pointer element types, and how many of the seven matmuls it holds."""
 
     name: str
+    variant: str
+    """``causal`` / ``non-causal`` for the attention kernels; the operand (and δ) for the quantisation passes."""
     fn: object
     pointers: dict[str, str]
     """Argument name → Triton pointer type (``*fp8e4nv``, ``*fp32``, ``*bf16``); other args are i32 or fp32."""
@@ -57,14 +66,20 @@ def _fp32(*names):
     return {n: "*fp32" for n in names}
 
 
-def kernel_specs(head_dim: int, causal: bool = True) -> list[KernelSpec]:
-    return _kernel_specs(head_dim, causal)
+CAUSAL = (True, False)
 
 
-def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
-    """The six kernels at their launch configuration for ``head_dim``."""
+def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL) -> list[KernelSpec]:
+    """Every kernel at its launch configuration for ``head_dim``: the attention kernels once per setting in
+    ``causal``, then the quantisation passes (they have no mask)."""
+    return [spec for c in causal for spec in attention_specs(head_dim, c)] + quant_specs(head_dim)
+
+
+def attention_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
+    """The forward and backward kernels (matched δ, dK/dV or dK and dV, dQ)."""
     fwd = triton_fwd.forward_config(head_dim)
     bwd = triton_bwd.backward_config(head_dim)
+    variant = "causal" if causal else "non-causal"
 
     def split(cfg):
         opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
@@ -73,12 +88,12 @@ def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     common = dict(HEAD_DIM=head_dim, CAUSAL=causal, ROUND_FP32=False)
     specs = []
     c, o = split({"PAIRED": False, **fwd})
-    specs.append(KernelSpec("attn_fwd", triton_fwd._attn_fwd_kernel,
+    specs.append(KernelSpec("attn_fwd", variant, triton_fwd._attn_fwd_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"), **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"),
                              "o_ptr": "*bf16"}, 2, copies=4 if c.get("PAIRED") else 2,
                             constexprs={**c, **common}, options=o))
     c, o = split(bwd["delta"])
-    specs.append(KernelSpec("attn_bwd_delta_matched", triton_bwd._attn_bwd_delta_matched_kernel,
+    specs.append(KernelSpec("attn_bwd_delta_matched", variant, triton_bwd._attn_bwd_delta_matched_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
                              **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr")}, 2, copies=2,
                             constexprs={**c, "HEAD_DIM": head_dim, "CAUSAL": causal}, options=o))
@@ -86,27 +101,38 @@ def _kernel_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     separate = c.pop("SEPARATE", False)
     parts = [("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
     for name, matmuls, flags in parts if separate else [("attn_bwd_dkdv", 4, dict(DO_DK=True, DO_DV=True))]:
-        specs.append(KernelSpec(name, triton_bwd._attn_bwd_dkdv_kernel,
+        specs.append(KernelSpec(name, variant, triton_bwd._attn_bwd_dkdv_kernel,
                                 {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr"),
                                  **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
                                  "dk_ptr": "*bf16", "dv_ptr": "*bf16", "stats_ptr": "*fp32"}, matmuls,
                                 copies=2 if c["SPLIT"] else 1,
                                 constexprs={**c, **common, "DS_STATS": False, **flags}, options=o))
     c, o = split(bwd["dq"])
-    specs.append(KernelSpec("attn_bwd_dq", triton_bwd._attn_bwd_dq_kernel,
+    specs.append(KernelSpec("attn_bwd_dq", variant, triton_bwd._attn_bwd_dq_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "k8t_ptr", "v8_ptr", "do8_ptr"),
                              **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
                              "dq_ptr": "*bf16", "stats_ptr": "*fp32"}, 3, copies=2,
                             constexprs={**c, **common, "DS_STATS": False}, options=o))
-    specs.append(KernelSpec("quant_pass", triton_quant._quant_pass_kernel,
-                            {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"},
-                            0, constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=64, CENTRE=True, ROUND_FP32=False),
-                            options=dict(num_warps=triton_quant._warps(64, head_dim))))
-    specs.append(KernelSpec("quant_do_delta_pass", triton_quant._quant_do_delta_pass_kernel,
-                            {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
-                             **_fp32("scale_ptr", "delta_ptr")}, 0,
-                            constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=128, DELTA=1, ROUND_FP32=False),
-                            options=dict(num_warps=triton_quant._warps(128, head_dim))))
+    return specs
+
+
+def quant_specs(head_dim: int) -> list[KernelSpec]:
+    """The quantisation passes as ``triton_attention`` launches them: Q, centred K and V, then dO with each δ."""
+    specs = []
+    for variant, rows, centre in (("q", triton_quant.BLOCK_Q, False), ("k", triton_quant.BLOCK_KV, True),
+                                  ("v", triton_quant.BLOCK_KV, False)):
+        specs.append(KernelSpec("quant_pass", variant, triton_quant._quant_pass_kernel,
+                                {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"),
+                                 "scale_ptr": "*fp32"}, 0,
+                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False),
+                                options=dict(num_warps=triton_quant._warps(rows, head_dim))))
+    for mode, code in triton_quant.DELTA_CODES.items():
+        specs.append(KernelSpec("quant_do_delta_pass", f"do_{mode}", triton_quant._quant_do_delta_pass_kernel,
+                                {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
+                                 **_fp32("scale_ptr", "delta_ptr")}, 0,
+                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, DELTA=code,
+                                                ROUND_FP32=False),
+                                options=dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))))
     return specs
 
 
@@ -141,15 +167,16 @@ def _sass_and_resources(cubin: bytes) -> tuple[str, dict]:
 
 
 def analyse(spec: KernelSpec, head_dim: int) -> dict:
-    """Compile one kernel and count its matrix instructions."""
+    """Compile one kernel, count its matrix instructions and judge them (``problems``, ``ok``)."""
     compiled = compile_sm90(spec)
     ptx, ttir, ttgir = compiled.asm["ptx"], compiled.asm["ttir"], compiled.asm["ttgir"]
     sass, res = _sass_and_resources(compiled.asm["cubin"])
     wgmma_lines = [ln for ln in ptx.splitlines() if "wgmma.mma_async" in ln]
     fp8_wgmma = sum(".e4m3.e4m3" in ln for ln in wgmma_lines)
     wgdots = re.findall(r"ttng\.warp_group_dot .*", ttgir)
-    return dict(
+    row = dict(
         name=spec.name,
+        variant=spec.variant,
         head_dim=head_dim,
         matmuls=spec.matmuls,
         copies=spec.copies,
@@ -160,33 +187,54 @@ def analyse(spec: KernelSpec, head_dim: int) -> dict:
         other_mma=(len(wgmma_lines) - fp8_wgmma) + ptx.count("mma.sync")
         + len(re.findall(r"\b(HMMA|HGMMA|IMMA)\b", sass)),
         registers=res.get("REG"),
+        sass_registers=max((int(r) + 1 for r in re.findall(r"\bR(\d+)\b", sass)), default=0),
         spill_bytes=res.get("LOCAL", 0) + res.get("STACK", 0),  # ptxas spills into the stack frame
         stack_bytes=res.get("STACK", 0),
         shared_bytes=compiled.metadata.shared,
         num_warps=spec.options.get("num_warps"),
     )
+    row["problems"] = problems(row)
+    row["ok"] = not row["problems"]
+    return row
+
+
+def problems(row: dict) -> list[str]:
+    """What disagrees in one row of ``analyse`` (empty when the kernel passes)."""
+    found = []
+    expected = row["matmuls"] * row["copies"]
+    if not row["fp8_wgmma_dots"] == row["dots"] == expected:
+        found.append(f"TTGIR: {row['fp8_wgmma_dots']} FP8 warp-group dots of {row['dots']} dots, expected {expected}")
+    if row["other_mma"]:
+        found.append(f"{row['other_mma']} MMA instructions that are not FP8 wgmma")
+    if row["fp8_wgmma"] < row["dots"] or (row["fp8_wgmma"] > 0) != (row["dots"] > 0):
+        found.append(f"PTX: {row['fp8_wgmma']} e4m3 wgmma.mma_async for {row['dots']} dots")
+    if row["qgmma"] != row["fp8_wgmma"]:
+        found.append(f"SASS: {row['qgmma']} QGMMA for {row['fp8_wgmma']} e4m3 wgmma in the PTX")
+    if row["registers"] is None or row["registers"] < row["sass_registers"]:
+        found.append(f"register count {row['registers']} does not cover R0..R{row['sass_registers'] - 1} in the SASS")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
-    parser.add_argument("--non-causal", action="store_true", help="compile the non-causal variants")
+    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
+                        help="which mask settings of the attention kernels to compile")
     parser.add_argument("--out", help="also write the JSON lines to this file")
     args = parser.parse_args(argv)
     for d in args.head_dims:
         if d not in HEAD_DIMS:
             raise ValueError(f"head dim {d} is not one of {HEAD_DIMS}")
-    rows, ok = [], True
+    causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[args.causal]
+    rows = []
     for d in args.head_dims:
-        for spec in kernel_specs(d, causal=not args.non_causal):
+        for spec in kernel_specs(d, causal):
             row = analyse(spec, d)
-            row["ok"] = row["fp8_wgmma_dots"] == row["dots"] == row["matmuls"] * row["copies"] and row["other_mma"] == 0
-            ok &= row["ok"]
             print(json.dumps(row), flush=True)
             rows.append(row)
     if args.out:
         write_text(args.out, "".join(json.dumps(r) + "\n" for r in rows))
-    return 0 if ok else 1
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
