@@ -19,7 +19,11 @@ import threading
 
 import torch
 
+from deltamatch.kernels.inputs import validate_attention_inputs
+
 E4M3_MAX = 448.0
+HEAD_DIM = 128
+"""The one head dim cuDNN's FP8 SDPA supports on Hopper."""
 _GRAPHS: dict = {}
 _DS_AMAX: dict = {}
 _LOCK = threading.Lock()
@@ -175,10 +179,23 @@ class _CudnnFP8Attention(torch.autograd.Function):
 
 def cudnn_fp8_attention(q, k, v, causal: bool = True, softmax_scale: float | None = None):
     """cuDNN's FP8 SDPA forward and backward; q/k/v (B, N, H, D) BF16 or FP16 on a Hopper GPU."""
+    validate_attention_inputs(q, k, v, "cudnn_fp8", softmax_scale)
+    reason = unsupported_shape(q, k)
+    if reason is not None:
+        raise ValueError(f"cuDNN FP8 attention: {reason}")
     _cudnn()
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     return _CudnnFP8Attention.apply(q, k, v, bool(causal), float(softmax_scale))
+
+
+def unsupported_shape(q, k) -> str | None:
+    """Why cuDNN's FP8 SDPA cannot take these shapes (its graph check would raise ``cudnnGraphNotSupportedError``)."""
+    if q.shape[-1] != HEAD_DIM:
+        return f"head dim {q.shape[-1]}: cuDNN's FP8 attention on Hopper runs only D = {HEAD_DIM}"
+    if q.shape[2] != k.shape[2]:
+        return f"GQA (H={q.shape[2]} query heads, H_kv={k.shape[2]}): the cuDNN FP8 baseline needs H == H_kv"
+    return None
 
 
 class CudnnFP8Backend:
@@ -196,6 +213,9 @@ class CudnnFP8Backend:
     def supports(self, q, k, v, causal, mode) -> str | None:
         if mode != "cudnn_fp8":
             return f"runs only mode 'cudnn_fp8', not {mode!r}"
+        shape = unsupported_shape(q, k)
+        if shape is not None:
+            return shape
         if not q.is_cuda:
             return "inputs are not CUDA tensors"
         if torch.cuda.get_device_capability(q.device)[0] < 9:

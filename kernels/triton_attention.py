@@ -8,6 +8,7 @@ which δ reaches the dS kernels. Saved for the backward: FP8 codes, FP32 block s
 
 import torch
 
+from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward
 from deltamatch.kernels.triton_fwd import attention_forward
 from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand
@@ -20,9 +21,9 @@ DTYPES = (torch.bfloat16, torch.float16)
 class _TritonFP8Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, mode: str, softmax_scale: float):
-        q8, q8t, sq = quantize_operand(q, BLOCK_Q)
-        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True)
-        v8, v8t, sv = quantize_operand(v, BLOCK_KV)
+        q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
+        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k")
+        v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
         o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
         ctx.save_for_backward(q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o)
         ctx.meta = (causal, mode, softmax_scale, q.shape, k.shape, q.dtype, k.dtype)
@@ -41,8 +42,11 @@ class _TritonFP8Attention(torch.autograd.Function):
 
 def triton_attention(q, k, v, causal: bool = True, mode: str = "matched", softmax_scale: float | None = None):
     """FP8 attention through the Triton kernels; q (B, N, H, D), k/v (B, N, H_kv, D). Also runs in the interpreter."""
+    validate_attention_inputs(q, k, v, mode, softmax_scale)
     if mode not in MODES:
         raise ValueError(f"the Triton kernels run modes {MODES}, not {mode!r}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"the Triton kernels run head dims {HEAD_DIMS}, not {q.shape[-1]}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

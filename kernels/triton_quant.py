@@ -144,9 +144,11 @@ def _warps(rows: int, head_dim: int) -> int:
     return 8 if rows * head_dim >= 128 * 128 else 4
 
 
-def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False):
-    """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean."""
-    _check_public(x, "x")
+def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x"):
+    """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean.
+
+    ``name`` is the operand's name in errors (``q``, ``k``, ``v``)."""
+    _check_public(x, name)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
     x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)

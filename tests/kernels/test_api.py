@@ -8,11 +8,11 @@ from deltamatch.kernels.backends import registered_backends, select_backend
 from deltamatch.kernels.reference import attention_reference
 
 
-def inputs(n=40, dtype=torch.float32):
+def inputs(n=40, dtype=torch.float32, d=32):
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(2, n, 4, 32, generator=gen, dtype=dtype)
-    k = torch.randn(2, n, 2, 32, generator=gen, dtype=dtype)
-    v = torch.randn(2, n, 2, 32, generator=gen, dtype=dtype)
+    q = torch.randn(2, n, 4, d, generator=gen, dtype=dtype)
+    k = torch.randn(2, n, 2, d, generator=gen, dtype=dtype)
+    v = torch.randn(2, n, 2, d, generator=gen, dtype=dtype)
     return q, k, v
 
 
@@ -77,3 +77,20 @@ def test_errors_name_the_problem():
             dm_attn_func(q, k, v, softmax_scale=bad)
     torch.testing.assert_close(dm_attn_func(q, k, v, mode="matched", softmax_scale=1),
                                attention_reference(q, k, v, True, "matched", 1.0), rtol=0, atol=0)
+
+
+def test_triton_entry_point_validates_and_names_its_operands():
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_quant import quantize_operand
+
+    q, k, v = inputs(dtype=torch.bfloat16, d=64)
+    with pytest.raises(ValueError, match="q must have rank 4"):
+        triton_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="k and v shapes differ"):
+        triton_attention(q, k, v[:, :-1])
+    with pytest.raises(ValueError, match="softmax_scale"):
+        triton_attention(q, k, v, softmax_scale=float("inf"))
+    with pytest.raises(ValueError, match="head dims .* not 32"):
+        triton_attention(*inputs(dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^k must be"):
+        quantize_operand(k[0], 64, centre=True, name="k")

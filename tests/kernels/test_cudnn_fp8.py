@@ -9,10 +9,38 @@ from deltamatch.kernels.reference import attention_exact, attention_reference
 
 
 def test_backend_declines_cpu_tensors_and_other_modes():
-    q = torch.randn(1, 8, 2, 64)
+    q = torch.randn(1, 8, 2, 128)
     backend = CudnnFP8Backend()
     assert "CUDA" in backend.supports(q, q, q, True, "cudnn_fp8")
     assert "cudnn_fp8" in backend.supports(q, q, q, True, "matched")
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_backend_declines_head_dims_other_than_128(d):
+    q = torch.randn(1, 8, 2, d)
+    assert f"head dim {d}" in CudnnFP8Backend().supports(q, q, q, True, "cudnn_fp8")
+    with pytest.raises(ValueError, match=f"head dim {d}"):
+        cudnn_fp8_attention(q, q, q)
+
+
+def test_backend_declines_gqa():
+    q, kv = torch.randn(1, 8, 4, 128), torch.randn(1, 8, 2, 128)
+    assert "GQA (H=4 query heads, H_kv=2)" in CudnnFP8Backend().supports(q, kv, kv, True, "cudnn_fp8")
+    with pytest.raises(ValueError, match="GQA"):
+        cudnn_fp8_attention(q, kv, kv)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda q, k, v: (q, k, v[0]), "v must have rank 4"),
+    (lambda q, k, v: (q, k.half(), v), "dtypes differ"),
+    (lambda q, k, v: (q, k[:, :-1], v[:, :-1]), "must agree"),
+])
+def test_direct_entry_point_validates_its_inputs(mutate, message):
+    q, k, v = (torch.randn(1, 8, 2, 128) for _ in range(3))
+    with pytest.raises(ValueError, match=message):
+        cudnn_fp8_attention(*mutate(q, k, v))
+    with pytest.raises(ValueError, match="softmax_scale"):
+        cudnn_fp8_attention(q, k, v, softmax_scale=0.0)
 
 
 def test_unavailable_frontend_is_reported_by_name(monkeypatch):
@@ -29,7 +57,7 @@ def test_unavailable_frontend_is_reported_by_name(monkeypatch):
     reason = CudnnFP8Backend().unavailable_reason()
     assert reason is not None and "unavailable" in reason and "nvidia-cudnn-frontend" in reason
     with pytest.raises(ImportError, match="unavailable"):
-        cudnn_fp8_attention(torch.randn(1, 8, 2, 64), torch.randn(1, 8, 2, 64), torch.randn(1, 8, 2, 64))
+        cudnn_fp8_attention(torch.randn(1, 8, 2, 128), torch.randn(1, 8, 2, 128), torch.randn(1, 8, 2, 128))
 
 
 @pytest.mark.gpu
