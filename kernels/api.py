@@ -10,7 +10,7 @@ def dm_attn_func(q, k, v, causal: bool = True, mode: str = "matched", softmax_sc
     q: ``(B, N, H, D)``; k, v: ``(B, N, H_kv, D)`` with ``H % H_kv == 0``. ``mode``: ``bf16``, ``stale``,
     ``consistent``, ``matched`` (Delta-Matching) or ``cudnn_fp8``. Returns O ``(B, N, H, D)`` in q's dtype;
     differentiable. Runs the Triton Hopper kernels on sm90 CUDA tensors, cuDNN for ``cudnn_fp8`` on CUDA, and the
-    PyTorch reference simulation elsewhere.
+    PyTorch reference simulation elsewhere (once per reason it warns when CUDA inputs end up there).
     """
     validate_attention_inputs(q, k, v, mode, softmax_scale)
     backend = select_backend(q, k, v, causal, mode)

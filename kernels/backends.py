@@ -9,17 +9,21 @@ A backend is an object with
 Backends are registered as factories (``"module:attr"`` strings are imported lazily), so importing this module never
 imports Triton or cuDNN and never probes a device. ``dm_attn_func`` walks the registry in order and takes the first
 backend that supports the inputs; ``use_backend(name)`` pins one (tests run the fast path and its slow twin this way).
+When CUDA inputs end up on the reference simulation (O(N²) memory) because every fast backend declined them, a
+one-time warning names the reasons.
 """
 
 import contextlib
 import importlib
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 _FACTORIES: dict[str, Callable[[], Any] | str] = {}
 _INSTANCES: dict[str, Any] = {}
 _PINNED = threading.local()
+_WARNED: set[str] = set()
 
 
 def register_backend(name: str, factory: Callable[[], Any] | str, *, first: bool = False) -> None:
@@ -76,9 +80,19 @@ def select_backend(q, k, v, causal: bool, mode: str) -> Any:
             continue
         reason = backend.supports(q, k, v, causal, mode)
         if reason is None:
+            if name == "reference" and pinned is None and q.is_cuda:
+                _warn_once(f"dm_attn_func: no fast backend runs mode={mode!r} on these CUDA inputs ("
+                           + "; ".join(reasons) + "); using the reference simulation, which materialises the N×N "
+                           "scores (O(N²) memory and time)")
             return backend
         reasons.append(f"{name}: {reason}")
     raise ValueError(f"no attention backend can run mode={mode!r} on these inputs: " + "; ".join(reasons))
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=4)
 
 
 # Order matters: the Hopper kernels first, the reference simulation last (it supports everything valid).

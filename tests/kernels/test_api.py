@@ -1,5 +1,7 @@
 """dm_attn_func: dispatch through the backend registry, and its errors."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -19,7 +21,9 @@ def inputs(n=40, dtype=torch.float32, d=32):
 @pytest.mark.parametrize("mode", ["bf16", "stale", "consistent", "matched"])
 def test_cpu_dispatches_to_the_reference(mode):
     q, k, v = inputs()
-    assert select_backend(q, k, v, True, mode).name == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the reference is the CPU's backend, not a fallback: no warning
+        assert select_backend(q, k, v, True, mode).name == "reference"
     torch.testing.assert_close(dm_attn_func(q, k, v, True, mode), attention_reference(q, k, v, True, mode), rtol=0, atol=0)
 
 
@@ -77,6 +81,32 @@ def test_errors_name_the_problem():
             dm_attn_func(q, k, v, softmax_scale=bad)
     torch.testing.assert_close(dm_attn_func(q, k, v, mode="matched", softmax_scale=1),
                                attention_reference(q, k, v, True, "matched", 1.0), rtol=0, atol=0)
+
+
+class _SaysCuda(torch.Tensor):
+    """A CPU tensor that reports ``is_cuda``: enough for the backends' ``supports`` to judge it as a GPU input."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_cuda_inputs_the_triton_kernels_decline_warn_once_about_the_reference(monkeypatch):
+    from deltamatch.kernels import backends
+
+    monkeypatch.setattr(backends, "_WARNED", set())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    q, k, v = (t.as_subclass(_SaysCuda) for t in inputs(d=96))  # no Triton kernel has D = 96
+    with pytest.warns(UserWarning, match=r"triton: head dim 96 is not one of .*using the reference simulation"):
+        assert select_backend(q, k, v, True, "matched").name == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select_backend(q, k, v, True, "matched").name == "reference"  # once per reason
+        with use_backend("reference"):
+            select_backend(q, k, v, True, "matched")  # asked for by name: no warning
+    q, k, v = (t.as_subclass(_SaysCuda) for t in inputs(d=128))  # FP32: the kernels take bf16 / fp16
+    with pytest.warns(UserWarning, match=r"triton: dtype torch.float32 is not one of"):
+        select_backend(q, k, v, True, "stale")
 
 
 def test_triton_entry_point_validates_and_names_its_operands():
