@@ -11,7 +11,7 @@ def _all_e4m3_values() -> torch.Tensor:
     return codes[torch.isfinite(codes)]
 
 
-def test_fp32_rounding_equals_torch_cast_bit_for_bit():
+def test_roundings_equal_torch_cast_and_an_fp64_oracle_bit_for_bit():
     grid = _all_e4m3_values().unique().sort().values  # every finite E4M3 value, both signs
     mids = (grid[1:] + grid[:-1]) / 2  # exact ties: round-half-even decides
     nudged = torch.cat([mids.nextafter(grid[1:]), mids.nextafter(grid[:-1])])
@@ -22,7 +22,58 @@ def test_fp32_rounding_equals_torch_cast_bit_for_bit():
     ours = quant.round_e4m3_fp32(x)
     theirs = x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))  # bits, so -0.0 and +0.0 differ
-    assert torch.equal(quant.round_e4m3(x).view(torch.int32), theirs.view(torch.int32))
+    assert torch.equal(quant.round_e4m3(x).view(torch.int32), _rne_e4m3_fp64(x).float().view(torch.int32))
+
+
+def _rne_e4m3_fp64(y: torch.Tensor) -> torch.Tensor:
+    """The E4M3 value nearest to ``y`` clamped to ±448, ties to the even code, built in FP64 from the code table.
+
+    Positive codes 0…126 are the finite non-negative E4M3 values in increasing order, so a tie between two
+    neighbours goes to the one whose index is even (mantissa LSB 0).
+    """
+    grid = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    a = y.double().abs().clamp(max=448.0)
+    hi = torch.searchsorted(grid, a).clamp(max=126)  # first grid value >= a
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = a - grid[lo], grid[hi] - a
+    pick = torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)
+    return torch.copysign(grid[pick], y.double())
+
+
+def _code_values(scale: float) -> torch.Tensor:
+    """Values whose quotient by a power-of-two ``scale`` is every E4M3 value, every tie and its two neighbours."""
+    grid = _all_e4m3_values().unique().sort().values
+    mids = (grid[1:] + grid[:-1]) / 2
+    y = torch.cat([grid, mids, mids.nextafter(grid[1:]), mids.nextafter(grid[:-1]),
+                   torch.tensor([2.0**-10, 3 * 2.0**-10, 2.0**-11, -(2.0**-12), 2.0**-9 * 1.4])])  # subnormal range
+    return y * scale
+
+
+def test_tile_codes_equal_an_independent_nearest_even_rounding_bit_for_bit():
+    pow2 = torch.tensor([2.0**-6, 1.0, 2.0**5])  # power-of-two scales: y = x / s is exact, so ties stay ties
+    body = [torch.cat([torch.tensor([448.0 * s]), _code_values(s.item())]) for s in pow2]  # amax / 448 = s exactly
+    # amax values whose scale fl(amax / 448) rounds down, so amax / scale lands above 448 and must saturate to 448
+    amax = torch.linspace(300.0, 301.0, 4001)
+    above = amax[amax / (amax / 448) > 448][:8]
+    gen = torch.Generator().manual_seed(2)
+    width = max(len(r) for r in body)
+    x = torch.rand(len(body) + len(above), width, generator=gen) * 2 - 1
+    for i, r in enumerate(body):
+        x[i] = 0
+        x[i, : len(r)] = r
+    x[len(body):] *= above[:, None] * torch.tensor([-1.0, 1.0]).repeat(4)[:, None]
+    x[len(body):, 7] = above
+    deq, scales = quant.quantize_tiles(x, 1, None)
+    s = scales[:, :1]
+    assert torch.equal(s[: len(body), 0], pow2) and len(above) == 8
+    assert (x[len(body):].abs().amax(1) / s[len(body):, 0] > 448).all()
+    # every row, bit for bit: FP32 x / s (the spec's quotient) rounded by the FP64 oracle, times s in FP32
+    expect = _rne_e4m3_fp64(x / s).float() * s
+    assert torch.equal(deq.view(torch.int32), expect.view(torch.int32))
+    # and the codes themselves, which the power-of-two rows give back exactly
+    codes, ref = deq[: len(body)] / s[: len(body)], _rne_e4m3_fp64(x[: len(body)] / s[: len(body)]).float()
+    assert torch.equal(codes.view(torch.int32), ref.view(torch.int32))
+    assert (codes == 0).sum() > 3 and ((codes.abs() > 0) & (codes.abs() < 2.0**-6)).any()  # zeros and subnormals
 
 
 def test_ties_round_to_even_and_saturate():
