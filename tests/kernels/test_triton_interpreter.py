@@ -2,8 +2,9 @@
 
 ``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, i.e. at import, so the cases run in a child
 process started with it set (this file run as a script prints one JSON object of measurements); the assertions stay
-in the parent. The interpreter casts FP32 to FP8 by truncation, so the kernels round to the E4M3 grid in FP32 first
-(``ROUND_FP32``), which this also exercises.
+in the parent. The child poisons ``torch.empty`` with NaN as tests/conftest.py does for in-process tests, so an
+output a kernel leaves unwritten shows up as NaN. The interpreter casts FP32 to FP8 by truncation, so the kernels
+round to the E4M3 grid in FP32 first (``ROUND_FP32``), which this also exercises.
 
 Tolerances: kernel and reference see the same codes for Q, K, V, dO; they differ in accumulation order and in a few
 FP8 roundings of P and dS (the kernel quantises P before normalising, and multiplies by the reciprocal scale), so the
@@ -41,6 +42,26 @@ def _patch_interpreter_index():
     interpreter._patch_lang_tensor = patched
 
 
+def _poison_empty():
+    """tests/conftest.py's ``poison_empty`` fixture for the child, which pytest's fixtures do not reach."""
+    import torch
+
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poisoned(out):
+        if out.is_floating_point() and out.device.type != "meta":
+            out.fill_(float("nan"))
+        return out
+
+    def empty(*args, **kwargs):
+        if kwargs.get("device") is None:
+            kwargs["device"] = torch.get_default_device()
+        return poisoned(real_empty(*args, **kwargs))
+
+    torch.empty = empty
+    torch.empty_like = lambda *a, **k: poisoned(real_empty_like(*a, **k))
+
+
 def _measure() -> dict:
     import torch
 
@@ -51,7 +72,7 @@ def _measure() -> dict:
     from deltamatch.kernels.triton_quant import quantize_operand
 
     _patch_interpreter_index()
-    out = {"quant": {}, "cases": []}
+    out = {"quant": {}, "cases": [], "poisoned": bool(torch.isnan(torch.empty(4)).all())}
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(1, 200, 2, 64, generator=gen) * 3).to(torch.bfloat16)
     x[:, :, :, 5] *= 40  # an outlier channel, so scales differ between blocks
@@ -100,6 +121,10 @@ def measured():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def test_the_child_poisons_unwritten_memory(measured):
+    assert measured["poisoned"]
+
+
 def test_quant_pass_matches_reference_quantiser(measured):
     for rows, m in measured["quant"].items():
         assert m["max_abs_diff"] == 0.0, (rows, m)
@@ -119,4 +144,5 @@ def test_kernel_matches_reference_simulation(measured, index):
 
 
 if __name__ == "__main__":
+    _poison_empty()
     print(json.dumps(_measure()))
