@@ -10,7 +10,9 @@ class AttentionMethod:
     fp8: bool
     """Whether the seven attention matmuls run on FP8 operands."""
     delta: str
-    """Which δ the backward subtracts: ``exact`` (from O, BF16 numbers), ``stale``, ``consistent`` or ``matched``."""
+    """Which δ the backward subtracts: ``exact`` (Σ dO·O on BF16 numbers), ``stale`` (Σ dO·O from the dO and O the
+    backward receives: the input dO and BF16 O under block scales; the FP8 dÔ and E4M3 Ô under per-tensor scales, as
+    cuDNN's FP8 backward forms it), ``consistent`` (Σ dÔ·O) or ``matched`` (Σ_j P dP̂)."""
     scaling: str
     """``block`` (the paper's Appendix B.6 block scales), ``tensor`` (per-tensor, cuDNN/TE) or ``none`` (BF16)."""
     label: str

@@ -9,8 +9,12 @@ cuDNN baseline). Backward recomputes S and P from Q̂, K̂ and the saved lse, th
 
     dP̂ = dÔ V̂ᵀ,   dS = P ⊙ (dP̂ − δ),   dV = P̂ᵀ dÔ,   dQ = dŜ K̂·scale,   dK = dŜᵀ Q̂·scale,
 
-with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). ``probe_backward`` returns the
-backward's intermediates for all three δ on the same activations, which is what the paper's Table 9 measures.
+with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). The stale δ reads dO and O as the
+backward receives them: the input dO and the BF16-stored O under block scales, but under the cuDNN baseline's per-tensor
+scales the FP8 dÔ and the E4M3-stored Ô, since cuDNN's FP8 backward gets both as FP8 tensors and forms δ from them.
+There, and for BF16 (whose dO operand is the rounded dO the stale δ reads), consistent is the same number as stale.
+``probe_backward`` returns the backward's intermediates for each δ that differs on the same activations, which is what
+the paper's Table 9 measures.
 """
 
 import contextlib
@@ -132,7 +136,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     dp = do_hat @ vh.transpose(-1, -2)  # FP32 products of the FP8 operands
     if delta_kind == "matched":
         delta = (p * dp).sum(-1)
-    elif delta_kind == "consistent" or method.scaling == "tensor":  # cuDNN consumes dO in FP8 for its δ too
+    elif delta_kind == "consistent" or method.scaling == "tensor":  # cuDNN's stale δ: its FP8 dÔ against Ô
         delta = (do_hat * o).sum(-1)
     else:  # stale (and BF16's FlashAttention δ): the incoming dO in its own precision against the stored O
         delta = (quant.round_bf16(do) if method.scaling == "none" else do).mul(o).sum(-1)
@@ -215,11 +219,18 @@ def attention_exact(q, k, v, causal: bool, softmax_scale: float | None = None) -
     return (torch.softmax(s, dim=-1) @ _expand(v64, group)).transpose(1, 2)
 
 
-def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None = None, method: str = "matched"):
-    """The block-scaled FP8 backward's intermediates for each δ (stale, consistent, matched) on the same activations.
+def probe_kinds(method: AttentionMethod) -> tuple[str, ...]:
+    """The δ that differ under ``method``'s rounding: consistent is its own δ only under block scales, where stale
+    reads the unquantised dO; BF16 and the per-tensor baseline read the dO operand of their backward in both."""
+    return ("stale", "consistent", "matched") if method.scaling == "block" else ("stale", "matched")
 
-    The forward is shared by the three (they differ only in δ); ``method`` picks the quantisation (``matched``: the
-    paper's block scales; ``cudnn_fp8_sim``: per-tensor). Returns ``{delta_kind: Probe}``.
+
+def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None = None, method: str = "matched"):
+    """The backward's intermediates for each δ on the same activations: stale, consistent and matched under the
+    paper's block scales (``method="matched"``), stale and matched under ``bf16`` or ``cudnn_fp8_sim`` (per-tensor
+    scales), whose consistent δ would repeat the stale one (``probe_kinds``).
+
+    The forward is shared (the δ differ only in the backward). Returns ``{delta_kind: Probe}``.
     """
     validate_attention_inputs(q, k, v, method, softmax_scale)
     if do.shape != q.shape:
@@ -230,7 +241,7 @@ def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None
         o, lse = _forward(qf, kf, vf, causal, scale, spec)
         return {
             kind: _backward(qf, kf, vf, o, lse, dof, causal, scale, spec, kind)
-            for kind in ("stale", "consistent", "matched")
+            for kind in probe_kinds(spec)
         }
 
 

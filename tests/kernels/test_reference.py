@@ -80,6 +80,30 @@ def test_probe_gradients_equal_autograd():
         assert torch.equal(p.dq, dq) and torch.equal(p.dk, dk) and torch.equal(p.dv, dv)
 
 
+def test_cudnn_sim_delta_is_fp8_do_against_fp8_o_and_the_probe_has_no_duplicate():
+    q, k, v, do = make(n=90)
+    probes = probe_backward(q, k, v, do, method="cudnn_fp8_sim")
+    assert set(probes) == {"stale", "matched"}  # its consistent δ would be the stale one again
+    # cuDNN's stale δ: per-tensor FP8 dO (amax / 448) against the E4M3-stored O the forward returns
+    s_do = do.abs().amax() / 448
+    do_hat = (do / s_do).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s_do
+    o_hat = attention_reference(q, k, v, True, "cudnn_fp8_sim")
+    torch.testing.assert_close(probes["stale"].delta, (do_hat * o_hat).sum(-1).transpose(1, 2), rtol=1e-6, atol=1e-6)
+    _, dq, dk, dv = run("cudnn_fp8_sim", q, k, v, do)  # and it is the δ the method's backward subtracts
+    p = probes["stale"]
+    assert torch.equal(p.dq, dq) and torch.equal(p.dk, dk) and torch.equal(p.dv, dv)
+
+
+@pytest.mark.parametrize("method, kinds", [("matched", {"stale", "consistent", "matched"}),
+                                           ("bf16", {"stale", "matched"})])
+def test_probe_reports_each_distinct_delta_once(method, kinds):
+    q, k, v, do = make(n=70)
+    probes = probe_backward(q, k, v, do, method=method)
+    assert set(probes) == kinds
+    deltas = [p.delta for p in probes.values()]
+    assert all(not torch.equal(a, b) for i, a in enumerate(deltas) for b in deltas[i + 1 :])
+
+
 def test_stale_consistent_matched_share_the_forward():
     q, k, v, _ = make()
     outs = [attention_reference(q, k, v, True, m) for m in ("stale", "consistent", "matched")]
