@@ -5,7 +5,10 @@ Every comparison table has the columns ``paper``, ``ours`` (mean over seeds), ``
 covers), keyed by what the artefact is about (method and metric; plus variant, layers). A row exists for every number
 either side has: the paper's values we did not measure show ``ours`` empty, and ours without a paper value show
 ``paper`` empty. ``scale_of`` maps our size names onto the paper's scales (the embedded default compares ``tiny``
-with 1.67B); sizes it does not name are compared with the paper scale of the same name.
+with 1.67B); sizes it does not name are compared with the paper scale of the same name. The sweep and the kernel's
+``paper`` section follow the same pattern without ``seeds`` (ours are random heads, and GPU timings); their
+``our_scale`` says so ("random heads", the GPU). Where the paper states a bound the flag ``bound`` (≤) or
+``at_least`` (≥) is set, and ``note`` says where its number is another statistic than ours.
 """
 
 from __future__ import annotations
