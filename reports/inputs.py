@@ -42,7 +42,8 @@ def _read_json(path: str | Path) -> dict:
 
 
 def load_summaries(paths: list[str]) -> pd.DataFrame:
-    """One row per run: variant, size, method, seed, val_ce, steps, tokens, run_dir."""
+    """One row per run: variant, size, method, seed, val_ce, steps, tokens, diverged_at_step (the step a run stopped
+    at because its loss was not finite, else empty), run_dir."""
     rows = []
     for path in paths:
         summary = _read_json(path)
@@ -53,8 +54,9 @@ def load_summaries(paths: list[str]) -> pd.DataFrame:
         if "final_val_loss" not in summary:
             raise ValueError(f"{path}: no final_val_loss")
         rows.append({**tag, "val_ce": float(summary["final_val_loss"]), "steps": summary.get("steps"),
-                     "tokens": summary.get("tokens"), "run_dir": str(Path(path).parent)})
-    return pd.DataFrame(rows, columns=[*RUN_KEYS, "val_ce", "steps", "tokens", "run_dir"])
+                     "tokens": summary.get("tokens"), "diverged_at_step": summary.get("diverged_at_step"),
+                     "run_dir": str(Path(path).parent)})
+    return pd.DataFrame(rows, columns=[*RUN_KEYS, "val_ce", "steps", "tokens", "diverged_at_step", "run_dir"])
 
 
 def _in_percent(metric: str) -> bool:

@@ -30,11 +30,14 @@ def paper_scale(size: str, scale_of: dict[str, str]) -> str:
 
 
 def run_metrics(summaries: pd.DataFrame, evals: pd.DataFrame, aliases: dict[str, str]) -> pd.DataFrame:
-    """Long rows per run: run keys, metric, value — validation CE from the summaries, everything from the evals.
+    """Long rows per run: run keys, metric, value — validation CE from the summaries (and ``diverged_at_step`` for a
+    run that stopped on a non-finite loss: its CE is that of its last finite weights), everything from the evals.
     ``aliases`` renames our metric names to the paper's (``dm_ruler_8k`` -> ``ruler_8k``)."""
     val = summaries[RUN_KEYS].assign(metric="val_ce", value=summaries["val_ce"])
+    stopped = summaries[summaries["diverged_at_step"].notna()] if "diverged_at_step" in summaries else summaries[:0]
+    diverged = stopped[RUN_KEYS].assign(metric="diverged_at_step", value=stopped.get("diverged_at_step"))
     scores = evals[[*RUN_KEYS, "metric", "value"]]
-    long = pd.concat([val, scores], ignore_index=True)
+    long = pd.concat([frame for frame in (val, diverged, scores) if not frame.empty], ignore_index=True)
     long["metric"] = long["metric"].replace(aliases)
     return long
 
@@ -112,7 +115,7 @@ def scale_table(summaries, evals, paper, scale_of, aliases) -> pd.DataFrame:
     """Scale table: validation CE and suite averages at each size, beside the paper's 569M / 1.67B / 5.29B."""
     long = run_metrics(summaries, evals, aliases)
     theirs = paper_values(paper, "scale")
-    keep = long["metric"].isin(set(theirs["metric"]) | {"val_ce"}) | long["metric"].str.endswith("_avg")
+    keep = long["metric"].isin(set(theirs["metric"]) | {"val_ce", "diverged_at_step"}) | long["metric"].str.endswith("_avg")
     long = long[keep].assign(paper_scale=lambda f: f["size"].map(lambda s: paper_scale(s, scale_of)))
     ours = seed_means(long, ["paper_scale", "method", "metric"])
     return compare(ours, theirs, ["paper_scale", "metric", "method"])
@@ -123,7 +126,7 @@ def ablation_table(summaries, evals, paper, scale_of, aliases) -> pd.DataFrame:
     paper's stale-δ CE gaps), plus the eval metrics the paper reports for ablations (RULER-64K)."""
     long = run_metrics(summaries, evals, aliases)
     theirs = paper_values(paper, "ablations")
-    long = long[long["metric"].isin(set(theirs["metric"]) | {"val_ce"})]
+    long = long[long["metric"].isin(set(theirs["metric"]) | {"val_ce", "diverged_at_step"})]
     long = long.assign(paper_scale=long["size"].map(lambda s: paper_scale(s, scale_of)))
     keys = ["variant", "paper_scale", "method", "metric"]
     ours = seed_means(long, keys)

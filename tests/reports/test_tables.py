@@ -294,3 +294,21 @@ def test_probe_table_with_one_attention_layer(synthetic, paper):
     value = single[single["delta"] == "matched"]["before_cast"].item()
     assert rows.loc[("all_but_last", "matched", "before_cast"), "ours"] == pytest.approx(value)
     assert rows.loc[("last", "matched", "before_cast"), "ours"] == pytest.approx(value)
+
+
+def test_a_run_that_stopped_on_a_nan_is_marked_in_the_tables(synthetic, paper, tmp_path):
+    """A summary with ``diverged_at_step`` (dm-train's on_nonfinite: stop) shows up as its own row beside its CE."""
+    runs, evals = _base(synthetic)
+    paths = list(runs["summary"])
+    stopped = json.loads(Path(paths[0]).read_text())
+    stopped["diverged_at_step"] = 7
+    folder = tmp_path / Path(paths[0]).relative_to(Path(paths[0]).parents[5])
+    folder.parent.mkdir(parents=True)
+    folder.write_text(json.dumps(stopped))
+    summaries = load_summaries([str(folder), *paths[1:]])
+    table = tables.main_table(summaries, load_evals([e["path"] for e in evals]), paper, SCALE_OF, ALIASES)
+    marked = table[table["metric"] == "diverged_at_step"]
+    assert list(marked["method"]) == [stopped["method"]] and list(marked["ours"]) == [7.0]
+    assert list(marked["seeds"]) == [1]
+    clean = tables.main_table(load_summaries(paths), load_evals([e["path"] for e in evals]), paper, SCALE_OF, ALIASES)
+    assert "diverged_at_step" not in set(clean["metric"])
