@@ -6,7 +6,7 @@ Output: ``{"checkpoint", "suite", "lm_eval_version", "tasks": {task: {metric: va
 "metric_per_task": {task: metric averaged}, "n_samples": {task: documents scored}, "limit", "wall_s"}``, written
 atomically. Suites live in ``evals/suites/`` (``--suite`` also takes a YAML path). Runs offline unless ``--online``:
 a suite needing a Hub dataset, URL download or NLTK resource that is not cached fails at once, naming it;
-``python -m deltamatch.evals.prefetch --suite NAME`` fills those caches where the network allows.
+``dm-eval-prefetch --suite NAME`` fills those caches where the network allows.
 """
 
 from __future__ import annotations

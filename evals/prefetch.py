@@ -112,7 +112,7 @@ def prefetch(suites: list[Suite], cache_dir: str | Path) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m deltamatch.evals.prefetch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="dm-eval-prefetch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", action="append", required=True,
                         help=f"suite name ({', '.join(available_suites())}) or YAML path; repeat for several")
     parser.add_argument("--out", help="JSON record of what was fetched (written after the offline check passed)")

@@ -6,7 +6,7 @@ offline unless told ``--online``: it sets ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLI
 checks every Hub dataset the suite's tasks name (found in their lm-eval YAML configs, plus those a suite declares for
 data that task code loads itself) against the local cache, the suite's NLTK resources against NLTK's data path (a
 missing one would be downloaded when the task code is imported), and the files it downloads from plain URLs against
-dm-eval's URL cache (``<cache>/urls/``), which ``python -m deltamatch.evals.prefetch`` fills; offline, dm-eval serves
+dm-eval's URL cache (``<cache>/urls/``), which ``dm-eval-prefetch`` fills; offline, dm-eval serves
 those files to the task code from there (:func:`serve_cached_urls`).
 """
 
@@ -139,5 +139,5 @@ def check_offline(suite: Suite, task_manager, cache_dir: str | Path | None = Non
             f"suite {suite.name!r} needs data this machine does not have, and the Hub is offline "
             f"(HF_HUB_OFFLINE=1): " + "; ".join(problems)
             + f". Run dm-eval --online where the network allows, or fill the caches first where it does: "
-            f"python -m deltamatch.evals.prefetch --suite {suite.name} (same HF_HOME, XDG_CACHE_HOME and NLTK "
+            f"dm-eval-prefetch --suite {suite.name} (same HF_HOME, XDG_CACHE_HOME and NLTK "
             "data path as the eval jobs).")

@@ -5,7 +5,7 @@ the run's metadata plus the checkpoint path (RULER sizes its synthetic prompts w
 tasks loaded one entry at a time so a failure names the entry; per-task sample limits passed to
 ``lm_eval.simple_evaluate`` as explicit document indices; then the chosen metrics picked out of lm-eval's results.
 The suite average is the plain mean of each task's ``average`` metric. Offline (the default), files the suite downloads
-from plain URLs are served from the URL cache that ``python -m deltamatch.evals.prefetch`` filled.
+from plain URLs are served from the URL cache that ``dm-eval-prefetch`` filled.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class Suite:
     """Hub datasets loaded inside task code (``path`` or ``path:name``); those in task YAMLs are found automatically."""
     urls: list[str] = field(default_factory=list)
     """Files that task code downloads from the web (``requests.get``) without a cache: the suite needs network, or a
-    prefetch (``python -m deltamatch.evals.prefetch``), after which dm-eval serves them from its cache offline."""
+    prefetch (``dm-eval-prefetch``), after which dm-eval serves them from its cache offline."""
     nltk_data: list[str] = field(default_factory=list)
     """NLTK resources task code needs (``tokenizers/punkt_tab``); NLTK downloads a missing one at import, so an
     offline run checks them first."""

@@ -60,7 +60,7 @@ def test_offline_check_names_what_is_missing_before_a_prefetch(suite, world, tmp
         preflight.check_offline(suite, manager, tmp_path / "cache")
     message = str(err.value)
     for missing in ("'someone/essays'", "'someone/other' (config 'cfg')", f"download {URL}",
-                    "NLTK resource tokenizers/fake_punkt", "python -m deltamatch.evals.prefetch --suite needs_net"):
+                    "NLTK resource tokenizers/fake_punkt", "dm-eval-prefetch --suite needs_net"):
         assert missing in message
 
 

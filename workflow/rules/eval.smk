@@ -12,7 +12,7 @@ rule prefetch_eval_data:
     conda:
         "../../envs/eval.yaml"
     shell:
-        "python -m deltamatch.evals.prefetch --suite {wildcards.suite} --out {output} > {log} 2>&1"
+        "dm-eval-prefetch --suite {wildcards.suite} --out {output} > {log} 2>&1"
 
 
 rule eval:
