@@ -116,6 +116,30 @@ def train_config(wildcards):
     return {"run_dir": run_path(run), "seed": run.seed, **cfg}
 
 
+def _check_run_configs():
+    """Every run's dm-train config is valid before any job starts: a typo under ``train:`` or a group's ``train:``
+    fails the DAG naming the key, not a training job hours later on the cluster. ``models/train/config.py`` is loaded
+    by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in Snakemake's own environment."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
+    )
+    trainer_config = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = trainer_config  # dataclasses resolve their string annotations through sys.modules
+    spec.loader.exec_module(trainer_config)
+    for run in RUNS:
+        try:
+            trainer_config.parse(trainer_config.RunConfig, train_config(run))
+        except ValueError as err:
+            where = f"{run.variant}/{run.size}/{run.method}/s{run.seed}"
+            raise ValueError(f"config keys 'train' / 'runs[].train' give run {where} a bad dm-train config: {err}") from None
+
+
+_check_run_configs()
+
+
 def init_checkpoint(wildcards):
     """The final/ folder a context-extension style run starts from, so it is trained first."""
     source = GROUPS[wildcards.variant]["init_from"]

@@ -88,6 +88,10 @@ def test_bad_config_fails_naming_the_key(snakemake, tmp_path):
     dangling = _bad(tmp_path, "name: bad\nruns:\n  - {variant: base}\n  - {variant: ext, init_from: nowhere}\n")
     done = snakemake("-n", "--configfile", str(dangling), workdir=tmp_path)
     assert done.returncode != 0 and "runs[1].init_from" in done.output
+    trainer = _bad(tmp_path, "name: bad\nruns:\n  - {variant: base, train: {optim: {lr: 1e-3, momentm: 0.9}}}\n")
+    done = snakemake("-n", "--configfile", str(trainer), workdir=tmp_path)
+    assert done.returncode != 0 and "unknown config key 'optim.momentm'" in done.output
+    assert "run base/tiny/bf16/s0" in done.output
 
 
 def test_every_schema_key_has_a_description_and_a_default(root):
