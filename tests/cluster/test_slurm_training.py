@@ -66,12 +66,18 @@ def _start(slurm, work: Path, cmd: list[str]) -> tuple[subprocess.Popen, Path]:
 
 
 def _pipeline(slurm, work: Path, on_slurm: bool) -> tuple[subprocess.Popen, Path]:
-    """The test config's report figures, through profiles/slurm or the local profile (one core)."""
+    """The test config's report figures for its bf16 run, through profiles/slurm or the local profile (one core).
+
+    One method, not the test config's two: four scenarios share two cores, and the time-limit scenario's retry must
+    get through its steps while these run."""
     work.mkdir()
+    cfg = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    cfg["runs"][0]["methods"] = ["bf16"]
+    (work / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
     where = (["--profile", str(REPO / "profiles" / "slurm"), "--slurm-init-seconds-before-status-checks", "2",
               "--latency-wait", "5"] if on_slurm else ["--profile", str(REPO / "profiles" / "default"), "--cores", "1"])
     return _start(slurm, work, [SNAKEMAKE, *PIPELINE_TARGETS, "-s", str(REPO / "Snakefile"), "-d", str(work),
-                                "--configfile", str(REPO / "config" / "test.yaml"), *where])
+                                "--configfile", str(work / "pipeline.yaml"), *where])
 
 
 def _snakemake(slurm, work: Path, variant: str) -> tuple[subprocess.Popen, Path]:
@@ -249,5 +255,4 @@ def test_pipeline_through_slurm_builds_the_same_report(runs, slurm):
     # The training and data jobs really ran as SLURM jobs, and accounting saw them finish.
     out = slurm.run("sacct", "-X", "-n", "-P", "--format=JobID,State,Comment", "-S", runs.started)
     done = {line.split("|")[2] for line in out.splitlines() if line.split("|")[1] == "COMPLETED"}
-    for method in ("bf16", "matched"):
-        assert f"rule_train_wildcards_base_tiny_{method}_0" in done, out
+    assert "rule_train_wildcards_base_tiny_bf16_0" in done, out
