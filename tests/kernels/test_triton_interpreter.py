@@ -42,26 +42,6 @@ def _patch_interpreter_index():
     interpreter._patch_lang_tensor = patched
 
 
-def _poison_empty():
-    """tests/conftest.py's ``poison_empty`` fixture for the child, which pytest's fixtures do not reach."""
-    import torch
-
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poisoned(out):
-        if out.is_floating_point() and out.device.type != "meta":
-            out.fill_(float("nan"))
-        return out
-
-    def empty(*args, **kwargs):
-        if kwargs.get("device") is None:
-            kwargs["device"] = torch.get_default_device()
-        return poisoned(real_empty(*args, **kwargs))
-
-    torch.empty = empty
-    torch.empty_like = lambda *a, **k: poisoned(real_empty_like(*a, **k))
-
-
 def _measure() -> dict:
     import torch
 
@@ -144,5 +124,8 @@ def test_kernel_matches_reference_simulation(measured, index):
 
 
 if __name__ == "__main__":
-    _poison_empty()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for poison.py
+    from poison import poison_torch_empty  # conftest.py's fixture does not reach this child
+
+    poison_torch_empty()
     print(json.dumps(_measure()))
