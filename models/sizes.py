@@ -73,20 +73,27 @@ def list_configs() -> list[str]:
     return list(CONFIGS)
 
 
+def check_overrides(overrides: dict, prefix: str = "") -> None:
+    """Every override names a ``HybridConfig`` field and has its default's type; errors name ``prefix + key``
+    (``prefix`` is where the caller's user wrote them, e.g. ``model.overrides.``)."""
+    defaults = HybridConfig().to_dict()  # PretrainedConfig would silently keep a misspelt field as an attribute
+    for key, value in overrides.items():
+        where = f"'{prefix}{key}'"
+        if key not in defaults:
+            raise ValueError(f"unknown config key {where} (not a HybridConfig field)")
+        default = defaults[key]
+        expected = (int, float) if type(default) is float else type(default)
+        if default is not None and type(default) in (bool, int, float, str) and (
+                not isinstance(value, expected) or isinstance(value, bool) != isinstance(default, bool)):
+            raise ValueError(f"config key {where} must be {type(default).__name__}, got {value!r}")
+
+
 def get_config(name: str, **overrides) -> HybridConfig:
     """The named size as a :class:`HybridConfig`, with ``overrides`` applied (e.g. ``attn_method="matched"``,
     ``linear_mixer="kda"``, ``attn_mixer="mla"``, ``head_dim=256``, ``rope=False``, ``qk_norm=False``)."""
     if name not in CONFIGS:
         raise ValueError(f"unknown model size {name!r}; choose one of {list_configs()}")
-    defaults = HybridConfig().to_dict()  # PretrainedConfig would silently keep a misspelt field as an attribute
-    for key, value in overrides.items():
-        if key not in defaults:
-            raise ValueError(f"unknown HybridConfig field {key!r} in the overrides of size {name!r}")
-        default = defaults[key]
-        expected = (int, float) if type(default) is float else type(default)
-        if default is not None and type(default) in (bool, int, float, str) and (
-                not isinstance(value, expected) or isinstance(value, bool) != isinstance(default, bool)):
-            raise ValueError(f"HybridConfig field {key!r} must be {type(default).__name__}, got {value!r}")
+    check_overrides(overrides)
     fields = CONFIGS[name]()
     fields.update(overrides)
     return HybridConfig(**fields)

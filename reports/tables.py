@@ -34,8 +34,8 @@ def run_metrics(summaries: pd.DataFrame, evals: pd.DataFrame, aliases: dict[str,
     run that stopped on a non-finite loss: its CE is that of its last finite weights), everything from the evals.
     ``aliases`` renames our metric names to the paper's (``dm_ruler_8k`` -> ``ruler_8k``)."""
     val = summaries[RUN_KEYS].assign(metric="val_ce", value=summaries["val_ce"])
-    stopped = summaries[summaries["diverged_at_step"].notna()] if "diverged_at_step" in summaries else summaries[:0]
-    diverged = stopped[RUN_KEYS].assign(metric="diverged_at_step", value=stopped.get("diverged_at_step"))
+    stopped = summaries[summaries["diverged_at_step"].notna()]
+    diverged = stopped[RUN_KEYS].assign(metric="diverged_at_step", value=stopped["diverged_at_step"])
     scores = evals[[*RUN_KEYS, "metric", "value"]]
     long = pd.concat([frame for frame in (val, diverged, scores) if not frame.empty], ignore_index=True)
     long["metric"] = long["metric"].replace(aliases)

@@ -72,24 +72,21 @@ def configured_numerics(config: RunConfig, layout: Layout):
 def check_model_names(config: RunConfig) -> None:
     """``model.size``, ``model.attn_method`` and the override keys exist (before any data or weights are touched)."""
     from deltamatch.kernels import METHODS
-    from deltamatch.models import HybridConfig, list_configs
+    from deltamatch.models import list_configs
+    from deltamatch.models.sizes import check_overrides
 
     if config.model.size not in list_configs():
         raise ValueError(f"config key 'model.size' is {config.model.size!r}; choose one of {list_configs()}")
     if config.model.attn_method not in METHODS:
         raise ValueError(f"config key 'model.attn_method' is {config.model.attn_method!r}; "
                          f"choose one of {sorted(METHODS)}")
-    known = set(HybridConfig().to_dict())  # PretrainedConfig would silently keep a misspelt field as an attribute
-    for key in config.model.overrides:
-        if key not in known:
-            raise ValueError(f"unknown config key 'model.overrides.{key}' (not a HybridConfig field)")
+    check_overrides(config.model.overrides, prefix="model.overrides.")
 
 
 def build_model(config: RunConfig, manifest: dict) -> torch.nn.Module:
     """The configured model with the data's vocabulary and special tokens, seeded by ``config.seed``."""
     from deltamatch.models import HybridForCausalLM, get_config
 
-    check_model_names(config)
     special = manifest["special_tokens"]
     fields = {"vocab_size": manifest["vocab_size"], "bos_token_id": special.get("bos"),
               "eos_token_id": special.get("eos"), "pad_token_id": special.get("pad"),
