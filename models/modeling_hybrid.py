@@ -21,6 +21,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from deltamatch.models.layers import fused
 from deltamatch.models.layers.attention import GQAttention
 from deltamatch.models.layers.gdn import GatedDeltaNet, ShortConvolution
 from deltamatch.models.layers.mlp import SwiGLU
@@ -176,6 +177,10 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
         )
         hidden = out.last_hidden_state
+        if labels is not None and not logits_to_keep and fused.fused_enabled(hidden):
+            # training and validation on CUDA: loss only, without the (B, N, vocab) logits (see layers/fused.py)
+            loss = fused.linear_cross_entropy(hidden[:, :-1], self.lm_head.weight, labels[:, 1:])
+            return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)

@@ -23,7 +23,6 @@ The recurrent state is stored K-first, ``(B, H, K, V)``, as fla's naive referenc
 """
 
 import contextlib
-import functools
 import math
 import threading
 from collections.abc import Iterator
@@ -32,35 +31,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fla_hopper import training_backend
 from .norm import GatedRMSNorm
 
 _PINNED = threading.local()
 BACKENDS = ("fla", "torch")
 
 
-def gdn_backend(x: torch.Tensor) -> str:
-    """The recurrence implementation for inputs like ``x``: the pinned one, else fla's kernels on CUDA (where fla
-    trusts its own backward when gradients are needed), else torch."""
+def gdn_backend(x: torch.Tensor, head_k_dim: int, mixer: str = "gdn") -> str:
+    """The recurrence implementation for inputs like ``x``: the pinned one, else fla's kernels on CUDA when no
+    gradient is needed or when :func:`~deltamatch.models.layers.fla_hopper.training_backend` trusts fla's backward
+    for this head dim, else torch."""
     pinned = getattr(_PINNED, "name", None)
     if pinned is not None:
         return pinned
     if not x.is_cuda:
         return "torch"
-    return "fla" if not torch.is_grad_enabled() or fla_backward_supported(x.device) else "torch"
-
-
-@functools.cache
-def fla_backward_supported(device: torch.device) -> bool:
-    """fla 0.6 refuses its gated chunk backward on Hopper under Triton >= 3.4, < 3.7.1 (fla issue #640: wrong
-    gradients) unless tilelang is installed. There the pure-torch twin trains on the GPU; fla still runs inference."""
-    import importlib.util
-
-    import triton
-    from packaging.version import Version
-
-    hopper = torch.cuda.get_device_capability(device)[0] == 9
-    affected = Version("3.4.0") <= Version(triton.__version__.split("+")[0]) < Version("3.7.1")
-    return not (hopper and affected) or importlib.util.find_spec("tilelang") is not None
+    if not torch.is_grad_enabled():
+        return "fla"
+    return training_backend(x.device, head_k_dim, mixer)[0]
 
 
 @contextlib.contextmanager
@@ -82,8 +71,9 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def gdn_gate(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """Log-decay per token and head, ``-exp(A_log) * softplus(a + dt_bias)``, in FP32."""
-    return -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    """Log-decay per token and head, ``-exp(A_log) * softplus(a + dt_bias)``, in FP32 (FP64 for FP64 inputs)."""
+    dtype = torch.promote_types(a.dtype, torch.float32)
+    return -A_log.to(dtype).exp() * F.softplus(a.to(dtype) + dt_bias.to(dtype))
 
 
 def unit_lower_inverse(strict: torch.Tensor, block: int = 16) -> torch.Tensor:
@@ -150,22 +140,24 @@ def chunk_gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule in chunks. q, k ``(B, T, H, K)``, v ``(B, T, H, V)``, g (log decay) and beta ``(B, T, H)``.
 
-    Returns ``o (B, T, H, V)`` and the final state ``(B, H, K, V)``, both in FP32. q and k are used as given
-    (normalise them first). Padding at the end of the last chunk has beta = k = 0, so it never touches the state.
+    Returns ``o (B, T, H, V)`` and the final state ``(B, H, K, V)``, both in FP32 (FP64 when k is FP64: the GPU
+    tests use the twin in FP64 as the reference for fla's kernels). q and k are used as given (normalise them first).
+    Padding at the end of the last chunk has beta = k = 0, so it never touches the state.
     """
-    # FP32 means FP32 under the trainer's bf16 autocast too: the nilpotent inverse and the chunk-to-chunk state
+    # FP32 means FP32 under the trainer's bf16 autocast too: the WY inverse and the chunk-to-chunk state
     # recurrence lose too much in BF16 matmuls (fla's kernels accumulate these in FP32 as well).
     with torch.autocast(k.device.type, enabled=False):
-        return _chunk_rule_fp32(q, k, v, g, beta, scale, initial_state, chunk_size)
+        return _chunk_rule(q, k, v, g, beta, scale, initial_state, chunk_size)
 
 
-def _chunk_rule_fp32(q, k, v, g, beta, scale, initial_state, chunk_size):
+def _chunk_rule(q, k, v, g, beta, scale, initial_state, chunk_size):
     B, T, H, K = k.shape
     scale = K**-0.5 if scale is None else scale
+    dtype = torch.promote_types(k.dtype, torch.float32)
     C = min(chunk_size, T)
     pad = (-T) % C
     q, k, v, g, beta = (
-        F.pad(x.float().transpose(1, 2), (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+        F.pad(x.to(dtype).transpose(1, 2), (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
         for x in (q, k, v, g, beta)
     )
     N = (T + pad) // C
@@ -183,7 +175,7 @@ def _chunk_rule_fp32(q, k, v, g, beta, scale, initial_state, chunk_size):
     w = wy @ (k_beta * g.exp()[..., None])  # how much of the incoming state each token removes
     qk = (q @ k.transpose(-1, -2) * gamma).masked_fill(~lower, 0.0)
 
-    state = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.float()
+    state = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.to(dtype)
     outputs = []
     for n in range(N):
         v_new = u[:, :, n] - w[:, :, n] @ state
@@ -240,11 +232,16 @@ class DeltaRuleMixer(nn.Module):
         self.k_conv1d = ShortConvolution(self.key_dim, conv_size)
         self.v_conv1d = ShortConvolution(self.value_dim, conv_size)
 
+    mixer_kind = "gdn"  # for the backend decision; KDA overrides it
+
+    def _backend(self, x: torch.Tensor) -> str:
+        return gdn_backend(x, self.head_k_dim, self.mixer_kind)
+
     def _short_conv(self, x: torch.Tensor, cache) -> torch.Tensor:
         """q/k/v short convolutions as one depthwise conv over the concatenated channels; updates the conv cache."""
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0)
-        if cache is None and gdn_backend(x) == "fla":  # training and plain forwards: fla's fused Triton conv
+        if cache is None and self._backend(x) == "fla":  # training and plain forwards: fla's fused Triton conv
             from fla.modules.convolution import causal_conv1d
 
             return causal_conv1d(x=qkv, weight=weight.squeeze(1), activation="silu")[0]
@@ -311,12 +308,15 @@ class GatedDeltaNet(DeltaRuleMixer):
 
     def _rule(self, x, q, k, v, state, output_final_state: bool):
         a, b = self.a_proj(x), self.b_proj(x)
-        if gdn_backend(x) == "fla":
+        if self._backend(x) == "fla":
             return self._fla_rule(q, k, v, a, b, state, output_final_state)
+        q, k, b = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, b))
         return chunk_gated_delta_rule(
-            l2_normalize(q.float()), l2_normalize(k.float()), v, gdn_gate(a, self.A_log, self.dt_bias),
-            b.float().sigmoid(), initial_state=state,
+            l2_normalize(q), l2_normalize(k), v, gdn_gate(a, self.A_log, self.dt_bias), b.sigmoid(),
+            initial_state=state,
         )
+
+
     def _fla_rule(self, q, k, v, a, b, state, output_final_state: bool):
         """fla's kernels with gate, beta sigmoid and q/k L2 norm fused in, as ``fla.layers.GatedDeltaNet`` calls them."""
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk

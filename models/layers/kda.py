@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from .gdn import DeltaRuleMixer, copy_into, gdn_backend, l2_normalize
+from .gdn import DeltaRuleMixer, copy_into, l2_normalize
 from .norm import GatedRMSNorm
 
 
@@ -24,6 +24,8 @@ def kda_gate(f: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tor
 
 
 class KimiDeltaAttention(DeltaRuleMixer):
+    mixer_kind = "kda"
+
     def __init__(
         self,
         hidden_size: int,
@@ -72,7 +74,7 @@ class KimiDeltaAttention(DeltaRuleMixer):
     def _rule(self, x, q, k, v, state, output_final_state: bool):
         f = self.f_proj(x).reshape(*x.shape[:2], self.num_heads, self.head_k_dim)
         b = self.b_proj(x)
-        if gdn_backend(x) == "fla":
+        if self._backend(x) == "fla":
             from fla.ops.kda import chunk_kda, fused_recurrent_kda
 
             decoding = not torch.is_grad_enabled() and q.shape[1] <= 64

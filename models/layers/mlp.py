@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
+
 
 class SwiGLU(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
@@ -13,4 +15,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if fused.fused_enabled(x):
+            return self.down_proj(fused.swiglu(gate, up))
+        return self.down_proj(F.silu(gate) * up)

@@ -1,13 +1,15 @@
 """RMSNorm and the gated RMSNorm at the output of the linear-attention mixers.
 
-Both normalise in FP32 and cast back, as fla's fused kernels do, so the CPU twin and the CUDA path see the same numbers
-up to accumulation order. Parameter names match fla's ``RMSNorm`` / ``FusedRMSNormGated`` (a single ``weight``), so
+Both normalise in FP32 and cast back, as fla's fused kernels do, so the CPU twin and the CUDA path (fla's Triton
+kernels, :mod:`deltamatch.models.layers.fused`) see the same numbers up to accumulation order. Parameter names match fla's ``RMSNorm`` / ``FusedRMSNormGated`` (a single ``weight``), so
 checkpoints move between the two.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import fused
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -28,6 +30,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused.fused_enabled(x):
+            return fused.rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
@@ -48,6 +52,8 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if fused.fused_enabled(x):
+            return fused.rms_norm_gated(x, gate, self.weight, self.eps, self.activation)
         y = rms_norm(x.float(), self.weight, self.eps) * GATE_ACTIVATIONS[self.activation](gate.float())
         return y.to(x.dtype)
 

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from deltamatch.models.data.loader import TokenWindows, TrainBatches, val_batches
 from deltamatch.models.data.shards import read_manifest, verify
 from deltamatch.models.train import probes
+from deltamatch.models.train.backends import training_backends
 from deltamatch.models.train.checkpoint import Checkpointer, load_model_weights
 from deltamatch.models.train.config import RunConfig
 from deltamatch.models.train.distributed import (Layout, init_distributed, mean_over_ranks, shard_model, shutdown,
@@ -44,6 +45,7 @@ from deltamatch.models.train.export import export_hf, write_summary
 from deltamatch.models.train.metrics import MetricsWriter
 from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier
+from deltamatch.models.train.throughput import flops_per_token, peak_tflops
 
 
 class NonFiniteError(FloatingPointError):
@@ -108,7 +110,7 @@ def peak_memory(device: torch.device) -> int:
 def train_step(model, micro_batches: list[torch.Tensor], optimizers, config: RunConfig, layout: Layout,
                autocast) -> tuple[float, float]:
     """Accumulate gradients over the micro-batches, clip, step; returns (mean loss over ranks, grad norm)."""
-    total = 0.0
+    total = torch.zeros((), device=layout.device)  # summed on the device: one host sync per step, below
     for i, batch in enumerate(micro_batches):
         batch = batch.to(layout.device, non_blocking=True)
         if layout.sharded:
@@ -116,10 +118,11 @@ def train_step(model, micro_batches: list[torch.Tensor], optimizers, config: Run
         with autocast():
             loss = model(input_ids=batch, labels=batch, use_cache=False).loss
         (loss / len(micro_batches)).backward()
-        total += float(loss.detach()) / len(micro_batches)
+        total += loss.detach().float() / len(micro_batches)
     max_norm = config.optim.grad_clip or float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    total, grad_norm = (float(t) for t in torch.stack([total, grad_norm.float()]).cpu())
     loss = mean_over_ranks(total, layout)
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         # Every rank sees the same mean loss and global norm, so every rank stops here, before the weights change.
@@ -197,6 +200,7 @@ def _train(config: RunConfig, layout: Layout) -> dict:
             print(f"dm-train: resumed from {latest[1]} (step {position.step})", file=sys.stderr, flush=True)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
     metrics.truncate_after(position.step)
+    backends = _log_backends(config, layout, model, metrics, position.step)
 
     def wall() -> float:
         return wall_before + time.perf_counter() - start_wall
@@ -214,11 +218,23 @@ def _train(config: RunConfig, layout: Layout) -> dict:
         export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
     summary = {"final_val_loss": val_loss, "steps": end.step, "tokens": end.samples * config.data.seq_len,
                "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall(),
-               "diverged_at_step": diverged_at}
+               "diverged_at_step": diverged_at, "backends": backends}
     if not layout.is_main:
         return {}
     write_summary(run_dir / "summary.json", summary)
     return summary
+
+
+def _log_backends(config: RunConfig, layout: Layout, model, metrics: MetricsWriter, step: int) -> list[dict]:
+    """Say once which implementation trains each kind of mixer, and why (stderr on rank 0, and a metrics record)."""
+    dtype = torch.bfloat16 if layout.device.type == "cuda" and config.train.bf16_autocast else None
+    backends = training_backends(getattr(model, "module", model), layout.device, dtype)
+    if layout.is_main:
+        for entry in backends:
+            print(f"dm-train: {entry['mixer']} layers {entry['layers']}: {entry['backend']} ({entry['why']})",
+                  file=sys.stderr, flush=True)
+    metrics.write("backends", step=step, backends=backends)
+    return backends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +295,8 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
                            config.train.micro_batch, config.train.grad_accum, layout.rank, layout.world,
                            start_step=start.step, start_sample=start.samples)
     tokens_per_step = batches.samples_per_step * config.data.seq_len
+    flops = flops_per_token(model.config, config.data.seq_len)
+    peak = peak_tflops(layout.device)
     autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     steps, position = config.train.steps, start
     bar = tqdm(total=steps, initial=start.step, unit="step", desc=f"train {config.model.attn_method}",
@@ -302,12 +320,13 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
                       file=sys.stderr, flush=True)
             return position, step + 1
         if layout.device.type == "cuda":
-            torch.cuda.synchronize(layout.device)
+            torch.cuda.synchronize(layout.device)  # the optimizer step is in the step's time
         position = Position(step + 1, position.samples + batches.samples_per_step)
         done, tok_s = position.step, tokens_per_step / (time.perf_counter() - tick)
+        mfu = {"mfu": tok_s * flops / (peak * 1e12)} if peak else {}
         metrics.write("train", step=done, tokens=position.samples * config.data.seq_len, loss=loss,
                       lr=config.optim.lr * lr_mult, grad_norm=grad_norm, tokens_per_s=tok_s,
-                      peak_mem_bytes=peak_memory(layout.device), **muon_lr(config, lr_mult))
+                      peak_mem_bytes=peak_memory(layout.device), **mfu, **muon_lr(config, lr_mult))
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
         bar.update(1)
         if _due(done, config.metrics.probe_every):

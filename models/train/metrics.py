@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-KINDS = ("train", "gain", "residual", "val", "diverged")
+KINDS = ("train", "gain", "residual", "val", "diverged", "backends")
 
 
 class MetricsWriter:

@@ -68,8 +68,10 @@ def build_optimizers(model: nn.Module, config: OptimSection) -> list[torch.optim
             [{"params": [p for _, p in groups["muon"]], "initial_lr": config.muon_lr}],
             lr=config.muon_lr, weight_decay=config.weight_decay, momentum=config.muon_momentum,
         ))
-    optimizers.append(torch.optim.AdamW(
+    on_cuda = all(p.is_cuda for g in adamw_groups for p in g["params"])
+    optimizers.append(torch.optim.AdamW(  # fused: one kernel per step on GPUs; the CPU keeps the default loop
         [g for g in adamw_groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps,
+        fused=True if on_cuda else None,
     ))
     return optimizers
 

@@ -1,0 +1,82 @@
+"""CUDA fast paths for the model's elementwise parts, with the plain PyTorch code as their twin.
+
+On a CUDA tensor, when flash-linear-attention is installed, the model runs fla's Triton kernels for
+
+- RMSNorm (one kernel forward, one backward, instead of six elementwise passes over FP32 activations);
+- the gated RMSNorm at the output of the linear mixers (fla's ``FusedRMSNormGated`` math);
+- SwiGLU's ``silu(gate) * up``;
+- the LM head and cross-entropy together (``FusedLinearCrossEntropyLoss``): the logits are made and consumed chunk by
+  chunk, so an 8K-token micro-batch never holds its 8192 x 32000 FP32 logits (1 GiB) and their gradient.
+
+Each computes what its twin computes (FP32 statistics, output in the input's dtype) up to accumulation order; the GPU
+tests compare both on the same inputs. The CPU path is always the twin. ``use_fused(False)`` pins the twin on CUDA too
+(and ``use_fused(True)`` asks for the fast path, failing where fla is missing); ``None`` restores the automatic choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import threading
+from collections.abc import Iterator
+
+import torch
+
+_PINNED = threading.local()
+
+
+@functools.cache
+def _fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def fused_enabled(x: torch.Tensor) -> bool:
+    """Whether the fast path runs for inputs like ``x``: the pinned choice, else CUDA with fla installed."""
+    pinned = getattr(_PINNED, "on", None)
+    if pinned is not None:
+        return pinned and x.is_cuda
+    return x.is_cuda and _fla_installed()
+
+
+@contextlib.contextmanager
+def use_fused(on: bool | None) -> Iterator[None]:
+    """Pin the fast path on or off inside the block; ``None`` restores the automatic choice."""
+    previous = getattr(_PINNED, "on", None)
+    _PINNED.on = on
+    try:
+        yield
+    finally:
+        _PINNED.on = previous
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    from fla.modules.layernorm import rms_norm as fla_rms_norm
+
+    return fla_rms_norm(x, weight, None, eps=eps)
+
+
+def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   activation: str) -> torch.Tensor:
+    from fla.modules.fused_norm_gate import rms_norm_gated as fla_rms_norm_gated
+
+    return fla_rms_norm_gated(x, gate, weight, None, activation=activation, eps=eps)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    from fla.modules.activations import swiglu as fla_swiglu
+
+    return fla_swiglu(gate, up)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                         ignore_index: int = -100) -> torch.Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``labels`` without materialising the logits. Under autocast
+    both operands are cast to its dtype first, as ``nn.Linear`` would be."""
+    from fla.modules.fused_linear_cross_entropy.ops import fused_linear_cross_entropy_loss
+
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    return fused_linear_cross_entropy_loss(hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1), weight,
+                                           ignore_index=ignore_index)

@@ -1,0 +1,84 @@
+"""fla's Gated DeltaNet and KDA chunk kernels against FP64/FP32 references, shared by tests/models/test_fla_gpu.py and
+tools/device/fla_verify.py (which prints the whole error table on the H200).
+
+Inputs are like training's rather than random: keys pulled toward a shared direction (cosines near 0.5), beta from
+a sigmoid of a positive-biased logit, gates with the layer's own A_log/dt_bias parametrisation.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from deltamatch.models.layers.gdn import chunk_gated_delta_rule, gdn_gate, l2_normalize
+
+
+def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().double(), ref.detach().double().to(x.device)
+    return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def gdn_inputs(B, T, H, K, V, initial_state: bool, seed=0, device="cuda", kda=False):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shared = torch.randn(B, 1, H, K, generator=gen)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = 0.5 * shared + 0.5 * torch.randn(B, T, H, K, generator=gen)
+    v = torch.randn(B, T, H, V, generator=gen)
+    a = torch.randn(B, T, H, K, generator=gen) if kda else torch.randn(B, T, H, generator=gen)
+    b = torch.randn(B, T, H, generator=gen) + 1.5  # beta ~ 0.8
+    A_log = torch.empty(H).uniform_(0, 16, generator=gen).clamp_min(1e-4).log()
+    dt = torch.exp(torch.rand(H * K if kda else H, generator=gen) * (torch.log(torch.tensor(0.1))
+                                                                      - torch.log(torch.tensor(1e-3)))
+                   + torch.log(torch.tensor(1e-3)))
+    dt_bias = dt + torch.log(-torch.expm1(-dt))
+    h0 = 0.1 * torch.randn(B, H, K, V, generator=gen) if initial_state else None
+    tensors = dict(q=q, k=k, v=v, g=a, beta=b, A_log=A_log, dt_bias=dt_bias, initial_state=h0)
+    return {n: t.to(device).requires_grad_() for n, t in tensors.items() if t is not None}
+
+
+def _grads(outputs, inputs: dict, seed=1):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    cotangents = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outputs]
+    loss = sum((o * c).sum() for o, c in zip(outputs, cotangents))
+    return dict(zip(inputs, torch.autograd.grad(loss, list(inputs.values()))))
+
+
+def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[str, float]:
+    """Relative RMS error of fla's ``chunk_gated_delta_rule`` (gate, beta sigmoid and q/k L2 norm in the kernel, as
+    the layer calls it) against the pure-torch twin in FP64, for the output, the final state and every gradient."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+    inputs = gdn_inputs(B, T, H, K, V, initial_state)
+    fla_in = {n: t.detach().to(dtype if t.dim() == 4 and n != "initial_state" else torch.float32).requires_grad_()
+              for n, t in inputs.items()}
+    o, hT = fla_chunk(**fla_in, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True)
+    ref_in = {n: t.detach().double().requires_grad_() for n, t in inputs.items()}
+    o_ref, hT_ref = chunk_gated_delta_rule(
+        l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
+        gdn_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
+        initial_state=ref_in.get("initial_state"))
+    errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(hT, hT_ref)}
+    grads, grads_ref = _grads((o.float(), hT), fla_in), _grads((o_ref, hT_ref), ref_in)
+    errors.update({f"d{n}": rel_rms(grads[n], grads_ref[n]) for n in fla_in})
+    return errors
+
+
+def kda_errors(B, T, H, K, V, initial_state: bool) -> dict[str, float]:
+    """fla's ``chunk_kda`` (FP32 inputs) against fla's token-by-token ``naive_recurrent_kda`` (FP32, no chunking, no
+    triangular inverse), with the layer's gate and normalisations written out."""
+    from fla.ops.kda import chunk_kda
+    from fla.ops.kda.naive import naive_recurrent_kda
+
+    from deltamatch.models.layers.kda import kda_gate
+
+    inputs = gdn_inputs(B, T, H, K, V, initial_state, kda=True)
+    o, hT = chunk_kda(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True)
+    ref_in = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
+    o_ref, hT_ref = naive_recurrent_kda(
+        l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
+        kda_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
+        initial_state=ref_in.get("initial_state"), output_final_state=True)
+    errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(hT, hT_ref)}
+    grads, grads_ref = _grads((o, hT), inputs), _grads((o_ref, hT_ref), ref_in)
+    errors.update({f"d{n}": rel_rms(grads[n], grads_ref[n]) for n in inputs})
+    return errors

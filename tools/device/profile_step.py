@@ -1,0 +1,107 @@
+"""On the H200: time and profile training steps of a named hybrid in one process, per variant.
+
+Each variant is ``method:micro_batch[:flags]`` with flags from ``nofused`` (plain-PyTorch norms/SwiGLU/CE instead of
+fla's kernels), ``twin`` (the pure-torch GDN recurrence), ``ckpt`` (activation checkpointing) and ``prof`` (print
+the top CUDA kernels of one step). Prints one table row per variant: median step time, tokens/s, MFU, peak memory.
+"""
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def run_variant(spec: str, size: str, seq_len: int, steps: int, warmup: int) -> dict:
+    from deltamatch.models import HybridForCausalLM, get_config
+    from deltamatch.models.layers.fused import use_fused
+    from deltamatch.models.layers.gdn import use_gdn_backend
+    from deltamatch.models.train.config import OptimSection
+    from deltamatch.models.train.optim import build_optimizers
+    from deltamatch.models.train.throughput import flops_per_token, peak_tflops
+
+    method, micro, *flags = spec.split(":")
+    micro = int(micro)
+    config = get_config(size, attn_method=method, vocab_size=32000)
+    torch.manual_seed(0)
+    model = HybridForCausalLM(config).cuda().train()
+    if "ckpt" in flags:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opts = build_optimizers(model, OptimSection(lr=3e-4))
+    x = torch.randint(0, 32000, (micro, seq_len), device="cuda")
+    pins = contextlib.ExitStack()
+    if "nofused" in flags:
+        pins.enter_context(use_fused(False))
+    if "twin" in flags:
+        pins.enter_context(use_gdn_backend("torch"))
+    torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x, use_cache=False).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for o in opts:
+            o.step()
+            o.zero_grad(set_to_none=True)
+        return loss
+
+    with pins:
+        for i in range(warmup + steps):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            loss = step()
+            losses.append(float(loss))
+            times.append(time.perf_counter() - t)
+        if "prof" in flags:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            print(f"--- top CUDA kernels, {spec} ---")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+    step_s = statistics.median(times[warmup:])
+    tok_s = micro * seq_len / step_s
+    peak = peak_tflops(torch.device("cuda"))
+    flops = flops_per_token(config, seq_len)
+    row = {"variant": spec, "size": size, "seq_len": seq_len, "step_ms": step_s * 1e3, "tokens_per_s": tok_s,
+           "mfu": tok_s * flops / (peak * 1e12) if peak else None, "first_step_s": times[0],
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss_first": losses[0], "loss_last": losses[-1]}
+    del model, opts
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="+", help="method:micro_batch[:flag...]")
+    parser.add_argument("--size", default="569M")
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = []
+    for spec in args.variants:
+        try:
+            rows.append(run_variant(spec, args.size, args.seq_len, args.steps, args.warmup))
+        except Exception as err:  # noqa: BLE001 - report the variant and go on with the next
+            rows.append({"variant": spec, "error": f"{type(err).__name__}: {err}"[:500]})
+            torch.cuda.empty_cache()
+        print(json.dumps(rows[-1]), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=1))
+    import pandas as pd
+
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
