@@ -1,19 +1,35 @@
-"""On the H200: time and profile training steps of a named hybrid in one process, per variant.
+"""On the H200: time and profile training steps of a named hybrid, and check fla's kernels, in one process.
 
-Each variant is ``method:micro_batch[:flags]`` with flags from ``nofused`` (plain-PyTorch norms/SwiGLU/CE instead of
-fla's kernels), ``twin`` (the pure-torch GDN recurrence), ``ckpt`` (activation checkpointing) and ``prof`` (print
-the top CUDA kernels of one step). Prints one table row per variant: median step time, tokens/s, MFU, peak memory.
+One process, so Triton compiles and autotunes every kernel once (fla's GDN/KDA kernels autotune over many configs:
+minutes on a fresh machine). Each item is one of
+
+- ``method:micro_batch[:flags]``: training steps, flags from ``nofused`` (plain-PyTorch norms/SwiGLU/CE instead of
+  fla's kernels), ``twin`` (the pure-torch GDN recurrence), ``ckpt`` (activation checkpointing) and ``prof`` (print
+  the top CUDA kernels of one step); a row with median step time, tokens/s, MFU, peak memory;
+- ``verify:K:T:h0:warps``: fla's gated delta rule against the FP64 twin (tests/models/fla_reference.py) at key head
+  dim K (V = 2K), length T, with an initial state when h0 is 1, ``prepare_wy_repr_bwd`` autotuned over ``warps``
+  warps only; fla's #640 guard is lifted for the item;
+- ``kda:T:h0``: fla's KDA chunk kernel against its token-by-token reference.
+
+A watchdog prints every thread's stack every ``--watchdog`` seconds to stderr (what a slow item is doing), and with
+``--triton-cache-out`` the Triton cache (compiled kernels and autotuning results) is packed after every item, so the
+next call can start warm (tools/device/train_gpu.sh unpacks .carry/triton_cache.tar.gz).
 """
 
 import argparse
 import contextlib
+import faulthandler
 import json
+import os
 import statistics
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "models"))
 
 
 def run_variant(spec: str, size: str, seq_len: int, steps: int, warmup: int) -> dict:
@@ -78,6 +94,34 @@ def run_variant(spec: str, size: str, seq_len: int, steps: int, warmup: int) -> 
     return row
 
 
+def run_check(spec: str) -> dict:
+    from fla_reference import gdn_errors, kda_errors
+
+    from deltamatch.models.layers import fla_hopper
+
+    kind, *fields = spec.split(":")
+    start = time.perf_counter()
+    if kind == "verify":
+        from fla.ops.gated_delta_rule import wy_fast
+
+        K, T, h0, warps = map(int, fields)
+        with fla_hopper._guard_lifted(), fla_hopper.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, warps):
+            errors = gdn_errors(2, T, 2, K, 2 * K, bool(h0))
+    else:
+        T, h0 = map(int, fields)
+        errors = kda_errors(2, T, 2, 128, 256, bool(h0))
+    return {"variant": spec, "max_err": max(errors.values()), "worst": max(errors, key=errors.get),
+            "seconds": time.perf_counter() - start, **errors}
+
+
+def pack_triton_cache(out: Path) -> None:
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(cache, arcname="triton_cache")
+    os.replace(tmp, out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", help="method:micro_batch[:flag...]")
@@ -86,17 +130,26 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--watchdog", type=float, default=0, help="seconds between stack dumps (0: none)")
+    parser.add_argument("--triton-cache-out", type=Path, help="pack the Triton cache here after every item")
     args = parser.parse_args()
+    if args.watchdog:
+        faulthandler.dump_traceback_later(args.watchdog, repeat=True)
     rows = []
     for spec in args.variants:
         try:
-            rows.append(run_variant(spec, args.size, args.seq_len, args.steps, args.warmup))
+            if spec.split(":")[0] in ("verify", "kda"):
+                rows.append(run_check(spec))
+            else:
+                rows.append(run_variant(spec, args.size, args.seq_len, args.steps, args.warmup))
         except Exception as err:  # noqa: BLE001 - report the variant and go on with the next
             rows.append({"variant": spec, "error": f"{type(err).__name__}: {err}"[:500]})
             torch.cuda.empty_cache()
         print(json.dumps(rows[-1]), flush=True)
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
+        if args.triton_cache_out:
+            pack_triton_cache(args.triton_cache_out)
     import pandas as pd
 
     print(pd.DataFrame(rows).to_string(index=False))

@@ -8,9 +8,12 @@ set -uo pipefail
 PHASES=${1:-verify,profile}
 shift || true
 source tools/device/setup.sh
+# A Triton cache packed by an earlier call (profile_step.py --triton-cache-out) spares minutes of fla autotuning.
+export TRITON_CACHE_DIR=/tmp/triton_cache
+if [ -f .carry/triton_cache.tar.gz ]; then tar -xzf .carry/triton_cache.tar.gz -C /tmp; echo "warm Triton cache"; fi
 start=$(date +%s); stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
 has() { [[ ",$PHASES," == *",$1,"* ]]; }
-{ date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } \
+{ date -u +%FT%TZ; echo "commit ${DM_COMMIT:-unknown}"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } \
   > "$OUT/provenance.txt"
 cat "$OUT/provenance.txt"
 if has verify; then
@@ -19,8 +22,11 @@ if has verify; then
   stamp verify done
 fi
 if has profile; then
-  timeout ${PROFILE_S:-240} python3 tools/device/profile_step.py "$@" --out "$OUT/profile.json" 2>&1 \
-    | grep -v "^\s*$" | tee "$OUT/profile.log" | cut -c1-250
+  # one process for every item (compile once); stacks every 60 s and autotuning lines go to the log only
+  TRITON_PRINT_AUTOTUNING=1 timeout ${PROFILE_S:-540} python3 tools/device/profile_step.py "$@" --watchdog 60 \
+    --out "$OUT/profile.json" --triton-cache-out "$OUT/triton_cache.tar.gz" > "$OUT/profile.log" 2>&1
+  grep -E '^\{|^ *(variant|[a-z]+:[0-9])|Triton autotuning for function' "$OUT/profile.log" | cut -c1-300 | tail -60
+  echo "--- end of profile.log ---"; tail -25 "$OUT/profile.log" | cut -c1-200
   stamp profile done
 fi
 if has kda; then
