@@ -78,5 +78,18 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     if torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)
         hidden, weight = hidden.to(dtype), weight.to(dtype)
-    return fused_linear_cross_entropy_loss(hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1), weight,
-                                           ignore_index=ignore_index)
+    # fla accumulates the LM head's gradient in FP32 matmuls (inside this forward): on the tensor cores as TF32, not
+    # as SIMT FP32 (profiled on the H200 at 8K tokens: 14.6 ms of a 146 ms step)
+    with _tf32_matmuls():
+        return fused_linear_cross_entropy_loss(hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1), weight,
+                                               ignore_index=ignore_index)
+
+
+@contextlib.contextmanager
+def _tf32_matmuls() -> Iterator[None]:
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved

@@ -6,7 +6,7 @@ minutes on a fresh machine). Each item is one of
 - ``method:micro_batch[:flags]``: training steps, flags from ``nofused`` (plain-PyTorch norms/SwiGLU/CE instead of
   fla's kernels), ``twin`` (the pure-torch GDN recurrence), ``ckpt`` (activation checkpointing) and ``prof`` (print
   the top CUDA kernels of one step); a row with median step time, tokens/s, MFU, peak memory;
-- ``verify:K:T:h0:warps``: fla's gated delta rule against the FP64 twin (tests/models/fla_reference.py) at key head
+- ``verify:K:T:h0:warps[:bf16]``: fla's gated delta rule against the FP64 twin (tests/models/fla_reference.py) at key head
   dim K (V = 2K), length T, with an initial state when h0 is 1, ``prepare_wy_repr_bwd`` autotuned over ``warps``
   warps only; fla's #640 guard is lifted for the item;
 - ``kda:T:h0``: fla's KDA chunk kernel against its token-by-token reference.
@@ -104,9 +104,10 @@ def run_check(spec: str) -> dict:
     if kind == "verify":
         from fla.ops.gated_delta_rule import wy_fast
 
-        K, T, h0, warps = map(int, fields)
+        K, T, h0, warps = map(int, fields[:4])
+        dtype = torch.bfloat16 if fields[4:] == ["bf16"] else torch.float32
         with fla_hopper._guard_lifted(), fla_hopper.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, warps):
-            errors = gdn_errors(2, T, 2, K, 2 * K, bool(h0))
+            errors = gdn_errors(2, T, 2, K, 2 * K, bool(h0), dtype=dtype)
     else:
         T, h0 = map(int, fields)
         errors = kda_errors(2, T, 2, 128, 256, bool(h0))
