@@ -11,19 +11,15 @@ minutes on a fresh machine). Each item is one of
   warps only; fla's #640 guard is lifted for the item;
 - ``kda:T:h0``: fla's KDA chunk kernel against its token-by-token reference.
 
-A watchdog prints every thread's stack every ``--watchdog`` seconds to stderr (what a slow item is doing), and with
-``--triton-cache-out`` the Triton cache (compiled kernels and autotuning results) is packed after every item, so the
-next call can start warm (tools/device/train_gpu.sh unpacks .carry/triton_cache.tar.gz).
+A watchdog prints every thread's stack every ``--watchdog`` seconds to stderr (what a slow item is doing).
 """
 
 import argparse
 import contextlib
 import faulthandler
 import json
-import os
 import statistics
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -115,14 +111,6 @@ def run_check(spec: str) -> dict:
             "seconds": time.perf_counter() - start, **errors}
 
 
-def pack_triton_cache(out: Path) -> None:
-    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
-    tmp = out.with_name(out.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(cache, arcname="triton_cache")
-    os.replace(tmp, out)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", help="method:micro_batch[:flag...]")
@@ -132,7 +120,6 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--watchdog", type=float, default=0, help="seconds between stack dumps (0: none)")
-    parser.add_argument("--triton-cache-out", type=Path, help="pack the Triton cache here after every item")
     args = parser.parse_args()
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, repeat=True)
@@ -149,8 +136,6 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
-        if args.triton_cache_out:
-            pack_triton_cache(args.triton_cache_out)
     import pandas as pd
 
     print(pd.DataFrame(rows).to_string(index=False))
