@@ -124,22 +124,67 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
+VERIFIED = ".verified.json"
+"""Cache of :func:`verify` in the data folder: per shard file, the (size, mtime_ns, sha256) it was found good with."""
+
+
+def _check_size(path: Path, shard: dict, itemsize: int) -> None:
+    if not path.is_file():
+        raise ValueError(f"shard {path} is missing (the manifest lists it); rerun dm-prepare-data")
+    if shard["tokens"] <= 0:
+        raise ValueError(f"shard {path} holds no tokens (manifest: {shard['tokens']}); rerun dm-prepare-data")
+    if path.stat().st_size != shard["tokens"] * itemsize:
+        raise ValueError(f"shard {path} has the wrong size: {path.stat().st_size} bytes, the manifest says {shard['tokens']} tokens "
+                         f"x {itemsize} bytes; rerun dm-prepare-data")
+
+
+def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """sha256 of the file and its largest token id, in one pass of 4 MiB blocks."""
+    digest, largest = hashlib.sha256(), -1
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+            largest = max(largest, int(np.frombuffer(block, dtype=dtype).max()))
+    return digest.hexdigest(), largest
+
+
 def verify(folder: str | Path) -> None:
-    """Check every shard's size and sha256 against the manifest; ValueError naming the first bad shard."""
+    """Check every shard's size, sha256 and token ids (< the manifest's vocab_size) against the manifest;
+    ValueError naming the first bad shard.
+
+    A shard found good is remembered in ``.verified.json`` with its size and mtime and not hashed again while both
+    stay the same (a rewritten or edited file gets a new mtime), so several runs over one data folder hash it once."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    itemsize = np.dtype(manifest["dtype"]).itemsize
+    dtype = np.dtype(manifest["dtype"])
+    cache_path = folder / VERIFIED
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    fresh = {}
     for split in manifest["splits"].values():
         for shard in split["shards"]:
             path = folder / shard["file"]
-            if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
-                raise ValueError(f"shard {path} is missing or has the wrong size")
-            digest = hashlib.sha256()
-            with path.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    digest.update(block)
-            if digest.hexdigest() != shard["sha256"]:
-                raise ValueError(f"shard {path} does not match its sha256 in the manifest")
+            _check_size(path, shard, dtype.itemsize)
+            stat = path.stat()
+            key = [stat.st_size, stat.st_mtime_ns, shard["sha256"]]
+            if cache.get(shard["file"]) == key:
+                fresh[shard["file"]] = key
+                continue
+            sha256, largest = _scan(path, dtype)
+            if sha256 != shard["sha256"]:
+                raise ValueError(f"shard {path} does not match its sha256 in the manifest (corrupt or changed since "
+                                 f"dm-prepare-data wrote it)")
+            if largest >= manifest["vocab_size"]:
+                raise ValueError(f"shard {path} holds token id {largest}, outside the vocabulary of "
+                                 f"{manifest['vocab_size']} ids in the manifest")
+            fresh[shard["file"]] = key
+    if fresh != cache:
+        try:  # a read-only data folder is verified every time instead
+            write_text(cache_path, json.dumps(fresh, indent=1) + "\n")
+        except OSError:
+            pass
 
 
 def open_split(folder: str | Path, split: str) -> list[np.memmap]:
@@ -151,7 +196,5 @@ def open_split(folder: str | Path, split: str) -> list[np.memmap]:
     dtype = np.dtype(manifest["dtype"])
     shards = manifest["splits"][split]["shards"]
     for shard in shards:
-        path = folder / shard["file"]
-        if not path.is_file() or path.stat().st_size != shard["tokens"] * dtype.itemsize:
-            raise ValueError(f"shard {path} is missing or has the wrong size for the manifest")
+        _check_size(folder / shard["file"], shard, dtype.itemsize)
     return [np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],)) for s in shards]
