@@ -46,3 +46,19 @@ def write_summary(path: str | Path, summary: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def check_hf_folder(folder: str | Path) -> None:
+    """ValueError naming the folder or file if ``folder`` is missing or one of its safetensors files is not whole (a
+    truncated copy fails here, not as an unnamed header error deep inside ``from_pretrained``)."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"checkpoint {folder} is not a folder")
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as fh:
+                fh.keys()
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"weights file {file} is corrupt or truncated ({err})") from None

@@ -350,3 +350,44 @@ def test_a_full_disk_is_named_and_the_temporary_checkpoint_deleted(data_dir, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and ".tmp-step_00000002" in err
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+# --- 6b. the other dm-* boundaries --------------------------------------------------------------------------------
+
+def test_dm_eval_names_a_truncated_weights_file(tmp_path, monkeypatch, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    import deltamatch.evals.preflight as preflight
+    from deltamatch.evals import cli as eval_cli
+
+    ckpt = tmp_path / "final"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    weights = ckpt / "model.safetensors"
+    save_file({"w": torch.zeros(64, 64)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:5000])  # a copy cut short
+    monkeypatch.setattr(preflight, "set_hub_offline", lambda offline=True: None)  # the test process stays as it is
+    out = tmp_path / "eval.json"
+    with pytest.raises(SystemExit) as exited:
+        eval_cli.main(["--checkpoint", str(ckpt), "--suite", "offline", "--out", str(out)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"weights file {weights} is corrupt or truncated" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [(["--spreads", "-1"], "--spreads must be finite and > 0"),
+                                           (["--spreads", "nan"], "--spreads must be finite and > 0"),
+                                           (["--seeds", "0"], "--seeds must be a positive integer"),
+                                           (["--tokens", "-4"], "--tokens must be a positive integer")])
+def test_dm_sweep_checks_its_arguments_before_any_output(tmp_path, capsys, args, message):
+    from deltamatch.kernels.sweep import main as sweep_main
+
+    out = tmp_path / "sweep.csv"
+    with pytest.raises(SystemExit) as exited:
+        sweep_main(["--out", str(out), "--no-progress", *args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert list(tmp_path.iterdir()) == []
