@@ -391,3 +391,14 @@ def test_dm_sweep_checks_its_arguments_before_any_output(tmp_path, capsys, args,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dm_prepare_data_names_an_unwritable_out_dir_and_malformed_yaml(tmp_path, capsys):
+    path = tmp_path / "data.yaml"
+    path.write_text(yaml.safe_dump({"out_dir": "/proc/deltamatch-data", "corpus": {"max_bytes": 20_000}}))
+    assert data_cli.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "/proc/deltamatch-data" in err
+    path.write_text("out_dir: [x\n")
+    assert data_cli.main(["--config", str(path)]) == 2
+    assert f"{path} is not valid YAML" in capsys.readouterr().err
