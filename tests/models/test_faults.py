@@ -196,6 +196,26 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_exits_with_its_statu
     assert f"step {last_step} " in err
 
 
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_every_rank_after_the_same_step(data_dir, tmp_path):
+    """torchrun forwards SIGTERM to its 2 gloo ranks; they agree (a CPU all-reduce) on the step to stop after and
+    write one checkpoint together. torchrun itself then exits non-zero (its own SignalException)."""
+    run_dir = tmp_path / "run"
+    cfg = short(data_dir, run_dir, steps=10_000, train={"micro_batch": 1}, checkpoint={"every": 5_000, "keep": 2})
+    proc = subprocess.Popen(cli_command(write_config(tmp_path / "long.yaml", cfg), nproc=2), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    last_step = max(losses(run_dir))
+    assert [s for s, _ in complete_checkpoints(run_dir / "checkpoints")] == [last_step]
+    assert err.count(f"SIGTERM received: stopped after step {last_step} ") == 2, err[-3000:]
+
+
 # --- 4. corrupt data is named ------------------------------------------------------------------------------------
 
 @pytest.fixture
