@@ -100,6 +100,17 @@ def test_allow_config_change_goes_on_and_records_the_change(data_dir, tmp_path):
     assert run(longer) == summary  # adopted: the same config now resumes (here: is finished) without the flag
 
 
+def test_an_allowed_change_of_a_finished_run_exports_it_again_under_the_new_fingerprint(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    old = run(short(data_dir, run_dir, steps=2))
+    changed = short(data_dir, run_dir, steps=2, optim={"lr": 2e-2})
+    new = run(changed, allow_config_change=True)
+    assert new["fingerprint"] != old["fingerprint"] and new["final_val_loss"] == old["final_val_loss"]
+    assert json.loads((run_dir / "summary.json").read_text())["fingerprint"] == new["fingerprint"]
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "val")] == [2]  # re-validated, one record
+    assert run(changed) == new
+
+
 def test_restart_on_config_change_starts_afresh_like_a_new_run(data_dir, tmp_path):
     run_dir, fresh_dir = tmp_path / "run", tmp_path / "fresh"
     run(short(data_dir, run_dir))
