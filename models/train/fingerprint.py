@@ -96,10 +96,9 @@ def bind_run(run_dir: Path, ckpt: Checkpointer, meta: dict, layout: Layout, *, a
     the pipeline's rerun of a changed config starts afresh. Otherwise :class:`ConfigChangedError` names the keys.
     """
     latest = ckpt.latest()
-    if latest is None:
-        return None
-    info = checkpoint_info(latest[1])
-    if info.get("fingerprint") == meta["fingerprint"]:
+    info = checkpoint_info(latest[1]) if latest is not None else {}
+    barrier(layout)  # every rank has read the state (and so takes the same branch) before rank 0 changes it below
+    if latest is None or info.get("fingerprint") == meta["fingerprint"]:
         return None
     old = info.get("fields")
     changes = differing_keys(old, meta["fields"]) if old is not None else {"fingerprint": (None, meta["fingerprint"])}
