@@ -116,14 +116,15 @@ def _failures(err: BaseException) -> list[BaseException]:
     return out
 
 
-def _save_error(err: BaseException, tmp: Path) -> OSError | None:
-    """The ``OSError`` a failed save raises instead of DCP's wrapper (None: re-raise ``err`` as it is)."""
+def save_error(err: BaseException, tmp: Path, what: str = "checkpoint") -> OSError | None:
+    """The ``OSError`` naming ``tmp`` that a failed write of ``what`` into the (already deleted) temporary folder
+    ``tmp`` raises instead of ``err`` (DCP's wrapper, a library's own error); None: re-raise ``err`` as it is."""
     errors = [e for e in _failures(err) if isinstance(e, OSError)]
-    if any(e.errno == errno.ENOSPC for e in errors):
-        return OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {tmp} (deleted it); free "
+    if any(e.errno == errno.ENOSPC for e in errors) or any("No space left" in str(e) for e in _failures(err)):
+        return OSError(errno.ENOSPC, f"No space left on device while writing {what} {tmp} (deleted it); free "
                                      f"space under {tmp.parent} and rerun to resume")
     if errors:
-        return OSError(errors[0].errno, f"writing checkpoint {tmp} failed (deleted it): {errors[0]}")
+        return OSError(errors[0].errno, f"writing {what} {tmp} failed (deleted it): {errors[0]}")
     return None
 
 
@@ -167,7 +168,7 @@ class Checkpointer:
                 dcp.save(self._state(model, optimizers, trainer), checkpoint_id=str(tmp))
         except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
             shutil.rmtree(tmp, ignore_errors=True)
-            named = _save_error(err, tmp)
+            named = save_error(err, tmp)
             if named is not None:
                 raise named from err
             raise

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from deltamatch.models.train.checkpoint import save_error
 from deltamatch.models.train.distributed import Layout, barrier
 
 
@@ -31,8 +32,15 @@ def export_hf(model: nn.Module, tokenizer_dir: str | Path, out: str | Path, layo
         fresh.load_state_dict(state, strict=True)
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        fresh.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(tmp)
+        try:
+            fresh.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(tmp)
+        except Exception as err:  # a full disk: the folder is named and the half-written copy deleted
+            shutil.rmtree(tmp, ignore_errors=True)
+            named = save_error(err, tmp, "the HF export")
+            if named is not None:
+                raise named from err
+            raise
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -433,3 +433,20 @@ def test_dm_prepare_data_names_an_unwritable_out_dir_and_malformed_yaml(tmp_path
     path.write_text("out_dir: [x\n")
     assert data_cli.main(["--config", str(path)]) == 2
     assert f"{path} is not valid YAML" in capsys.readouterr().err
+
+
+def test_a_full_disk_during_the_export_is_named_and_leaves_no_half_folder(data_dir, tmp_path, monkeypatch, capsys):
+    from deltamatch.models.modeling_hybrid import HybridForCausalLM
+
+    def full(self, folder, *args, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(HybridForCausalLM, "save_pretrained", full)
+    run_dir = tmp_path / "run"
+    path = write_config(tmp_path / "full.yaml", short(data_dir, run_dir, steps=2))
+    assert train_cli.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device while writing the HF export" in err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "metrics.jsonl"]
