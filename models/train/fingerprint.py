@@ -10,6 +10,9 @@ So every checkpoint (its ``COMPLETE`` marker) and ``summary.json`` carry the *re
 * ``train.global_batch`` (micro-batch x accumulation x ranks) instead of ``train.micro_batch``/``train.grad_accum``:
   the same global batch on another rank count is the same run (DCP reshards the checkpoint);
 * ``data.manifest_sha256`` instead of ``data.dir``: the data by content (its manifest lists every shard's sha256).
+* ``model.init_from_digest`` beside ``model.init_from``: which weights the path held (:func:`init_from_digest`), so
+  a context extension whose base run was retrained under the same path starts afresh too. Once the source is gone
+  (cleaned up after the extension started) it is not compared: the run's checkpoints no longer need it.
 
 ``fingerprint`` is the sha256 of the canonical JSON of those fields; :func:`differing_keys` names what changed.
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from deltamatch.atomic import write_text
-from deltamatch.models.train.checkpoint import COMPLETE, Checkpointer, checkpoint_info
+from deltamatch.models.train.checkpoint import COMPLETE, Checkpointer, checkpoint_info, complete_checkpoints
 from deltamatch.models.train.config import RunConfig
 from deltamatch.models.train.distributed import Layout, barrier
 
@@ -55,7 +58,31 @@ def fingerprint_fields(config: RunConfig, world: int, manifest_sha256: str) -> d
     fields = {k: v for k, v in flat.items() if k not in COSMETIC and not k.startswith(COSMETIC_SECTIONS)}
     fields["train.global_batch"] = config.train.micro_batch * config.train.grad_accum * world
     fields["data.manifest_sha256"] = manifest_sha256
+    if config.model.init_from:
+        fields["model.init_from_digest"] = init_from_digest(config.model.init_from)
     return dict(sorted(fields.items()))
+
+
+def init_from_digest(source: str | Path) -> str | None:
+    """Which weights ``model.init_from`` names, cheaply: an HF folder by its ``config.json`` and the names, sizes and
+    mtimes of its weight files (a re-export gets new mtimes); a DCP checkpoint (or a run dir's newest) by its
+    ``COMPLETE`` and ``.metadata``. None if the source no longer exists."""
+    source, digest = Path(source), hashlib.sha256()
+    if (source / "config.json").is_file():
+        digest.update((source / "config.json").read_bytes())
+        for file in sorted(source.glob("*.safetensors")):
+            stat = file.stat()
+            digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        return digest.hexdigest()[:16]
+    if not (source / ".metadata").is_file():
+        found = complete_checkpoints(source) or complete_checkpoints(source / "checkpoints")
+        if not found:
+            return None
+        source = found[-1][1]
+    for name in (COMPLETE, ".metadata"):
+        if (source / name).is_file():
+            digest.update((source / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def manifest_digest(data_dir: str | Path) -> str:
@@ -102,6 +129,10 @@ def bind_run(run_dir: Path, ckpt: Checkpointer, meta: dict, layout: Layout, *, a
         return None
     old = info.get("fields")
     changes = differing_keys(old, meta["fields"]) if old is not None else {"fingerprint": (None, meta["fingerprint"])}
+    if changes.get("model.init_from_digest", (None, ""))[1] is None:
+        del changes["model.init_from_digest"]  # the source is gone: the run's own checkpoints carry its weights on
+    if not changes:
+        return None
     what = (describe(changes) if old is not None
             else "its checkpoints record no config fingerprint (written by an older deltamatch)")
     if restart:

@@ -122,6 +122,27 @@ def test_restart_on_config_change_starts_afresh_like_a_new_run(data_dir, tmp_pat
     assert not read_metrics(run_dir / "metrics.jsonl", "config_change")
 
 
+def test_a_retrained_init_from_source_restarts_the_extension(data_dir, tmp_path, capsys):
+    """Context extension: the base run is retrained under the same path (another seed), so the extension's config is
+    unchanged but the weights it started from are not; it must start afresh, not resume."""
+    base, ext = tmp_path / "base", tmp_path / "ext"
+    run(short(data_dir, base, steps=2))
+    extension = short(data_dir, ext, steps=2, model={"init_from": str(base / "final")})
+    first = run(extension)
+    run(dict(short(data_dir, base, steps=2), seed=1), restart_on_config_change=True)
+    with pytest.raises(ConfigChangedError, match="model.init_from_digest"):
+        run(extension)
+    capsys.readouterr()
+    again = run(extension, restart_on_config_change=True)
+    assert "starting afresh" in capsys.readouterr().err
+    assert again["final_val_loss"] != first["final_val_loss"]
+    # once the source is cleaned up, the extension's own checkpoints carry on without it
+    shutil.rmtree(base)
+    shutil.rmtree(ext / "final")
+    (ext / "summary.json").unlink()
+    assert run(extension)["final_val_loss"] == again["final_val_loss"]
+
+
 def test_the_pipeline_train_rule_restarts_changed_runs():
     rule = (Path(__file__).parents[2] / "workflow" / "rules" / "train.smk").read_text()
     shell = rule[rule.index("rule train:"):].split("shell:")[1]
