@@ -134,8 +134,8 @@ def _check_size(path: Path, shard: dict, itemsize: int) -> None:
     if shard["tokens"] <= 0:
         raise ValueError(f"shard {path} holds no tokens (manifest: {shard['tokens']}); rerun dm-prepare-data")
     if path.stat().st_size != shard["tokens"] * itemsize:
-        raise ValueError(f"shard {path} has the wrong size: {path.stat().st_size} bytes, the manifest says {shard['tokens']} tokens "
-                         f"x {itemsize} bytes; rerun dm-prepare-data")
+        raise ValueError(f"shard {path} has the wrong size: {path.stat().st_size} bytes, the manifest says "
+                         f"{shard['tokens']} tokens x {itemsize} bytes; rerun dm-prepare-data")
 
 
 def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:

@@ -276,7 +276,8 @@ def _finished(config: RunConfig, latest: tuple[int, Path] | None, fingerprint: s
 
 
 def _final_validation(config: RunConfig, model, val: list[torch.Tensor], layout: Layout, autocast) -> float:
-    """The final validation loss; with ``on_nonfinite: stop`` a non-finite one is the run's result (NaN), not a crash."""
+    """The final validation loss; under ``on_nonfinite: stop`` a non-finite one is the run's result (NaN), not a
+    crash."""
     try:
         return evaluate(model, val, layout, autocast)
     except NonFiniteError as err:
