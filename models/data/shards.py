@@ -52,6 +52,8 @@ class ShardWriter:
     """Manifest entries of the shards written so far."""
     documents: int = 0
     """Documents added."""
+    max_ids: list[int] = field(default_factory=list)
+    """Largest token id of each shard written (the vocabulary check of :func:`verify`, known at write time)."""
     _buffer: list[np.ndarray] = field(default_factory=list)
     _buffered: int = 0
 
@@ -94,6 +96,7 @@ class ShardWriter:
         os.replace(tmp, path)
         self.shards.append({"file": f"{self.folder.name}/{name}", "tokens": int(n),
                             "sha256": hashlib.sha256(data).hexdigest()})
+        self.max_ids.append(int(head.max()))
 
 
 def write_manifest(folder: Path, *, vocab_size: int, special: dict[str, int], seed: int, source: dict,
@@ -110,7 +113,20 @@ def write_manifest(folder: Path, *, vocab_size: int, special: dict[str, int], se
                    for name, w in splits.items()},
     }
     write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    _remember_verified(folder, manifest, [m for w in splits.values() for m in w.max_ids])
     return manifest
+
+
+def _remember_verified(folder: Path, manifest: dict, max_ids: list[int]) -> None:
+    """Seed :func:`verify`'s cache with the shards just written (their sha256 is of the bytes written, their ids were
+    seen), so the training jobs that start together on a fresh data folder do not each hash all of it again."""
+    shards = [s for split in manifest["splits"].values() for s in split["shards"]]
+    cache = {}
+    for shard, largest in zip(shards, max_ids):
+        if largest < manifest["vocab_size"]:
+            stat = (folder / shard["file"]).stat()
+            cache[shard["file"]] = [stat.st_size, stat.st_mtime_ns, shard["sha256"]]
+    write_text(folder / VERIFIED, json.dumps(cache, indent=1) + "\n")
 
 
 def read_manifest(folder: str | Path) -> dict:

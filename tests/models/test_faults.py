@@ -289,6 +289,21 @@ def test_verification_hashes_each_shard_once(data_copy, monkeypatch):
     assert scanned[first:] == [shard]
 
 
+def test_a_fresh_data_folder_needs_no_rehash(tmp_path, monkeypatch):
+    """dm-prepare-data seeds the cache from the bytes it wrote: the training jobs that start together on a new data
+    folder only stat its shards (a cluster's 30 runs would otherwise each read the whole corpus)."""
+    import deltamatch.models.data.shards as shards
+
+    cfg = tmp_path / "data.yaml"
+    cfg.write_text(yaml.safe_dump({"out_dir": str(tmp_path / "data"), "corpus": {"max_bytes": 400_000}}))
+    assert data_cli.main(["--config", str(cfg)]) == 0
+    scanned = []
+    monkeypatch.setattr(shards, "_scan", lambda path, dtype: scanned.append(path))
+    verify(tmp_path / "data")
+    assert scanned == []
+    assert len(json.loads((tmp_path / "data" / shards.VERIFIED).read_text())) == 2
+
+
 def _rewrite_manifest(folder, edit):
     manifest = read_manifest(folder)
     edit(manifest)
