@@ -6,7 +6,8 @@ Run it as it is on one process, or under ``torchrun --nproc-per-node N -m deltam
 Exit statuses: 0 done; 2 bad input, one line naming it (a config key, a malformed YAML file, a shard that does not
 match its manifest, a run dir trained under another config, an unwritable run dir, a full disk); 3 a NaN or infinite
 loss or gradient norm under ``train.on_nonfinite: raise`` (the step is never applied); 130 / 143 stopped by SIGINT /
-SIGTERM after the current step, with a checkpoint written (rerun to resume).
+SIGTERM after the current step, with a checkpoint written (rerun to resume); 130 also for a second SIGINT, which
+aborts at once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as err:
         print(f"dm-train: {err}", file=sys.stderr)
         return err.exit_status
+    except KeyboardInterrupt:  # a second SIGINT: the user did not want to wait for the step and its checkpoint
+        print("dm-train: interrupted by a second SIGINT; the run resumes from its newest checkpoint", file=sys.stderr)
+        return 130
     if summary:
         ended = (f" (stopped: step {summary['diverged_at_step']} was not finite)"
                  if summary.get("diverged_at_step") is not None else "")

@@ -228,6 +228,23 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_exits_with_its_statu
     assert f"step {last_step} " in err
 
 
+def test_a_second_sigint_aborts_at_once_in_one_line(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    # 40 micro-batches a step: the second SIGINT lands while the first one's step is still running
+    cfg = short(data_dir, run_dir, steps=10_000, train={"grad_accum": 40}, checkpoint={"every": 5_000, "keep": 2})
+    proc = subprocess.Popen(cli_command(write_config(tmp_path / "long.yaml", cfg)), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)  # two signals at once reach Python's handler as one
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert "interrupted by a second SIGINT" in err
+
+
 @pytest.mark.slow
 def test_sigterm_to_torchrun_stops_every_rank_after_the_same_step(data_dir, tmp_path):
     """torchrun forwards SIGTERM to its 2 gloo ranks; they agree (a CPU all-reduce) on the step to stop after and
