@@ -41,12 +41,16 @@ def main(argv: list[str] | None = None) -> None:
     from deltamatch.evals.runner import evaluate_suite, write_json_atomic
     from deltamatch.evals.suites import load_suite
 
-    try:
+    from deltamatch.models.train.export import check_hf_folder
+
+    try:  # bad input is one line naming it, exit 2; the result file is written only whole
+        check_hf_folder(args.checkpoint)
         record = evaluate_suite(args.checkpoint, load_suite(args.suite), data_dir=args.data, limit=args.limit,
                                 online=args.online, device=args.device, cache_dir=args.cache)
-    except ValueError as err:
-        sys.exit(f"dm-eval: error: {err}")
-    write_json_atomic(record, args.out)
+        write_json_atomic(record, args.out)
+    except (ValueError, OSError) as err:
+        print(f"dm-eval: error: {err}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps({"suite": record["suite"], "average": record["average"], "tasks": record["tasks"]}, indent=1))
 
 

@@ -45,6 +45,18 @@ class SweepConfig:
     causal: bool = True
     """Causal masking."""
 
+    def __post_init__(self) -> None:
+        for name in ("heads", "tokens", "head_dim", "seeds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not self.spreads or not all(math.isfinite(s) and s > 0 for s in self.spreads):
+            raise ValueError(f"--spreads must be finite and > 0 (a variance), got {list(self.spreads)}")
+        for name, known in (("families", FAMILIES), ("methods", SWEEP_METHODS)):
+            unknown = [x for x in getattr(self, name) if x not in known]
+            if unknown:
+                raise ValueError(f"unknown {name} {unknown}; choose from {list(known)}")
+
 
 def make_inputs(family: str, spread: float, seed: int, cfg: SweepConfig):
     """q, k, v, dO in the public layout (1, N, H, D), FP32, deterministic for (family, spread, seed)."""
@@ -115,14 +127,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spreads", type=float, nargs="+", default=list(SweepConfig.spreads))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    cfg = SweepConfig(
-        heads=args.heads, tokens=args.tokens, head_dim=args.head_dim, seeds=args.seeds, spreads=tuple(args.spreads)
-    )
+    try:  # every argument is checked before any work or output
+        cfg = SweepConfig(heads=args.heads, tokens=args.tokens, head_dim=args.head_dim, seeds=args.seeds,
+                          spreads=tuple(args.spreads))
+    except ValueError as err:
+        parser.exit(2, f"dm-sweep: error: {err}\n")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     df = run_sweep(cfg, progress=not args.no_progress)
-    with atomic_path(args.out) as tmp:
-        df.to_csv(tmp, index=False)
-    print(format_table(df))
+    table = format_table(df)
+    try:
+        with atomic_path(args.out) as tmp:
+            df.to_csv(tmp, index=False)
+    except OSError as err:
+        parser.exit(2, f"dm-sweep: error: cannot write --out {args.out}: {err}\n")
+    print(table)
     print(f"\nwrote {args.out}")
 
 

@@ -140,6 +140,55 @@ def _check_run_configs():
 _check_run_configs()
 
 
+def _registry_names():
+    """Sizes (``CONFIGS`` of models/sizes.py), suites (evals/suites/*.yaml) and the data config's dataclass fields,
+    read from the package's source without importing it (no torch or tokenizers in Snakemake's environment)."""
+    import ast
+
+    base = Path(workflow.basedir)
+
+    def tree(rel):
+        return ast.parse((base / rel).read_text())
+
+    sizes = next(
+        [k.value for k in node.value.keys]
+        for node in ast.walk(tree("models/sizes.py"))
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "CONFIGS"
+    )
+    suites = sorted(p.stem for p in (base / "evals" / "suites").glob("*.yaml"))
+    classes = {}
+    for rel in ("models/data/prepare.py", "models/data/corpus.py", "models/data/tokenizer.py", "models/data/hub.py"):
+        for node in ast.walk(tree(rel)):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
+                classes[node.name] = {
+                    f.target.id: ast.unparse(f.annotation) for f in node.body if isinstance(f, ast.AnnAssign)
+                }
+    return sizes, suites, classes
+
+
+def _check_registries():
+    """Sizes, suites and data keys name what exists: a typo fails `snakemake -n`, not an eval after training."""
+    sizes, suites, classes = _registry_names()
+    for i, group in enumerate(config["runs"]):
+        for key, known in (("sizes", sizes), ("suites", suites)):
+            unknown = [x for x in group[key] if x not in known]
+            if unknown:
+                raise ValueError(f"config key 'runs[{i}].{key}': unknown {unknown}; choose from {known}")
+
+    def check(mapping, cls, where):
+        fields = classes[cls]
+        for key, value in mapping.items():
+            if key not in fields:
+                raise ValueError(f"unknown config key '{where}{key}' (known keys: {', '.join(sorted(fields))})")
+            if isinstance(value, dict) and fields[key] in classes:
+                check(value, fields[key], f"{where}{key}.")
+
+    check(config["data"], "PrepareConfig", "data.")
+
+
+_check_registries()
+
+
 def init_checkpoint(wildcards):
     """The final/ folder a context-extension style run starts from, so it is trained first."""
     source = GROUPS[wildcards.variant]["init_from"]

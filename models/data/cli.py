@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"dm-prepare-data: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # an unwritable out_dir, a full disk
+        print(f"dm-prepare-data: error: cannot write out_dir {config.out_dir}: {err}", file=sys.stderr)
+        return 2
     splits = ", ".join(f"{k} {v['tokens']:,} tokens / {v['documents']:,} docs" for k, v in manifest["splits"].items())
     print(f"dm-prepare-data: {config.out_dir}: vocab {manifest['vocab_size']}, {splits} "
           f"({time.perf_counter() - start:.1f} s)")

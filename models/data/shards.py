@@ -52,6 +52,8 @@ class ShardWriter:
     """Manifest entries of the shards written so far."""
     documents: int = 0
     """Documents added."""
+    max_ids: list[int] = field(default_factory=list)
+    """Largest token id of each shard written (the vocabulary check of :func:`verify`, known at write time)."""
     _buffer: list[np.ndarray] = field(default_factory=list)
     _buffered: int = 0
 
@@ -94,6 +96,7 @@ class ShardWriter:
         os.replace(tmp, path)
         self.shards.append({"file": f"{self.folder.name}/{name}", "tokens": int(n),
                             "sha256": hashlib.sha256(data).hexdigest()})
+        self.max_ids.append(int(head.max()))
 
 
 def write_manifest(folder: Path, *, vocab_size: int, special: dict[str, int], seed: int, source: dict,
@@ -110,7 +113,20 @@ def write_manifest(folder: Path, *, vocab_size: int, special: dict[str, int], se
                    for name, w in splits.items()},
     }
     write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    _remember_verified(folder, manifest, [m for w in splits.values() for m in w.max_ids])
     return manifest
+
+
+def _remember_verified(folder: Path, manifest: dict, max_ids: list[int]) -> None:
+    """Seed :func:`verify`'s cache with the shards just written (their sha256 is of the bytes written, their ids were
+    seen), so the training jobs that start together on a fresh data folder do not each hash all of it again."""
+    shards = [s for split in manifest["splits"].values() for s in split["shards"]]
+    cache = {}
+    for shard, largest in zip(shards, max_ids):
+        if largest < manifest["vocab_size"]:
+            stat = (folder / shard["file"]).stat()
+            cache[shard["file"]] = [stat.st_size, stat.st_mtime_ns, shard["sha256"]]
+    write_text(folder / VERIFIED, json.dumps(cache, indent=1) + "\n")
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -124,22 +140,67 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
+VERIFIED = ".verified.json"
+"""Cache of :func:`verify` in the data folder: per shard file, the (size, mtime_ns, sha256) it was found good with."""
+
+
+def _check_size(path: Path, shard: dict, itemsize: int) -> None:
+    if not path.is_file():
+        raise ValueError(f"shard {path} is missing (the manifest lists it); rerun dm-prepare-data")
+    if shard["tokens"] <= 0:
+        raise ValueError(f"shard {path} holds no tokens (manifest: {shard['tokens']}); rerun dm-prepare-data")
+    if path.stat().st_size != shard["tokens"] * itemsize:
+        raise ValueError(f"shard {path} has the wrong size: {path.stat().st_size} bytes, the manifest says "
+                         f"{shard['tokens']} tokens x {itemsize} bytes; rerun dm-prepare-data")
+
+
+def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """sha256 of the file and its largest token id, in one pass of 4 MiB blocks."""
+    digest, largest = hashlib.sha256(), -1
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+            largest = max(largest, int(np.frombuffer(block, dtype=dtype).max()))
+    return digest.hexdigest(), largest
+
+
 def verify(folder: str | Path) -> None:
-    """Check every shard's size and sha256 against the manifest; ValueError naming the first bad shard."""
+    """Check every shard's size, sha256 and token ids (< the manifest's vocab_size) against the manifest;
+    ValueError naming the first bad shard.
+
+    A shard found good is remembered in ``.verified.json`` with its size and mtime and not hashed again while both
+    stay the same (a rewritten or edited file gets a new mtime), so several runs over one data folder hash it once."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    itemsize = np.dtype(manifest["dtype"]).itemsize
+    dtype = np.dtype(manifest["dtype"])
+    cache_path = folder / VERIFIED
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    fresh = {}
     for split in manifest["splits"].values():
         for shard in split["shards"]:
             path = folder / shard["file"]
-            if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
-                raise ValueError(f"shard {path} is missing or has the wrong size")
-            digest = hashlib.sha256()
-            with path.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    digest.update(block)
-            if digest.hexdigest() != shard["sha256"]:
-                raise ValueError(f"shard {path} does not match its sha256 in the manifest")
+            _check_size(path, shard, dtype.itemsize)
+            stat = path.stat()
+            key = [stat.st_size, stat.st_mtime_ns, shard["sha256"]]
+            if cache.get(shard["file"]) == key:
+                fresh[shard["file"]] = key
+                continue
+            sha256, largest = _scan(path, dtype)
+            if sha256 != shard["sha256"]:
+                raise ValueError(f"shard {path} does not match its sha256 in the manifest (corrupt or changed since "
+                                 f"dm-prepare-data wrote it)")
+            if largest >= manifest["vocab_size"]:
+                raise ValueError(f"shard {path} holds token id {largest}, outside the vocabulary of "
+                                 f"{manifest['vocab_size']} ids in the manifest")
+            fresh[shard["file"]] = key
+    if fresh != cache:
+        try:  # a read-only data folder is verified every time instead
+            write_text(cache_path, json.dumps(fresh, indent=1) + "\n")
+        except OSError:
+            pass
 
 
 def open_split(folder: str | Path, split: str) -> list[np.memmap]:
@@ -151,7 +212,5 @@ def open_split(folder: str | Path, split: str) -> list[np.memmap]:
     dtype = np.dtype(manifest["dtype"])
     shards = manifest["splits"][split]["shards"]
     for shard in shards:
-        path = folder / shard["file"]
-        if not path.is_file() or path.stat().st_size != shard["tokens"] * dtype.itemsize:
-            raise ValueError(f"shard {path} is missing or has the wrong size for the manifest")
+        _check_size(folder / shard["file"], shard, dtype.itemsize)
     return [np.memmap(folder / s["file"], dtype=dtype, mode="r", shape=(s["tokens"],)) for s in shards]

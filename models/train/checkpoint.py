@@ -5,13 +5,20 @@ trainer state (optimizer steps done, training samples consumed — the data posi
 
 Atomicity: all ranks write into ``checkpoints/.tmp-step_XXXXXXXX``; after a barrier rank 0 writes ``COMPLETE`` into it
 and renames it to ``checkpoints/step_XXXXXXXX`` (a rename within one folder is atomic on POSIX and on Lustre/GPFS).
-Only folders with the final name *and* ``COMPLETE`` *and* DCP's ``.metadata`` are ever loaded, so a run killed in the
-middle of a save resumes from the previous checkpoint and deletes the leftover temporary folder.
+Only folders with the final name *and* ``COMPLETE`` *and* DCP's ``.metadata`` *and* every data file that metadata
+names, at its full length, are ever loaded, so a run killed in the middle of a save resumes from the previous
+checkpoint and deletes the leftover temporary folder. Old checkpoints are pruned the same way round: renamed to
+``.trash-step_XXXXXXXX`` first (one atomic step that takes them out of the complete set), then deleted. ``COMPLETE``
+also records the run's config fingerprint (``models/train/fingerprint.py``).
+
+A save that fails (a full disk, an unwritable folder) deletes its temporary folder and raises ``OSError``; a full disk
+says "No space left on device" and names the folder, however deep in DCP the write failed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -22,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -52,24 +60,89 @@ def _set_rng_state(state: dict[str, torch.Tensor], layout: Layout) -> None:
         torch.cuda.set_rng_state(state[f"cuda.rank{layout.rank}"], layout.device)
 
 
+def _data_files_whole(path: Path) -> bool:
+    """Every file DCP's ``.metadata`` names exists and is long enough for every item stored in it."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception:  # a cut or foreign .metadata: not a checkpoint we can load
+        return False
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in needed.items():
+        file = path / name
+        if not file.is_file() or file.stat().st_size < size:
+            return False
+    return True
+
+
 def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """``(step, folder)`` of every complete checkpoint under ``root``, oldest first."""
+    """``(step, folder)`` of every complete checkpoint under ``root``, oldest first: final name, ``COMPLETE``,
+    ``.metadata`` and every data file the metadata names."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = []
     for path in root.iterdir():
         match = _NAME.match(path.name)
-        if match and (path / COMPLETE).is_file() and (path / ".metadata").is_file():
+        if (match and (path / COMPLETE).is_file() and (path / ".metadata").is_file()
+                and _data_files_whole(path)):
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def checkpoint_info(path: str | Path) -> dict:
+    """What ``COMPLETE`` records: ``step``, ``world`` and, since fingerprints exist, ``fingerprint`` and ``fields``."""
+    try:
+        return json.loads((Path(path) / COMPLETE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _failures(err: BaseException) -> list[BaseException]:
+    """``err`` and what it wraps: causes, contexts and DCP's per-rank failures (``CheckpointException`` is a
+    ``BaseException`` holding ``{rank: (exception, traceback)}``)."""
+    seen, todo, out = set(), [err], []
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        out.append(e)
+        wrapped = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
+        todo += [e.__cause__, e.__context__, *wrapped]
+    return out
+
+
+def save_error(err: BaseException, tmp: Path, what: str = "checkpoint") -> OSError | None:
+    """The ``OSError`` naming ``tmp`` that a failed write of ``what`` into the (already deleted) temporary folder
+    ``tmp`` raises instead of ``err`` (DCP's wrapper, a library's own error); None: re-raise ``err`` as it is."""
+    errors = [e for e in _failures(err) if isinstance(e, OSError)]
+    if any(e.errno == errno.ENOSPC for e in errors) or any("No space left" in str(e) for e in _failures(err)):
+        return OSError(errno.ENOSPC, f"No space left on device while writing {what} {tmp} (deleted it); free "
+                                     f"space under {tmp.parent} and rerun to resume")
+    if errors:
+        return OSError(errors[0].errno, f"writing {what} {tmp} failed (deleted it): {errors[0]}")
+    return None
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder so that no half of it keeps a loadable name: rename to ``.trash-*``, then delete."""
+    trash = path.with_name(f".trash-{path.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 class Checkpointer:
     """Saves and restores the training state under ``root``; ``keep`` newest complete checkpoints are kept."""
 
-    def __init__(self, root: str | Path, keep: int, layout: Layout):
+    def __init__(self, root: str | Path, keep: int, layout: Layout, meta: dict | None = None):
         self.root, self.keep, self.layout = Path(root), keep, layout
+        self.meta = meta or {}
+        """Recorded in every ``COMPLETE`` (the run's config fingerprint)."""
 
     def latest(self) -> tuple[int, Path] | None:
         """The newest complete checkpoint, or None."""
@@ -90,13 +163,20 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             self.root.mkdir(parents=True, exist_ok=True)
         barrier(self.layout)
-        with _single_process_ok():
-            dcp.save(self._state(model, optimizers, trainer), checkpoint_id=str(tmp))
+        try:
+            with _single_process_ok():
+                dcp.save(self._state(model, optimizers, trainer), checkpoint_id=str(tmp))
+        except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+            shutil.rmtree(tmp, ignore_errors=True)
+            named = save_error(err, tmp)
+            if named is not None:
+                raise named from err
+            raise
         barrier(self.layout)
         if self.layout.is_main:
-            (tmp / COMPLETE).write_text(json.dumps({"step": step, "world": self.layout.world}) + "\n")
+            (tmp / COMPLETE).write_text(json.dumps({"step": step, "world": self.layout.world, **self.meta}) + "\n")
             if final.exists():  # re-saving the same step (e.g. the final save after a periodic one)
-                shutil.rmtree(final)
+                _remove(final)
             os.replace(tmp, final)
             self._prune()
         barrier(self.layout)
@@ -117,15 +197,15 @@ class Checkpointer:
         return trainer
 
     def clean_partial(self) -> None:
-        """Delete temporary folders of saves that never completed (rank 0)."""
+        """Delete temporary folders of saves that never completed and of prunes cut short (rank 0)."""
         if self.layout.is_main and self.root.is_dir():
-            for path in self.root.glob(".tmp-step_*"):
+            for path in [*self.root.glob(".tmp-step_*"), *self.root.glob(".trash-step_*")]:
                 shutil.rmtree(path, ignore_errors=True)
         barrier(self.layout)
 
     def _prune(self) -> None:
         for _, path in complete_checkpoints(self.root)[: -self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
 
 
 def load_model_weights(model: nn.Module, source: str | Path) -> None:

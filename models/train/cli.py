@@ -1,8 +1,13 @@
 """``dm-train --config FILE``: train (or resume, or finish) the run a YAML config describes (see ``config.RunConfig``).
 
 Run it as it is on one process, or under ``torchrun --nproc-per-node N -m deltamatch.models.train.cli --config FILE``
-(``dm-launch`` wraps that for SLURM). Bad configs exit with status 2 and a message naming the key; a NaN or infinite loss or gradient norm
-stops the run with status 3 before the optimizer step that would spread it into the weights.
+(``dm-launch`` wraps that for SLURM).
+
+Exit statuses: 0 done; 2 bad input, one line naming it (a config key, a malformed YAML file, a shard that does not
+match its manifest, a run dir trained under another config, an unwritable run dir, a full disk); 3 a NaN or infinite
+loss or gradient norm under ``train.on_nonfinite: raise`` (the step is never applied); 130 / 143 stopped by SIGINT /
+SIGTERM after the current step, with a checkpoint written (rerun to resume); 130 also for a second SIGINT, which
+aborts at once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dm-train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML run config")
     parser.add_argument("--run-dir", help="override run_dir of the config")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume a run dir whose checkpoints were written under another config (e.g. a new lr "
+                             "schedule); the change is recorded in metrics.jsonl")
+    parser.add_argument("--restart-on-config-change", action="store_true",
+                        help="delete a run dir's checkpoints, metrics and export when they were written under another "
+                             "config, and start afresh (what the pipeline does)")
     args = parser.parse_args(argv)
     try:
         config = load_yaml(RunConfig, args.config)
@@ -26,15 +37,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dm-train: error: {err}", file=sys.stderr)
         return 2
     from deltamatch.models.train.loop import NonFiniteError, train  # after validation: a bad config fails first
+    from deltamatch.models.train.signals import Interrupted
 
     try:
-        summary = train(config)
+        summary = train(config, allow_config_change=args.allow_config_change,
+                        restart_on_config_change=args.restart_on_config_change)
     except ValueError as err:
+        print(f"dm-train: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # unwritable or missing folders, a full disk: the path is in the message
         print(f"dm-train: error: {err}", file=sys.stderr)
         return 2
     except NonFiniteError as err:
         print(f"dm-train: error: {err}", file=sys.stderr)
         return 3
+    except Interrupted as err:
+        print(f"dm-train: {err}", file=sys.stderr)
+        return err.exit_status
+    except KeyboardInterrupt:  # a second SIGINT: the user did not want to wait for the step and its checkpoint
+        print("dm-train: interrupted by a second SIGINT; the run resumes from its newest checkpoint", file=sys.stderr)
+        return 130
     if summary:
         ended = (f" (stopped: step {summary['diverged_at_step']} was not finite)"
                  if summary.get("diverged_at_step") is not None else "")

@@ -5,12 +5,14 @@ YAML mapping into the dataclass and rejects what it cannot place: an unknown key
 ``ValueError`` naming the dotted key (``optim.lr``), so a typo never silently falls back to a default.
 
 One YAML quirk is absorbed on purpose: PyYAML reads ``3e-4`` (no dot) as a string, so float fields accept strings that
-``float()`` parses. Nothing else is coerced.
+``float()`` parses. Nothing else is coerced. A float must be finite: ``inf`` or ``nan`` (which YAML reads as ``.inf``,
+``.nan``, and ``float()`` from ``"inf"``) is refused wherever a float is expected.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -41,6 +43,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ValueError as err:
                 errors.append(str(err))
+        if len(errors) == 1:  # ``float | None``: the float's own message (e.g. not finite)
+            raise ValueError(errors[0])
         raise ValueError(f"config key '{key}': expected {_type_name(tp)}, got {type(value).__name__} ({value!r})")
     if origin is Literal:
         if value not in args:
@@ -73,14 +77,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ValueError(f"config key '{key}': expected int, got {type(value).__name__} ({value!r})")
         return value
     if tp is float:
+        number = None
         if isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        if number is None:
             raise ValueError(f"config key '{key}': expected float, got {type(value).__name__} ({value!r})")
-        return float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"config key '{key}': expected a finite float, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ValueError(f"config key '{key}': expected str, got {type(value).__name__} ({value!r})")
@@ -113,8 +122,14 @@ def load_yaml(cls: type, path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
-    with path.open() as fh:
-        return parse(cls, yaml.safe_load(fh))
+    try:
+        with path.open() as fh:
+            mapping = yaml.safe_load(fh)
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"config file {path} cannot be read: {err}") from None
+    return parse(cls, mapping)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -143,8 +158,10 @@ class DataSection:
     """Folder written by ``dm-prepare-data`` (manifest.json, train/, val/, tokenizer/)."""
     seq_len: int = 256
     """Tokens per training sequence."""
-    verify_sha256: bool = False
-    """Re-hash every shard against the manifest before training (slow for large corpora)."""
+    verify_sha256: bool = True
+    """Hash every shard against the manifest and check its ids against the vocabulary before training; the result is
+    cached in the data folder per shard (keyed by size and mtime), so each shard is hashed once. Shard sizes are
+    always checked."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from deltamatch.models.train.checkpoint import save_error
 from deltamatch.models.train.distributed import Layout, barrier
 
 
@@ -31,8 +32,15 @@ def export_hf(model: nn.Module, tokenizer_dir: str | Path, out: str | Path, layo
         fresh.load_state_dict(state, strict=True)
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        fresh.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(tmp)
+        try:
+            fresh.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(tmp)
+        except Exception as err:  # a full disk: the folder is named and the half-written copy deleted
+            shutil.rmtree(tmp, ignore_errors=True)
+            named = save_error(err, tmp, "the HF export")
+            if named is not None:
+                raise named from err
+            raise
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -46,3 +54,19 @@ def write_summary(path: str | Path, summary: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def check_hf_folder(folder: str | Path) -> None:
+    """ValueError naming the folder or file if ``folder`` is missing or one of its safetensors files is not whole (a
+    truncated copy fails here, not as an unnamed header error deep inside ``from_pretrained``)."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"checkpoint {folder} is not a folder")
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as fh:
+                fh.keys()
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"weights file {file} is corrupt or truncated ({err})") from None

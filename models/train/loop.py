@@ -13,6 +13,10 @@ One function, :func:`train`, runs on one CPU process and on every rank of a ``to
    every ``checkpoint.every`` steps an atomic checkpoint;
 5. at the end: validation, a final checkpoint, the HF export under ``final/`` and ``summary.json``.
 
+A run directory is bound to the config that trained it (``fingerprint.py``): resuming under another result-affecting
+config is refused unless asked for. SIGTERM/SIGINT end the run after the current step with a checkpoint
+(``signals.py``).
+
 A step whose loss or gradient norm is NaN or infinite is never applied. With ``train.on_nonfinite: stop`` (the default)
 the run ends there as in 5., from the weights of the step before, and ``summary.json`` names the step in
 ``diverged_at_step`` (the paper's divergent runs are results, and the report shows them); with ``raise`` it exits.
@@ -42,10 +46,12 @@ from deltamatch.models.train.config import RunConfig
 from deltamatch.models.train.distributed import (Layout, init_distributed, mean_over_ranks, shard_model, shutdown,
                                                  sum_over_ranks)
 from deltamatch.models.train.export import export_hf, write_summary
+from deltamatch.models.train.fingerprint import bind_run, run_meta
 from deltamatch.models.train.metrics import MetricsWriter
 from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier
 from deltamatch.models.train.throughput import flops_per_token, peak_tflops
+from deltamatch.models.train.signals import Interrupted, StopRequest, stop_on_signals
 
 
 class NonFiniteError(FloatingPointError):
@@ -169,26 +175,33 @@ def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def train(config: RunConfig) -> dict:
-    """Run (or resume, or finish) the training run of ``config``; returns the summary on rank 0, {} elsewhere."""
+def train(config: RunConfig, *, allow_config_change: bool = False, restart_on_config_change: bool = False) -> dict:
+    """Run (or resume, or finish) the training run of ``config``; returns the summary on rank 0, {} elsewhere.
+
+    A run dir whose checkpoints were written under another result-affecting config raises
+    ``fingerprint.ConfigChangedError``, unless ``allow_config_change`` (go on from them, recorded in the metrics) or
+    ``restart_on_config_change`` (delete them and start afresh, as the pipeline does). SIGTERM/SIGINT raise
+    ``signals.Interrupted`` after the current step's checkpoint."""
     layout = init_distributed(config.train.device)
     try:
-        with configured_numerics(config, layout):
-            return _train(config, layout)
+        with configured_numerics(config, layout), stop_on_signals(layout) as stop:
+            return _train(config, layout, stop, allow_config_change, restart_on_config_change)
     finally:
         shutdown(layout)
 
 
-def _train(config: RunConfig, layout: Layout) -> dict:
+def _train(config: RunConfig, layout: Layout, stop: StopRequest, allow_change: bool, restart: bool) -> dict:
     start_wall = time.perf_counter()
     check_model_names(config)
     run_dir, data_dir = Path(config.run_dir), Path(config.data.dir)
     manifest = read_manifest(data_dir)
     if config.data.verify_sha256 and layout.is_main:
         verify(data_dir)
-    ckpt = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, layout)
+    meta = run_meta(config, layout.world, data_dir)
+    ckpt = Checkpointer(run_dir / "checkpoints", config.checkpoint.keep, layout, meta)
+    changes = bind_run(run_dir, ckpt, meta, layout, allow_change=allow_change, restart=restart)
     latest = ckpt.latest()
-    if _finished(config, latest):
+    if _finished(config, latest, meta["fingerprint"]):
         return json.loads((run_dir / "summary.json").read_text()) if layout.is_main else {}
     model, optimizers = _model_and_optimizers(config, manifest, layout, init_from_source=latest is None)
     ckpt.clean_partial()
@@ -201,6 +214,9 @@ def _train(config: RunConfig, layout: Layout) -> dict:
     metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
     metrics.truncate_after(position.step)
     backends = _log_backends(config, layout, model, metrics, position.step)
+    if changes:
+        metrics.write("config_change", step=position.step, changed={k: list(v) for k, v in changes.items()},
+                      fingerprint=meta["fingerprint"])
 
     def wall() -> float:
         return wall_before + time.perf_counter() - start_wall
@@ -208,8 +224,10 @@ def _train(config: RunConfig, layout: Layout) -> dict:
     autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     val = val_batches(TokenWindows(data_dir, "val", config.data.seq_len), config.train.micro_batch,
                       config.metrics.val_batches, layout.rank, layout.world)
-    end, diverged_at = _run_steps(config, layout, model, optimizers, ckpt, metrics, val, position, wall)
-    val_loss = evaluate(model, val, layout, autocast)
+    end, diverged_at = _run_steps(config, layout, model, optimizers, ckpt, metrics, val, position, wall, stop)
+    if end.step == position.step and latest is not None:
+        metrics.drop("val", end.step)  # a rerun after a kill during the export: the final record stays single
+    val_loss = _final_validation(config, model, val, layout, autocast)
     metrics.write("val", step=end.step, loss=val_loss)
     metrics.close()
     if config.train.final_export:
@@ -218,7 +236,7 @@ def _train(config: RunConfig, layout: Layout) -> dict:
         export_hf(model, data_dir / "tokenizer", run_dir / "final", layout)
     summary = {"final_val_loss": val_loss, "steps": end.step, "tokens": end.samples * config.data.seq_len,
                "method": config.model.attn_method, "size": config.model.size, "seed": config.seed, "wall_s": wall(),
-               "diverged_at_step": diverged_at, "backends": backends}
+               "diverged_at_step": diverged_at, "fingerprint": meta["fingerprint"], "backends": backends}
     if not layout.is_main:
         return {}
     write_summary(run_dir / "summary.json", summary)
@@ -255,9 +273,9 @@ class Position:
         return {"step": self.step, "samples": self.samples}
 
 
-def _finished(config: RunConfig, latest: tuple[int, Path] | None) -> bool:
-    """Whether the run already completed, or stopped on a divergence (then rerunning it changes nothing);
-    ValueError if it went further than ``train.steps``."""
+def _finished(config: RunConfig, latest: tuple[int, Path] | None, fingerprint: str) -> bool:
+    """Whether the run already completed under this config, or stopped on a divergence (then rerunning it changes
+    nothing); ValueError if it went further than ``train.steps``."""
     if latest is None:
         return False
     run_dir = Path(config.run_dir)
@@ -267,8 +285,23 @@ def _finished(config: RunConfig, latest: tuple[int, Path] | None) -> bool:
     if not ((run_dir / "summary.json").is_file() and (run_dir / "final").is_dir()):
         return False
     summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("fingerprint") != fingerprint:  # exported under another config: validate and export again
+        return False
     return latest[0] == config.train.steps or (summary.get("diverged_at_step") is not None
                                                and latest[0] == summary.get("steps"))
+
+
+def _final_validation(config: RunConfig, model, val: list[torch.Tensor], layout: Layout, autocast) -> float:
+    """The final validation loss; under ``on_nonfinite: stop`` a non-finite one is the run's result (NaN), not a
+    crash."""
+    try:
+        return evaluate(model, val, layout, autocast)
+    except NonFiniteError as err:
+        if config.train.on_nonfinite == "raise":
+            raise
+        if layout.is_main:
+            print(f"dm-train: {err}; recorded as NaN (train.on_nonfinite: stop)", file=sys.stderr, flush=True)
+        return float("nan")
 
 
 def _model_and_optimizers(config: RunConfig, manifest: dict, layout: Layout, init_from_source: bool):
@@ -286,7 +319,7 @@ def _model_and_optimizers(config: RunConfig, manifest: dict, layout: Layout, ini
 
 
 def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Checkpointer, metrics: MetricsWriter,
-               val: list[torch.Tensor], start: Position, wall) -> tuple[Position, int | None]:
+               val: list[torch.Tensor], start: Position, wall, stop: StopRequest) -> tuple[Position, int | None]:
     """Optimizer steps from ``start`` to ``train.steps`` with their records and periodic checkpoints.
 
     Returns where the run ended and, if a step's loss or gradient norm was not finite and ``train.on_nonfinite`` is
@@ -335,6 +368,11 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
             metrics.write("val", step=done, loss=evaluate(model, val, layout, autocast))
         if _due(done, config.checkpoint.every) and done != steps:
             ckpt.save(done, model, optimizers, {**position.state(), "wall_s": wall()})
+        if done != steps and (signum := stop.agreed()):
+            bar.close()
+            if not _due(done, config.checkpoint.every):
+                ckpt.save(done, model, optimizers, {**position.state(), "wall_s": wall()})
+            raise Interrupted.after_step(signum, done, ckpt.latest()[1])
     bar.close()
     return position, None
 

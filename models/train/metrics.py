@@ -3,7 +3,8 @@
 Kinds (the contract the reports read): ``train`` {step, tokens, loss, lr, [muon_lr,] grad_norm, tokens_per_s,
 peak_mem_bytes}; ``gain`` {step, layer, concentration, top_channels, q_gain_max, k_gain_max}; ``residual`` {step,
 layer, delta, before_cast, after_cast, dk_colsum}; ``val`` {step, loss}; ``diverged`` {step, message} (the step whose
-loss or gradient norm was not finite, never applied). Only rank 0 writes. A resumed run first drops the records
+loss or gradient norm was not finite, never applied); ``config_change`` {step, changed: {key: [old, new]},
+fingerprint} (a resume under another config, allowed by ``dm-train --allow-config-change``). Only rank 0 writes. A resumed run first drops the records
 logged after its checkpoint, so the file reads as one uninterrupted run.
 """
 
@@ -14,7 +15,7 @@ import math
 import os
 from pathlib import Path
 
-KINDS = ("train", "gain", "residual", "val", "diverged", "backends")
+KINDS = ("train", "gain", "residual", "val", "diverged", "config_change", "backends")
 
 
 class MetricsWriter:
@@ -26,10 +27,18 @@ class MetricsWriter:
 
     def truncate_after(self, step: int) -> None:
         """Keep only records with ``step <= step`` (atomically), before a resumed run appends."""
+        self._keep(lambda record: record["step"] <= step)
+
+    def drop(self, kind: str, step: int) -> None:
+        """Remove the ``kind`` records of ``step`` (atomically): a final record rewritten by a rerun stays single."""
+        self._keep(lambda record: not (record["kind"] == kind and record["step"] == step))
+
+    def _keep(self, keep) -> None:
         if not self.enabled or not self.path.exists():
             return
+        self.close()
         kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and _complete(line) and json.loads(line)["step"] <= step]
+                if line.strip() and _complete(line) and keep(json.loads(line))]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)

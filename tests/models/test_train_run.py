@@ -136,7 +136,7 @@ def test_two_gloo_ranks_fsdp2_match_one_process_and_reshard_through_dcp(referenc
     # one process resumes the 2-rank checkpoint (DCP reshards it) and finishes the 12 steps
     cfg["train"] = {**cfg["train"], "steps": STEPS, "micro_batch": 2}
     cfg["schedule"]["decay_fraction"] = 0.2
-    summary = train(parse(RunConfig, cfg))
+    summary = train(parse(RunConfig, cfg), allow_config_change=True)  # longer, with the decay: a changed config
     got = losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(7, STEPS + 1):
@@ -161,7 +161,8 @@ def test_kill_9_then_resume_is_bitwise_equal_to_uninterrupted(reference, data_di
     killed_at = complete_checkpoints(run_dir / "checkpoints")[-1][0]
     assert killed_at <= 9, "killed too late to compare with the reference's schedule"
     config_path = write_config(tmp_path / "run.yaml", run_config(data_dir, run_dir))
-    resumed = subprocess.run(cli_command(config_path), env=ENV, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run([*cli_command(config_path), "--allow-config-change"], env=ENV, capture_output=True,
+                             text=True, timeout=300)  # the victim's steps and decay differ from the reference's
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"(step {killed_at})" in resumed.stderr
     assert losses(run_dir) == losses(ref_dir)  # bitwise, every step
@@ -340,7 +341,7 @@ def test_resume_under_another_batch_layout_continues_from_the_sample_reached(dat
     (run_dir / "summary.json").unlink()
     second = run_config(data_dir, run_dir, train={"steps": 8, "grad_accum": 1},
                         metrics={"probe_every": 0, "val_every": 0})
-    summary = train(parse(RunConfig, second))
+    summary = train(parse(RunConfig, second), allow_config_change=True)
     tokens = {r["step"]: r["tokens"] for r in read_metrics(run_dir / "metrics.jsonl", "train")}
     assert tokens[6] == 24 * 32 and tokens[7] == 26 * 32 and summary["tokens"] == 28 * 32
     windows = TokenWindows(data_dir, "train", 32)

@@ -94,6 +94,21 @@ def test_bad_config_fails_naming_the_key(snakemake, tmp_path):
     assert "run base/tiny/bf16/s0" in done.output
 
 
+def test_registry_names_are_checked_at_the_dry_run(snakemake, tmp_path):
+    """Suites, sizes and data keys that do not exist fail `snakemake -n` naming the key (issue 18), not an eval job
+    after training or a misleading report error."""
+    cases = {
+        "name: bad\nruns:\n  - {variant: base, suites: [offline, comonsense]}\n":
+            ["config key 'runs[0].suites': unknown ['comonsense']", "'commonsense'"],
+        "name: bad\nruns:\n  - {variant: base, sizes: [tiny, huge]}\n":
+            ["config key 'runs[0].sizes': unknown ['huge']", "'1.67B'"],
+        "name: bad\ndata: {corpus: {max_byte: 1000}}\n": ["unknown config key 'data.corpus.max_byte'", "max_bytes"],
+    }
+    for text, expected in cases.items():
+        done = snakemake("-n", "--configfile", str(_bad(tmp_path, text)), workdir=tmp_path)
+        assert done.returncode != 0 and all(e in done.output for e in expected), done.output[-2000:]
+
+
 def test_every_schema_key_has_a_description_and_a_default(root):
     schema = yaml.safe_load((root / "workflow" / "schemas" / "config.schema.yaml").read_text())
     missing = []

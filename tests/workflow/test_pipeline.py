@@ -67,3 +67,26 @@ def test_regenerating_one_table_reruns_only_its_rule(pipeline, snakemake, stats,
     assert target.is_file() and target.stat().st_mtime_ns > target_before
     changed = [p for p in others if os.path.exists(p) and p.stat().st_mtime_ns != before[p]]
     assert changed == []
+
+
+def test_a_changed_train_config_retrains_afresh(pipeline, snakemake, config, tmp_path):
+    """Changing train.optim.lr makes Snakemake rerun `train`; the rerun must not resume the old run's checkpoints
+    (they are no declared output, so they outlive the rerun) and return the old weights (issue 18)."""
+    import hashlib
+
+    import yaml
+
+    run = pipeline / RESULTS / "runs/base/tiny/matched/s0"
+    weights = run / "final" / "model.safetensors"
+    before = hashlib.md5(weights.read_bytes()).hexdigest()
+    changed = yaml.safe_load(open(config))
+    changed["train"]["optim"] = {"lr": 1.0e-3}
+    path = tmp_path / "lr.yaml"
+    path.write_text(yaml.safe_dump(changed))
+    target = f"{RESULTS}/runs/base/tiny/matched/s0/summary.json"
+    done = snakemake("--cores", "2", target, "--configfile", str(path), workdir=pipeline, timeout=600)
+    assert done.returncode == 0, done.output[-4000:]
+    log = (pipeline / RESULTS / "logs/train/base/tiny/matched/s0.log").read_text()
+    assert "starting afresh" in log and "resumed from" not in log
+    assert hashlib.md5(weights.read_bytes()).hexdigest() != before
+    assert json.loads((run / "summary.json").read_text())["steps"] == 12

@@ -1,6 +1,7 @@
 # Training: one dm-launch call per (variant, size, method, seed). Only summary.json and final/ are declared outputs:
 # Snakemake deletes the outputs of a failed job, and a retried job must find its checkpoints/ and metrics.jsonl to
-# resume from.
+# resume from. A job rerun because its config changed must not resume them: dm-train --restart-on-config-change
+# deletes a run dir whose checkpoints carry another config fingerprint and starts afresh.
 
 
 rule train_config:
@@ -47,4 +48,4 @@ rule train:
     conda:
         "../../envs/train.yaml"
     shell:
-        "dm-launch --config {input.config} {params.launch} > {log} 2>&1"
+        "dm-launch --config {input.config} {params.launch} -- --restart-on-config-change > {log} 2>&1"
