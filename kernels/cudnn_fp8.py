@@ -10,6 +10,10 @@ delayed scaling, its scale comes from the amax cuDNN reported on the previous ca
 the first call of a shape runs the backward twice. On Hopper cuDNN writes dQ, dK, dV only in FP8 (BF16 gradients
 need Blackwell), so they get delayed scales the same way and are dequantised to the input dtype.
 
+GQA: cuDNN's FP8 graph on Hopper takes H == H_kv, so K and V are expanded to the query heads before quantisation
+(``repeat_interleave``; one per-tensor scale either way, so the codes are those of the replicated heads) and autograd
+sums each KV head's gradient over its query group, as the reference's simulation does.
+
 Importing this module never imports cuDNN; ``CudnnFP8Backend.supports`` says "unavailable" with the reason when
 ``cudnn`` (the frontend) cannot be imported or the GPU is not Hopper.
 """
@@ -186,6 +190,9 @@ def cudnn_fp8_attention(q, k, v, causal: bool = True, softmax_scale: float | Non
     _cudnn()
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    group = q.shape[2] // k.shape[2]
+    if group > 1:  # GQA: cuDNN's FP8 graph needs H == H_kv (see the module docstring)
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     return _CudnnFP8Attention.apply(q, k, v, bool(causal), float(softmax_scale))
 
 
@@ -193,8 +200,6 @@ def unsupported_shape(q, k) -> str | None:
     """Why cuDNN's FP8 SDPA cannot take these shapes (its graph check would raise ``cudnnGraphNotSupportedError``)."""
     if q.shape[-1] != HEAD_DIM:
         return f"head dim {q.shape[-1]}: cuDNN's FP8 attention on Hopper runs only D = {HEAD_DIM}"
-    if q.shape[2] != k.shape[2]:
-        return f"GQA (H={q.shape[2]} query heads, H_kv={k.shape[2]}): the cuDNN FP8 baseline needs H == H_kv"
     return None
 
 

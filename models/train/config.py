@@ -229,6 +229,10 @@ class TrainSection:
     a divergent run is still a result for the report); ``raise`` exits dm-train with status 3."""
     final_export: bool = True
     """Write the final checkpoint and the HF export under ``final/`` (benchmarks turn it off to time only steps)."""
+    allow_reference_attention: bool = False
+    """On a GPU, a softmax-attention layer that no fast backend runs (Triton FP8, cuDNN, SDPA) would train through the
+    reference simulation (N x N scores in PyTorch): refused unless this is true, so a GPU run never reports a
+    simulation as the method's real kernel."""
 
 
 @dataclass

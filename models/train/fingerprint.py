@@ -37,6 +37,7 @@ COSMETIC = frozenset({
     "run_dir", "data.dir", "data.verify_sha256",
     "train.progress", "train.threads", "train.device", "train.deterministic", "train.activation_checkpointing",
     "train.final_export", "train.on_nonfinite", "train.micro_batch", "train.grad_accum",
+    "train.allow_reference_attention",
 })
 """Keys (or whole sections, by prefix) left out of the fingerprint: they change where and how a run is written or
 laid out, never its weights. ``metrics.*`` and ``checkpoint.*`` are left out whole."""

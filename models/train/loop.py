@@ -252,6 +252,12 @@ def _log_backends(config: RunConfig, layout: Layout, model, metrics: MetricsWrit
             print(f"dm-train: {entry['mixer']} layers {entry['layers']}: {entry['backend']} ({entry['why']})",
                   file=sys.stderr, flush=True)
     metrics.write("backends", step=step, backends=backends)
+    simulated = [e for e in backends if e["backend"] == "reference"]
+    if layout.device.type == "cuda" and simulated and not config.train.allow_reference_attention:
+        raise ValueError(f"attention layers {simulated[0]['layers']} would train method "
+                         f"{config.model.attn_method!r} through the reference simulation on the GPU (no fast backend "
+                         "runs these shapes; dm_attn_func's warning says why); set train.allow_reference_attention: "
+                         "true to accept that")
     return backends
 
 

@@ -23,11 +23,11 @@ def test_backend_declines_head_dims_other_than_128(d):
         cudnn_fp8_attention(q, q, q)
 
 
-def test_backend_declines_gqa():
+def test_gqa_shapes_are_accepted_and_uneven_groups_refused():
     q, kv = torch.randn(1, 8, 4, 128), torch.randn(1, 8, 2, 128)
-    assert "GQA (H=4 query heads, H_kv=2)" in CudnnFP8Backend().supports(q, kv, kv, True, "cudnn_fp8")
-    with pytest.raises(ValueError, match="GQA"):
-        cudnn_fp8_attention(q, kv, kv)
+    assert "GQA" not in (CudnnFP8Backend().supports(q, kv, kv, True, "cudnn_fp8") or "")  # K/V heads get expanded
+    with pytest.raises(ValueError):
+        cudnn_fp8_attention(q, torch.randn(1, 8, 3, 128), torch.randn(1, 8, 3, 128))
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -61,11 +61,12 @@ def test_unavailable_frontend_is_reported_by_name(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal", [True, False])
-def test_cudnn_fp8_against_its_simulation_and_fp64(causal):
+@pytest.mark.parametrize("causal,kv_heads", [(True, 4), (False, 4), (True, 1)])  # H_kv = 1: GQA, one KV head for 4
+def test_cudnn_fp8_against_its_simulation_and_fp64(causal, kv_heads):
     pytest.importorskip("cudnn")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(2, 512, 4, 128, device="cuda", generator=gen).bfloat16() for _ in range(4))
+    q, do = (torch.randn(2, 512, 4, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    k, v = (torch.randn(2, 512, kv_heads, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
     results = {}
     for name, fn, dtype in (("cudnn", lambda a, b, c: cudnn_fp8_attention(a, b, c, causal), torch.bfloat16),
                             ("sim", lambda a, b, c: attention_reference(a, b, c, causal, "cudnn_fp8_sim"),

@@ -49,6 +49,17 @@ def test_one_gpu_run_trains_and_probes(data_dir, tmp_path, method):
     residual = _records(tmp_path / method, "residual")
     assert {r["delta"] for r in residual} == {"stale", "consistent", "matched"}
     assert summary["final_val_loss"] < steps[0]["loss"]
+    attention = [e for e in summary["backends"] if e["mixer"] == "gqa"]
+    assert attention and attention[0]["backend"] == ("sdpa" if method == "bf16" else "triton")
+
+
+def test_a_gpu_run_refuses_to_train_through_the_reference_simulation(data_dir, tmp_path):
+    cfg = _config(data_dir, tmp_path / "cudnn", "cudnn_fp8")  # the tiny model's head dim 32: cuDNN FP8 declines it
+    with pytest.raises(ValueError, match="reference simulation"):
+        train(parse(RunConfig, cfg))
+    cfg["train"]["allow_reference_attention"] = True
+    cfg["train"]["steps"] = 1
+    assert train(parse(RunConfig, cfg))["backends"][-1]["backend"] == "reference"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
