@@ -247,11 +247,11 @@ def _log_backends(config: RunConfig, layout: Layout, model, metrics: MetricsWrit
     """Say once which implementation trains each kind of mixer, and why (stderr on rank 0, and a metrics record)."""
     dtype = torch.bfloat16 if layout.device.type == "cuda" and config.train.bf16_autocast else None
     backends = training_backends(getattr(model, "module", model), layout.device, dtype)
+    metrics.write("backends", step=step, backends=backends)  # first: an unwritable run dir fails in one line
     if layout.is_main:
         for entry in backends:
             print(f"dm-train: {entry['mixer']} layers {entry['layers']}: {entry['backend']} ({entry['why']})",
                   file=sys.stderr, flush=True)
-    metrics.write("backends", step=step, backends=backends)
     simulated = [e for e in backends if e["backend"] == "reference"]
     if layout.device.type == "cuda" and simulated and not config.train.allow_reference_attention:
         raise ValueError(f"attention layers {simulated[0]['layers']} would train method "

@@ -125,3 +125,15 @@ def test_every_schema_key_has_a_description_and_a_default(root):
 
     walk(schema, "")
     assert missing == []
+
+
+def test_h200_dry_run_plans_every_method_on_the_569m(snakemake, stats, root, tmp_path):
+    done = snakemake("-n", "--configfile", str(root / "config" / "h200.yaml"), "--cores", "16", workdir=tmp_path)
+    assert done.returncode == 0, done.stderr + done.stdout
+    counts = stats(done.stdout)
+    h200 = yaml.safe_load((root / "config" / "h200.yaml").read_text())
+    runs = _runs(h200)
+    assert {method for _, _, method, _ in runs} == {"bf16", "stale", "consistent", "matched", "cudnn_fp8"}
+    assert {size for _, size, _, _ in runs} == {"569M"}
+    assert counts["train"] == counts["eval"] == 5 and counts["probe"] == counts["kernel_bench"] == 1
+    assert "results/h200/report/index.html" in done.stdout
