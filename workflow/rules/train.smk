@@ -30,20 +30,10 @@ rule train:
     benchmark:
         f"{BENCH}/train/{TAG}.tsv"
     params:
-        launch=" ".join(
-            [
-                f"--nodes {config['launch']['nodes']}",
-                f"--procs-per-node {config['launch']['procs_per_node']}",
-                *config["launch"]["extra_args"],
-            ]
-        ),
-    threads: config["resources"]["train"]["threads"]
+        launch=launch_args,
+    threads: lambda wildcards: train_resources_of(wildcards.size)["threads"]
     resources:
-        **resources_of("train"),
-        nodes=config["launch"]["nodes"],
-        # Without GPUs, one task per node keeps SLURM from shrinking the job to one node; with gres the plugin turns
-        # `tasks` into --ntasks-per-gpu, so it is left out there.
-        **({} if config["resources"]["train"]["gpus"] else {"tasks": config["launch"]["nodes"]}),
+        **train_rule_resources(),
     conda:
         "../../envs/train.yaml"
     shell:
