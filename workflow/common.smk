@@ -116,10 +116,26 @@ def train_resources_of(size):
     return {**config["resources"]["train"], **size_settings(size).get("resources", {})}
 
 
-# Keys of the dm-train config that change what a run shows, not what it computes (models/train/config.py: COSMETIC).
-# They are left out of the rendered run configs, so changing one never reruns a training or eval job; dm-train reads
-# them from DM_TRAIN_COSMETIC, which this process sets and its jobs inherit (sbatch passes the environment on).
-COSMETIC = ("train.progress", "metrics.tensorboard")
+def _trainer_config_module():
+    """``models/train/config.py``, loaded by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in
+    Snakemake's own environment."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
+    )
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+TRAINER_CONFIG = _trainer_config_module()
+# Keys of the dm-train config that change what a run shows, not what it computes (train.progress, ...). They are left
+# out of the rendered run configs, so changing one never reruns a training or eval job; dm-train reads them from the
+# environment (COSMETIC_ENV), which this process sets and its jobs inherit (sbatch passes the environment on).
+COSMETIC = TRAINER_CONFIG.COSMETIC
 
 
 def _pop_key(mapping, dotted):
@@ -154,7 +170,7 @@ def _cosmetic_environment():
     ]:
         if without_cosmetic(section)[1]:
             raise ValueError(f"config key '{where}': {', '.join(COSMETIC)} belong in the base 'train' section only")
-    os.environ["DM_TRAIN_COSMETIC"] = json.dumps(found, sort_keys=True)
+    os.environ[TRAINER_CONFIG.COSMETIC_ENV] = json.dumps(found, sort_keys=True)
 
 
 _cosmetic_environment()
@@ -190,20 +206,14 @@ def train_config(wildcards):
 
 def _check_run_configs():
     """Every run's dm-train config is valid before any job starts: a typo under ``train:`` or a group's ``train:``
-    fails the DAG naming the key, not a training job hours later on the cluster. ``models/train/config.py`` is loaded
-    by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in Snakemake's own environment."""
-    import importlib.util
-    import sys
+    fails the DAG naming the key, not a training job hours later on the cluster."""
+    trainer_config = TRAINER_CONFIG
+    import os
 
-    spec = importlib.util.spec_from_file_location(
-        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
-    )
-    trainer_config = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = trainer_config  # dataclasses resolve their string annotations through sys.modules
-    spec.loader.exec_module(trainer_config)
     for run in RUNS:
         try:
-            trainer_config.parse(trainer_config.RunConfig, train_config(run))
+            parsed = trainer_config.parse(trainer_config.RunConfig, train_config(run))
+            trainer_config.apply_cosmetic(parsed, os.environ[trainer_config.COSMETIC_ENV])
         except ValueError as err:
             where = f"{run.variant}/{run.size}/{run.method}/s{run.seed}"
             raise ValueError(f"config keys 'train' / 'runs[].train' give run {where} a bad dm-train config: {err}") from None

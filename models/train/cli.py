@@ -8,18 +8,21 @@ stops the run with status 3 before the optimizer step that would spread it into 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from deltamatch.models.train.config import RunConfig, load_yaml
+from deltamatch.models.train.config import COSMETIC_ENV, RunConfig, apply_cosmetic, load_yaml
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dm-train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML run config")
     parser.add_argument("--run-dir", help="override run_dir of the config")
+    parser.epilog = (f"Environment: {COSMETIC_ENV}, a JSON object of display-only keys (train.progress, "
+                     "metrics.tensorboard) set on top of the config; the pipeline passes them this way.")
     args = parser.parse_args(argv)
     try:
-        config = load_yaml(RunConfig, args.config)
+        config = apply_cosmetic(load_yaml(RunConfig, args.config), os.environ.get(COSMETIC_ENV))
         if args.run_dir:
             config.run_dir = args.run_dir
     except ValueError as err:
