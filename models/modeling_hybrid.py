@@ -5,9 +5,9 @@ each block is built from the registry :data:`MIXERS` by the name in ``config.lay
 transformers' ``DynamicCache`` built from ``config.layer_types``: key/value tensors for attention blocks, the
 short-convolution window and the recurrent state for linear-attention blocks.
 
-This file is copied next to the weights by ``save_pretrained`` (``register_for_auto_class``), so
-``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works wherever deltamatch is installed: it
-imports the layers from the installed package and its config from the sibling ``configuration_hybrid.py``.
+This file is copied next to the weights by ``save_pretrained`` (``register_for_auto_class``); the export then
+replaces it with a self-contained copy (``deltamatch.models.hub_code``: the layer imports become sibling modules), so
+``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works without deltamatch installed.
 """
 
 from collections.abc import Callable

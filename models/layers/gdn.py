@@ -43,9 +43,17 @@ def gdn_backend(x: torch.Tensor) -> str:
     pinned = getattr(_PINNED, "name", None)
     if pinned is not None:
         return pinned
-    if not x.is_cuda:
+    if not x.is_cuda or not fla_installed():
         return "torch"
     return "fla" if not torch.is_grad_enabled() or fla_backward_supported(x.device) else "torch"
+
+
+@functools.cache
+def fla_installed() -> bool:
+    """Whether flash-linear-attention can be imported (the Hub copy of this file runs without it, on the twin)."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 @functools.cache
@@ -54,9 +62,12 @@ def fla_backward_supported(device: torch.device) -> bool:
     gradients) unless tilelang is installed. There the pure-torch twin trains on the GPU; fla still runs inference."""
     import importlib.util
 
-    import triton
-    from packaging.version import Version
-
+    # In try blocks here and below: optional at import time, also for transformers' check of a Hub copy's imports.
+    try:
+        import triton
+        from packaging.version import Version
+    except ImportError:
+        return False
     hopper = torch.cuda.get_device_capability(device)[0] == 9
     affected = Version("3.4.0") <= Version(triton.__version__.split("+")[0]) < Version("3.7.1")
     return not (hopper and affected) or importlib.util.find_spec("tilelang") is not None
@@ -207,7 +218,10 @@ class DeltaRuleMixer(nn.Module):
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0)
         if cache is None and gdn_backend(x) == "fla":  # training and plain forwards: fla's fused Triton conv
-            from fla.modules.convolution import causal_conv1d
+            try:
+                from fla.modules.convolution import causal_conv1d
+            except ImportError as err:
+                raise ImportError(f"the fla GDN backend needs flash-linear-attention: {err}") from err
 
             return causal_conv1d(x=qkv, weight=weight.squeeze(1), activation="silu")[0]
         qkv = qkv.transpose(1, 2)
@@ -281,8 +295,11 @@ class GatedDeltaNet(DeltaRuleMixer):
         )
     def _fla_rule(self, q, k, v, a, b, state, output_final_state: bool):
         """fla's kernels with gate, beta sigmoid and q/k L2 norm fused in, as ``fla.layers.GatedDeltaNet`` calls them."""
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
+        except ImportError as err:
+            raise ImportError(f"the fla GDN backend needs flash-linear-attention: {err}") from err
 
         decoding = not torch.is_grad_enabled() and q.shape[1] <= 64
         kernel = fla_recurrent if decoding else fla_chunk

@@ -26,12 +26,14 @@ def export_hf(model: nn.Module, tokenizer_dir: str | Path, out: str | Path, layo
         from transformers import AutoTokenizer
 
         from deltamatch.models import HybridForCausalLM
+        from deltamatch.models.hub_code import write_model_code
 
         fresh = HybridForCausalLM(model.config)
         fresh.load_state_dict(state, strict=True)
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         fresh.save_pretrained(tmp)
+        write_model_code(tmp)  # self-contained: the folder loads without deltamatch
         AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
