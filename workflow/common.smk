@@ -314,4 +314,5 @@ def publish_targets():
 
 def repo_id(wildcards):
     name = f"deltamatch-{wildcards.variant}-{wildcards.size}-{wildcards.method}-s{wildcards.seed}"
-    return f"{config['publish']['namespace']}/{name}"
+    namespace = config["publish"]["namespace"]
+    return name if namespace is None else f"{namespace}/{name}"  # dm-publish puts a bare name under the token's user

@@ -1,5 +1,5 @@
 # Publishing: a final checkpoint -> a Hub model repo (or, with publish.dry_run, the exact folder that would be
-# uploaded). The token comes from HF_TOKEN in the environment; it never appears on a command line or in a file.
+# uploaded). The token comes from HF_TOKEN or `hf auth login`; it never appears on a command line or in a file.
 
 
 rule publish:
