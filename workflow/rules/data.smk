@@ -24,6 +24,9 @@ rule prepare_data:
         f"{LOGS}/data.log",
     benchmark:
         f"{BENCH}/data.tsv"
+    # With data_local (a Hub corpus, compute nodes offline) it runs where Snakemake runs, which has the network; a
+    # killed build resumes from its partial folder (models/data/prepare.py).
+    localrule: config["data_local"]
     threads: config["resources"]["light"]["threads"]
     resources:
         **resources_of("light"),
