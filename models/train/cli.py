@@ -12,6 +12,7 @@ import os
 import sys
 
 from deltamatch.models.train.config import COSMETIC_ENV, RunConfig, apply_cosmetic, load_yaml
+from deltamatch.models.train.metrics import require_tensorboard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = apply_cosmetic(load_yaml(RunConfig, args.config), os.environ.get(COSMETIC_ENV))
+        if config.metrics.tensorboard:
+            require_tensorboard()
         if args.run_dir:
             config.run_dir = args.run_dir
     except ValueError as err:

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from deltamatch.models.data.loader import TokenWindows, TrainBatches, val_batches
 from deltamatch.models.data.shards import read_manifest, verify
@@ -41,7 +40,7 @@ from deltamatch.models.train.config import RunConfig
 from deltamatch.models.train.distributed import (Layout, init_distributed, mean_over_ranks, shard_model, shutdown,
                                                  sum_over_ranks)
 from deltamatch.models.train.export import export_hf, write_summary
-from deltamatch.models.train.metrics import MetricsWriter
+from deltamatch.models.train.metrics import MetricsWriter, progress_bar
 from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier
 
@@ -195,7 +194,7 @@ def _train(config: RunConfig, layout: Layout) -> dict:
         position, wall_before = Position.from_state(state), state["wall_s"]
         if layout.is_main:
             print(f"dm-train: resumed from {latest[1]} (step {position.step})", file=sys.stderr, flush=True)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main, tensorboard=config.metrics.tensorboard)
     metrics.truncate_after(position.step)
 
     def wall() -> float:
@@ -281,8 +280,7 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
     tokens_per_step = batches.samples_per_step * config.data.seq_len
     autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     steps, position = config.train.steps, start
-    bar = tqdm(total=steps, initial=start.step, unit="step", desc=f"train {config.model.attn_method}",
-               disable=not (layout.is_main and config.train.progress), dynamic_ncols=True)
+    bar = progress_bar(steps, start.step, f"train {config.model.attn_method}", layout.is_main and config.train.progress)
     for step in range(start.step, steps):
         tick = time.perf_counter()
         lr_mult = lr_multiplier(step, steps, config.schedule)
