@@ -180,8 +180,10 @@ def _check_sizes():
     for size in sorted({r.size for r in RUNS}):
         gpus, procs = train_resources_of(size)["gpus"], launch_of(size)["procs_per_node"]
         if gpus and gpus != procs:
-            raise ValueError(f"config keys 'resources.train.gpus' and 'launch.procs_per_node' (with per_size.{size}): "
-                             f"{size} runs ask for {gpus} GPUs per node but start {procs} processes per node")
+            raise ValueError(
+                f"config keys 'resources.train.gpus' and 'launch.procs_per_node' (with per_size.{size}): "
+                f"{size} runs ask for {gpus} GPUs per node but start {procs} processes per node"
+            )
 
 
 _check_sizes()
@@ -216,7 +218,9 @@ def _check_run_configs():
             trainer_config.apply_cosmetic(parsed, os.environ[trainer_config.COSMETIC_ENV])
         except ValueError as err:
             where = f"{run.variant}/{run.size}/{run.method}/s{run.seed}"
-            raise ValueError(f"config keys 'train' / 'runs[].train' give run {where} a bad dm-train config: {err}") from None
+            raise ValueError(
+                f"config keys 'train' / 'runs[].train' give run {where} a bad dm-train config: {err}"
+            ) from None
 
 
 _check_run_configs()
@@ -252,8 +256,10 @@ def _train_resources_uniform(key):
     present or absent for the whole train rule)."""
     values = {bool(train_resources_of(r.size)[key]) for r in RUNS}
     if len(values) > 1:
-        raise ValueError(f"config keys 'resources.train.{key}' / 'per_size.*.resources.{key}': either every size "
-                         "trains with GPUs or none does")
+        raise ValueError(
+            f"config keys 'resources.train.{key}' / 'per_size.*.resources.{key}': either every size "
+            "trains with GPUs or none does"
+        )
     return values.pop()
 
 

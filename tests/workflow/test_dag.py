@@ -180,3 +180,12 @@ def test_a_size_with_gpus_unlike_its_processes_fails_naming_the_keys(snakemake, 
     bad = _bad(tmp_path, "name: bad\nper_size: {tiny: {resources: {gpus: 4}}}\n")
     done = snakemake("-n", "--configfile", str(bad), workdir=tmp_path)
     assert done.returncode != 0 and "per_size.tiny" in done.output and "launch.procs_per_node" in done.output
+
+
+def test_snakefmt_is_clean(root):
+    import subprocess
+    import sys
+
+    snakefmt = Path(sys.executable).parent / "snakefmt"  # pinned in envs/pip-cpu.lock.txt
+    done = subprocess.run([str(snakefmt), "--check", "."], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -6,13 +6,13 @@
 rule train_config:
     output:
         f"{RESULTS}/configs/train/{TAG}.yaml",
-    params:
-        text=lambda wildcards: as_yaml(train_config(wildcards)),
     log:
         f"{LOGS}/configs/train/{TAG}.log",
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        text=lambda wildcards: as_yaml(train_config(wildcards)),
     shell:
         "(printf '%s' {params.text:q} > {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
 
@@ -29,12 +29,12 @@ rule train:
         f"{LOGS}/train/{TAG}.log",
     benchmark:
         f"{BENCH}/train/{TAG}.tsv"
-    params:
-        launch=launch_args,
+    conda:
+        "../../envs/train.yaml"
     threads: lambda wildcards: train_resources_of(wildcards.size)["threads"]
     resources:
         **train_rule_resources(),
-    conda:
-        "../../envs/train.yaml"
+    params:
+        launch=launch_args,
     shell:
         "dm-launch --config {input.config} {params.launch} > {log} 2>&1"
