@@ -85,3 +85,50 @@ def test_models_and_kernels_work_with_core_dependencies_only():
     code = f"BLOCKED = {EXTRA_ONLY!r}\n" + CORE_USE
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "core ok" in done.stdout, done.stderr[-3000:]
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _parsers_of(entry_point, monkeypatch):
+    """Every argparse parser a console script builds (its subcommands' too), captured at parse_args."""
+    import argparse
+
+    seen = []
+
+    def capture(self, args=None, namespace=None):
+        seen.append(self)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+    with pytest.raises((_Parsed, SystemExit)):
+        entry_point.load()(["--help"]) if entry_point.name else None
+    parsers, todo = [], list(seen)
+    while todo:
+        parser = todo.pop()
+        parsers.append(parser)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return parsers
+
+
+def test_every_cli_option_has_help(monkeypatch):
+    import argparse
+
+    scripts = [ep for ep in entry_points(group="console_scripts") if ep.value.startswith("deltamatch.")]
+    missing = []
+    for ep in scripts:
+        parsers = _parsers_of(ep, monkeypatch)
+        assert parsers, f"{ep.name}: no argparse parser seen"
+        for parser in parsers:
+            for action in parser._actions:
+                if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                    continue
+                if action.help == argparse.SUPPRESS:
+                    continue
+                if not (action.help or "").strip():
+                    missing.append(f"{ep.name} ({parser.prog}): {'/'.join(action.option_strings) or action.dest}")
+    assert missing == [], "\n".join(missing)
