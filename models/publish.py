@@ -196,12 +196,12 @@ def hub_token() -> str | None:
 
 
 def resolve_repo_id(repo_id: str, token: str | None, dry_run: bool) -> str:
-    """``<namespace>/<name>`` as given, or ``<name>`` under the token's own user (``whoami``); a dry run without a
-    token keeps the bare name."""
+    """``<namespace>/<name>`` as given, or ``<name>`` under the token's own user (``whoami``); a dry run stays offline
+    and keeps the bare name."""
     parts = repo_id.split("/")
     if len(parts) > 2 or not all(parts):
         raise ValueError(f"--repo-id must be <name> or <user or org>/<name>, got {repo_id!r}")
-    if len(parts) == 2 or (dry_run and token is None):
+    if len(parts) == 2 or dry_run:
         return repo_id
     from huggingface_hub import HfApi
 

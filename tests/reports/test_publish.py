@@ -345,3 +345,18 @@ def test_the_token_of_hf_auth_login_is_used_and_a_bare_name_goes_under_its_user(
     assert [call["repo_id"] for call in hub["create_repo"]] == ["tokenowner/deltamatch-tiny-matched"]
     (upload,) = hub["upload_folder"]
     assert "tokenowner/deltamatch-tiny-matched" in upload["files"]["README.md"].decode()
+
+
+def test_a_dry_run_with_a_bare_name_stays_offline(checkpoint, tmp_path, publish, monkeypatch):
+    import huggingface_hub
+
+    class NoHub:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a dry run contacted the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", NoHub)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    out = tmp_path / "folder"
+    assert main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "deltamatch-tiny-matched",
+                 "--dry-run", "--out", str(out)]) == 0
+    assert 'from_pretrained("deltamatch-tiny-matched"' in (out / "README.md").read_text()
