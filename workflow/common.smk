@@ -209,9 +209,9 @@ def train_config(wildcards):
 def _check_run_configs():
     """Every run's dm-train config is valid before any job starts: a typo under ``train:`` or a group's ``train:``
     fails the DAG naming the key, not a training job hours later on the cluster."""
-    trainer_config = TRAINER_CONFIG
     import os
 
+    trainer_config = TRAINER_CONFIG
     for run in RUNS:
         try:
             parsed = trainer_config.parse(trainer_config.RunConfig, train_config(run))

@@ -51,3 +51,10 @@ def test_cosmetic_keys_reach_dm_train_through_the_environment(tmp_path):
             assert message in str(err) and COSMETIC_ENV in str(err)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_a_cosmetic_key_in_a_group_is_refused_naming_it(snakemake, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nruns:\n  - {variant: base, train: {train: {progress: false}}}\n")
+    done = snakemake("-n", f"--configfile={bad}", workdir=tmp_path)
+    assert done.returncode != 0 and "runs[0].train" in done.output and "base 'train' section only" in done.output
