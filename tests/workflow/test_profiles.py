@@ -103,3 +103,21 @@ def test_slurm_jobs_get_the_documented_retries_threads_latency_and_capped_runtim
         assert "--gres=gpu:8" in args and "--nodes=1" in args
         wrap = next(a for a in args if a.startswith("--wrap="))
         assert f"--latency-wait {profile['latency-wait']}" in wrap and f"--attempt {attempt}" in wrap
+
+
+@pytest.mark.slow
+def test_hub_data_preparation_runs_where_snakemake_runs(clone, tmp_path):
+    """data_local (the paper config): prepare_data is never submitted to SLURM; it runs beside Snakemake, which has
+    the network (here none, so it fails fast naming the Hub, and no sbatch call was made)."""
+    import subprocess
+    import sys
+
+    fake = _stand_in_slurm(tmp_path / "slurm-bin")
+    log = tmp_path / "sbatch.jsonl"
+    env = {**os.environ, "FAKE_SLURM_LOG": str(log), "HF_HUB_OFFLINE": "1",
+           "PATH": f"{fake}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/slurm",
+                           "--configfile=config/paper.yaml", "results/paper/data", "--retries", "0"],
+                          cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and not log.exists()
+    assert "Hub is unreachable" in (clone / "results" / "paper" / "logs" / "data.log").read_text()
