@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.py envs/pip-cpu.lock.txt
 
 # The rules call the dm-* console scripts through PATH.
 run: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores all
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local
 
 # As root (CI, a fresh machine) the suite also installs Debian's SLURM for the real-cluster tests (tests/cluster/).
 test: $(STAMP)

@@ -38,8 +38,8 @@ include: "workflow/rules/publish.smk"
 
 
 rule all:
+    default_target: True
     input:
         report_targets(),
         publish_targets(),
-    default_target: True
     localrule: True

@@ -2,6 +2,9 @@
 
 A crash or a kill leaves either the old file or the new one, never half of one; Snakemake, a report reader and a
 resumed run never see a torn CSV, JSON or checkpoint manifest.
+
+``mkstemp`` creates its file with mode 0600 whatever the umask; the file is given the mode a plain ``open`` would have
+given it (0666 less the umask), so collaborators on a shared file system can read results as the umask intends.
 """
 
 import json
@@ -12,13 +15,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: set it back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=target.suffix or ".tmp")
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         os.replace(tmp, target)

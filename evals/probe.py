@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (dm-train's final/)")
     parser.add_argument("--data", required=True, help="dm-prepare-data folder holding val_docs.jsonl")
     parser.add_argument("--out", required=True, help="CSV to write")
-    parser.add_argument("--batch-size", type=int, default=ProbeConfig.batch_size)
-    parser.add_argument("--seq-len", type=int, default=ProbeConfig.seq_len)
+    parser.add_argument("--batch-size", type=int, default=ProbeConfig.batch_size,
+                        help="held-out sequences in the batch")
+    parser.add_argument("--seq-len", type=int, default=ProbeConfig.seq_len, help="tokens per sequence")
     args = parser.parse_args(argv)
     try:
         model, tokenizer = load_checkpoint(args.checkpoint)

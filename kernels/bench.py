@@ -196,10 +196,12 @@ def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Time the FP8 attention kernels against BF16 and FP8 baselines.")
     parser.add_argument("--out", required=True, help="folder for kernel_bench.{csv,md} (and kernel_memory.*)")
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    parser.add_argument("--methods", nargs="+", default=[*FP8_MODES, *BASELINES])
-    parser.add_argument("--causal-only", action="store_true")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], help="head dimensions to time")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 4096, 8192, 16384],
+                        help="sequence lengths to time")
+    parser.add_argument("--methods", nargs="+", default=[*FP8_MODES, *BASELINES],
+                        help="FP8 modes and baselines to time")
+    parser.add_argument("--causal-only", action="store_true", help="time causal attention only")
     parser.add_argument("--memory", action="store_true", help="also measure peak backward memory (16K, 64K)")
     args = parser.parse_args(argv)
     unknown = set(args.methods) - set(FP8_MODES) - set(BASELINES)

@@ -217,7 +217,7 @@ def problems(row: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), help="head dimensions to compile")
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
                         help="which mask settings of the attention kernels to compile")
     parser.add_argument("--out", help="also write the JSON lines to this file")

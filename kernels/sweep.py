@@ -120,12 +120,14 @@ def format_table(df: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dm-sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/sweep.csv", help="long CSV to write")
-    parser.add_argument("--seeds", type=int, default=SweepConfig.seeds)
-    parser.add_argument("--tokens", type=int, default=SweepConfig.tokens)
-    parser.add_argument("--heads", type=int, default=SweepConfig.heads)
-    parser.add_argument("--head-dim", type=int, default=SweepConfig.head_dim)
-    parser.add_argument("--spreads", type=float, nargs="+", default=list(SweepConfig.spreads))
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--seeds", type=int, default=SweepConfig.seeds,
+                        help="seeds per (family, spread); the median is reported")
+    parser.add_argument("--tokens", type=int, default=SweepConfig.tokens, help="sequence length")
+    parser.add_argument("--heads", type=int, default=SweepConfig.heads, help="attention heads per case")
+    parser.add_argument("--head-dim", type=int, default=SweepConfig.head_dim, help="head dimension")
+    parser.add_argument("--spreads", type=float, nargs="+", default=list(SweepConfig.spreads),
+                        help="standard deviations of the scores QK^T/sqrt(d)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:  # every argument is checked before any work or output
         cfg = SweepConfig(heads=args.heads, tokens=args.tokens, head_dim=args.head_dim, seeds=args.seeds,

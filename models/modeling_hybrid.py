@@ -5,9 +5,9 @@ each block is built from the registry :data:`MIXERS` by the name in ``config.lay
 transformers' ``DynamicCache`` built from ``config.layer_types``: key/value tensors for attention blocks, the
 short-convolution window and the recurrent state for linear-attention blocks.
 
-This file is copied next to the weights by ``save_pretrained`` (``register_for_auto_class``), so
-``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works wherever deltamatch is installed: it
-imports the layers from the installed package and its config from the sibling ``configuration_hybrid.py``.
+This file is copied next to the weights by ``save_pretrained`` (``register_for_auto_class``); the export then
+replaces it with a self-contained copy (``deltamatch.models.hub_code``: the layer imports become sibling modules), so
+``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` works without deltamatch installed.
 """
 
 from collections.abc import Callable
@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from deltamatch.models.layers import fused
+from deltamatch.models.layers.fused import fused_enabled, linear_cross_entropy
 from deltamatch.models.layers.attention import GQAttention
 from deltamatch.models.layers.gdn import GatedDeltaNet, ShortConvolution
 from deltamatch.models.layers.mlp import SwiGLU
@@ -177,9 +177,9 @@ class HybridForCausalLM(HybridPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
         )
         hidden = out.last_hidden_state
-        if labels is not None and not logits_to_keep and fused.fused_enabled(hidden):
+        if labels is not None and not logits_to_keep and fused_enabled(hidden):
             # training and validation on CUDA: loss only, without the (B, N, vocab) logits (see layers/fused.py)
-            loss = fused.linear_cross_entropy(hidden[:, :-1], self.lm_head.weight, labels[:, 1:])
+            loss = linear_cross_entropy(hidden[:, :-1], self.lm_head.weight, labels[:, 1:])
             return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=out.past_key_values)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]

@@ -8,7 +8,12 @@ weights, ``config.json`` (+ ``generation_config.json``), the model code that ``s
 tokenizer files, and ``README.md``: a model card with the architecture, the attention method, the training data, the
 metrics (``summary.json`` of the run, and ``dm-eval`` results) and the paper's citation.
 
-The Hub token is read from ``HF_TOKEN`` only, handed to ``huggingface_hub`` and nowhere else: it is never printed,
+The weights are shipped in BF16 by default (``--dtype fp32`` keeps them as trained), and the model code is replaced by
+its self-contained copy (``hub_code``), so the repo loads without deltamatch. ``--repo-id NAME`` without a namespace
+publishes under the token's own user (``whoami``).
+
+The Hub token comes from ``huggingface_hub.get_token()`` (``HF_TOKEN``, else the token ``hf auth login`` stored), is
+handed to ``huggingface_hub`` and nowhere else: it is never printed,
 logged, put in the card or written to a file. A checkpoint or card that contains it anyway is refused before anything
 is staged. The folder is staged in a temporary folder that is always removed: with ``--out`` it is renamed into place
 once complete (after the upload, for a real one), and a real upload without ``--out`` leaves nothing behind.
@@ -25,86 +30,11 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from deltamatch.models.card import model_card
+from deltamatch.models.hub_code import write_model_code
+
 SHIPPED_SUFFIXES = (".safetensors", ".json", ".py", ".txt", ".model", ".jinja")
 REQUIRED = ("config.json",)
-
-
-METHOD_TEXT = {
-    "bf16": "BF16 operands with FP32 accumulation: the paper's mixed-precision reference.",
-    "stale": "naive FP8: all seven attention matmuls in FP8 (E4M3, FP32 block scales), the softmax-gradient δ from the "
-             "saved BF16 output and the unquantised dO (FlashAttention's shortcut, stale under FP8).",
-    "consistent": "FP8 attention with δ from the dequantised FP8 dO (the paper's consistent-dO ablation).",
-    "matched": "Delta-Matching: FP8 attention whose δ_i = Σ_j P_ij dP̂_ij is recomputed from the unquantised P and "
-               "the FP32 products of the FP8 operands, so each row of dS sums to zero before its FP8 cast.",
-    "cudnn_fp8": "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",
-}
-
-
-def _architecture(config: dict, params: int) -> str:
-    pattern = config.get("layer_pattern") or []
-    counts = ", ".join(f"{pattern.count(kind)} {kind}" for kind in dict.fromkeys(pattern))
-    lines = [f"- parameters: {params:,} ({params / 1e6:.1f}M)",
-             f"- blocks: {config.get('num_hidden_layers')} ({counts}), hidden size {config.get('hidden_size')}, "
-             f"SwiGLU MLP {config.get('intermediate_size')}, vocabulary {config.get('vocab_size')}"]
-    if any(kind in ("gqa", "mla") for kind in pattern):
-        lines.append(f"- softmax attention ({config.get('attn_mixer')}): {config.get('num_attention_heads')} query / "
-                     f"{config.get('num_key_value_heads')} key-value heads of dim {config.get('head_dim')}, "
-                     f"QK-RMSNorm {'on' if config.get('qk_norm') else 'off'}, {'RoPE' if config.get('rope') else 'NoPE'}")
-    return "\n".join(lines)
-
-
-def _data(summary: dict | None, manifest: dict | None) -> str:
-    lines = []
-    if summary and isinstance(summary.get("tokens"), int):
-        lines.append(f"- trained on {summary['tokens']:,} tokens ({summary.get('steps')} steps, seed {summary.get('seed')})")
-    if manifest:
-        source = manifest.get("source", {})
-        described = ", ".join(f"{k} {v}" for k, v in source.items() if isinstance(v, (str, int, float)) and v != "")
-        lines.append(f"- corpus: {described or 'not recorded'}; tokenizer vocabulary {manifest.get('vocab_size')}")
-        for split, info in manifest.get("splits", {}).items():
-            lines.append(f"- {split} split: {info.get('tokens', 0):,} tokens, {info.get('documents', 0):,} documents")
-    return "\n".join(lines) or "- not recorded (pass --summary and --data to dm-publish)"
-
-
-def _metrics(summary: dict | None, evals: list[dict]) -> str:
-    lines = []
-    if summary:
-        lines.append(f"- validation cross-entropy: {summary['final_val_loss']:.4f}")
-    for result in evals:
-        lines.append(f"- `{result['suite']}` suite (lm-eval {result.get('lm_eval_version')}): average "
-                     f"{result['average']:.4f}")
-        for task, metrics in result.get("tasks", {}).items():
-            shown = ", ".join(f"{m} {v:.4f}" for m, v in metrics.items() if isinstance(v, (int, float)))
-            lines.append(f"  - {task}: {shown}")
-    return "\n".join(lines) or "- none were given to dm-publish"
-
-
-def model_card(repo_id: str, config: dict, params: int, summary: dict | None, evals: list[dict],
-               manifest: dict | None = None) -> str:
-    """The README.md of the Hub repo: front matter, architecture, method, data, metrics, usage and citation."""
-    from deltamatch.reports.paper import load_paper
-
-    citation = load_paper()[2].strip()
-    method = config.get("attn_method", "unknown")
-    size = (summary or {}).get("size", "hybrid")
-    front = "\n".join(["---", "library_name: transformers", "license: apache-2.0", "pipeline_tag: text-generation",
-                       "tags:", "  - deltamatch", "  - fp8", "  - gated-deltanet", "  - hybrid", f"  - {method}", "---"])
-    usage = ("```python\nimport deltamatch.models  # registers the architecture (pip install deltamatch)\n"
-             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-             f'model = AutoModelForCausalLM.from_pretrained("{repo_id}", trust_remote_code=True)\n'
-             f'tokenizer = AutoTokenizer.from_pretrained("{repo_id}")\n```')
-    sections = [
-        front, f"# {repo_id.split('/')[-1]}",
-        f"A `{size}` Gated-DeltaNet/attention hybrid language model trained with the deltamatch reproduction harness "
-        "of *Delta-Matching: Closing the Final Gap of Native 8-bit Training for LLMs* (arXiv 2609.37852).",
-        "## Architecture", _architecture(config, params),
-        "## Attention method", f"`{method}`: {METHOD_TEXT.get(method, 'see deltamatch.kernels.METHODS.')}",
-        "## Training data", _data(summary, manifest),
-        "## Metrics", _metrics(summary, evals),
-        "## Usage", usage,
-        "## Citation", f"```bibtex\n{citation}\n```",
-    ]
-    return "\n\n".join(sections) + "\n"
 
 
 def checkpoint_files(checkpoint: Path) -> list[Path]:
@@ -169,15 +99,16 @@ def assert_secret_free(files: Path | list[Path], secret: str | None, card: str =
     paths = sorted(p for p in files.rglob("*") if p.is_file()) if isinstance(files, Path) else files
     for path in paths:
         if _contains(path, needle):
-            raise ValueError(f"{path} contains the value of HF_TOKEN; refusing to publish it")
+            raise ValueError(f"{path} contains the Hub token; refusing to publish it")
     if secret in card:
-        raise ValueError("the model card (README.md) would contain the value of HF_TOKEN (from --summary, --evals or "
+        raise ValueError("the model card (README.md) would contain the Hub token (from --summary, --evals or "
                          "--data); refusing to publish it")
 
 
-def stage(files: list[Path], card: str, parent: Path | None = None) -> Path:
-    """A new temporary folder (in ``parent``, else the system's temp folder) holding ``files`` and the card as
-    README.md. The caller removes it; if staging fails it is removed here."""
+def stage(files: list[Path], card: str, parent: Path | None = None, dtype: str = "bf16") -> Path:
+    """A new temporary folder (in ``parent``, else the system's temp folder) holding ``files`` (weights in ``dtype``),
+    the self-contained model code and the card as README.md. The caller removes it; if staging fails it is removed
+    here."""
     if parent is None:
         tmp = Path(tempfile.mkdtemp(prefix="dm-publish-"))
     else:  # a sibling of the output, for hard links and an atomic rename; mkdir (not mkdtemp) keeps the umask's mode
@@ -185,15 +116,36 @@ def stage(files: list[Path], card: str, parent: Path | None = None) -> Path:
         tmp.mkdir()
     try:
         for path in files:
-            try:  # multi-GB weights: a hard link where the file system allows one, else a copy
-                os.link(path, tmp / path.name)
-            except OSError:
-                shutil.copy2(path, tmp / path.name)
+            if path.suffix == ".safetensors" and dtype == "bf16":
+                _write_bf16(path, tmp / path.name)
+            elif path.name == "config.json" and dtype == "bf16":
+                config = json.loads(path.read_text(encoding="utf-8"))
+                config["dtype"] = "bfloat16"
+                (tmp / path.name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            else:
+                try:  # multi-GB weights: a hard link where the file system allows one, else a copy
+                    os.link(path, tmp / path.name)
+                except OSError:
+                    shutil.copy2(path, tmp / path.name)
+        write_model_code(tmp)
         (tmp / "README.md").write_text(card, encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def _write_bf16(source: Path, target: Path) -> None:
+    """``source``'s tensors with every floating-point tensor cast to BF16 (half an FP32 checkpoint's size)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(source), framework="pt") as fh:
+        metadata = fh.metadata() or {}
+        tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    tensors = {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}
+    save_file(tensors, str(target), metadata={**metadata, "format": "pt"})
 
 
 def _move_into_place(staged: Path, out: Path) -> None:
@@ -236,26 +188,60 @@ def upload(folder: Path, repo_id: str, token: str, private: bool) -> str:
     return str(getattr(info, "commit_url", info))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dm-publish", description=__doc__.splitlines()[0])
+def hub_token() -> str | None:
+    """The Hub token as huggingface_hub finds it: ``HF_TOKEN``, else the one ``hf auth login`` stored."""
+    from huggingface_hub import get_token
+
+    return get_token() or None
+
+
+def resolve_repo_id(repo_id: str, token: str | None, dry_run: bool) -> str:
+    """``<namespace>/<name>`` as given, or ``<name>`` under the token's own user (``whoami``); a dry run stays offline
+    and keeps the bare name."""
+    parts = repo_id.split("/")
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(f"--repo-id must be <name> or <user or org>/<name>, got {repo_id!r}")
+    if len(parts) == 2 or dry_run:
+        return repo_id
+    from huggingface_hub import HfApi
+
+    try:
+        user = HfApi(token=token).whoami()["name"]
+    except Exception as err:  # noqa: BLE001 -- the Hub's errors vary; report them without the token
+        raise ValueError(f"--repo-id {repo_id!r} has no namespace and the Hub did not say whose token this is "
+                         f"({type(err).__name__}: {_redact(str(err), token)}); give <user or org>/{repo_id}") from None
+    return f"{user}/{repo_id}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dm-publish", description=__doc__.splitlines()[0],
+                                     epilog="Token: huggingface_hub.get_token() (HF_TOKEN, else `hf auth login`).")
     parser.add_argument("--checkpoint", required=True, help="dm-train's final/ folder")
-    parser.add_argument("--repo-id", required=True, help="Hub model repo, <user or org>/<name>")
+    parser.add_argument("--repo-id", required=True,
+                        help="Hub model repo, <user or org>/<name>; <name> alone publishes under the token's user")
     parser.add_argument("--summary", help="the run's summary.json (default: beside the checkpoint)")
     parser.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files for the card")
     parser.add_argument("--data", help="the dm-prepare-data folder (its manifest.json describes the corpus)")
+    parser.add_argument("--base-model", help="Hub id of the model this run was initialised from (card metadata)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                        help="dtype of the shipped weights (default bf16: half the size of the FP32 training weights)")
     parser.add_argument("--dry-run", action="store_true", help="build the folder offline; upload nothing")
     parser.add_argument("--out", help="folder to build (required with --dry-run; with an upload, where the uploaded "
                         "folder is kept, else it is staged in a temporary folder and removed)")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
-    args = parser.parse_args(argv)
-    token = os.environ.get("HF_TOKEN") or None
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    token = hub_token()
     try:
-        if "/" not in args.repo_id or args.repo_id.count("/") != 1:
-            raise ValueError(f"--repo-id must be <user or org>/<name>, got {args.repo_id!r}")
         if args.dry_run and not args.out:
             raise ValueError("--dry-run needs --out (the folder to build)")
         if not args.dry_run and token is None:
-            raise ValueError("HF_TOKEN is not set; export a Hub token with write access, or use --dry-run")
+            raise ValueError("no Hub token: export HF_TOKEN or run `hf auth login` (a token with write access), "
+                             "or use --dry-run")
+        repo_id = resolve_repo_id(args.repo_id, token, args.dry_run)
         checkpoint = Path(args.checkpoint)
         summary_path = Path(args.summary) if args.summary else checkpoint.parent / "summary.json"
         summary = _read_json(summary_path) if args.summary or summary_path.is_file() else None
@@ -263,18 +249,19 @@ def main(argv: list[str] | None = None) -> int:
         config = _read_json(checkpoint / "config.json")
         manifest = _read_json(Path(args.data) / "manifest.json") if args.data else None
         files = checkpoint_files(checkpoint)
-        card = model_card(args.repo_id, config, parameter_count(checkpoint), summary, evals, manifest)
+        card = str(model_card(repo_id, config, parameter_count(checkpoint), summary, evals, manifest,
+                              base_model=args.base_model))
         assert_secret_free(files, token, card)  # before anything is written: a refused folder never exists
         out = Path(args.out) if args.out else None
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-        staged = stage(files, card, out.parent if out is not None else None)
+        staged = stage(files, card, out.parent if out is not None else None, dtype=args.dtype)
         try:
             if not args.dry_run:
                 try:
-                    url = upload(staged, args.repo_id, token, args.private)
+                    url = upload(staged, repo_id, token, args.private)
                 except Exception as err:  # noqa: BLE001 -- the Hub's errors vary; report them without the token
-                    print(f"dm-publish: error: upload to {args.repo_id} failed: {type(err).__name__}: "
+                    print(f"dm-publish: error: upload to {repo_id} failed: {type(err).__name__}: "
                           f"{_redact(str(err), token)}", file=sys.stderr)
                     return 1
             if out is not None:
@@ -282,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         if args.dry_run:
-            print(f"dm-publish: dry run: {out} holds what would be uploaded to {args.repo_id}")
+            print(f"dm-publish: dry run: {out} holds what would be uploaded to {repo_id}")
         else:
             kept = f" (the uploaded folder is {out})" if out is not None else ""
-            print(f"dm-publish: uploaded to {args.repo_id}: {_redact(url, token)}{kept}")
+            print(f"dm-publish: uploaded to {repo_id}: {_redact(url, token)}{kept}")
     except ValueError as err:
         print(f"dm-publish: error: {_redact(str(err), token)}", file=sys.stderr)
         return 2

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     table = sub.add_parser("table", help="build one table (CSV)")
-    table.add_argument("name", choices=[*RUN_TABLES, "probes", "kernel", "sweep"])
+    table.add_argument("name", choices=[*RUN_TABLES, "probes", "kernel", "sweep"], help="which table")
     table.add_argument("--runs", nargs="*", default=[], help="summary.json of each run")
     table.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files")
     table.add_argument("--probes", help="dm-probe CSV (table probes)")
@@ -86,11 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--recorded", help="folder of recorded dm-kernel-bench files, shown when this run measured "
                        "nothing (table kernel)")
     table.add_argument("--sweep", help="dm-sweep CSV (table sweep)")
-    table.add_argument("--out", required=True)
+    table.add_argument("--out", required=True, help="CSV file to write")
     _common(table)
 
     figure = sub.add_parser("figure", help="draw one figure (PNG) and its numbers (CSV)")
-    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep"])
+    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep"], help="which figure")
     figure.add_argument("--runs", nargs="*", default=[], help="summary.json of each run (metrics.jsonl beside it)")
     figure.add_argument("--sweep", help="dm-sweep CSV (figure sweep)")
     figure.add_argument("--out", required=True, help="PNG to write")
@@ -101,9 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     page.add_argument("--inputs", nargs="+", required=True, help="tables/*.csv, figures/*.png and figures/*.csv")
     page.add_argument("--name", required=True, help="config name shown in the title")
     page.add_argument("--scale-note", required=True, help="where and at what scale our numbers were measured")
-    page.add_argument("--html", required=True)
-    page.add_argument("--markdown", required=True)
-    page.add_argument("--paper", default=str(PAPER_YAML))
+    page.add_argument("--html", required=True, help="HTML page to write")
+    page.add_argument("--markdown", required=True, help="Markdown page to write")
+    page.add_argument("--paper", default=str(PAPER_YAML), help="the paper's reported values (YAML)")
 
     whole = sub.add_parser("all", help="every table and figure and the page from a finished results folder")
     whole.add_argument("--results", required=True, help="results/<name>")
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     hw = sub.add_parser("hardware", help="record this machine's GPU; --has-hopper exits 1 without an sm90 GPU")
     hw.add_argument("--out", help="JSON file to write")
-    hw.add_argument("--has-hopper", action="store_true")
+    hw.add_argument("--has-hopper", action="store_true", help="exit 1 unless an sm90 GPU is present")
     return parser
 
 

@@ -47,3 +47,88 @@ def test_console_scripts_resolve():
     assert {"dm-sweep", "dm-train", "dm-eval", "dm-report"} <= {ep.name for ep in scripts}
     for ep in scripts:
         assert callable(ep.load()), ep.name
+
+
+EXTRA_ONLY = ("snakemake", "lm_eval", "pandas", "seaborn", "matplotlib", "datasets", "jsonschema", "accelerate",
+              "wonderwords", "tabulate")
+CORE_USE = r"""
+import sys
+
+for name in BLOCKED:  # as if not installed: imports fail, importlib.util.find_spec answers None
+    sys.modules[name] = None
+import torch
+from deltamatch.kernels import dm_attn_func
+from deltamatch.models import HybridForCausalLM, get_config
+from deltamatch.models.publish import main
+
+q = torch.randn(1, 16, 2, 64, requires_grad=True)
+dm_attn_func(q, q, q, causal=True, mode="matched").sum().backward()
+model = HybridForCausalLM(get_config("tiny", attn_method="matched"))
+model(torch.randint(0, 100, (1, 8))).logits.sum().backward()
+print("core ok")
+"""
+
+
+def test_core_dependencies_exclude_the_pipeline_evals_and_report():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {dep.split(">")[0].split("=")[0].split(";")[0].strip().lower() for dep in project["dependencies"]}
+    assert not core & {"snakemake", "lm-eval", "pandas", "seaborn", "matplotlib", "datasets", "jsonschema"}
+    extras = project["optional-dependencies"]
+    assert {"pipeline", "eval", "report", "all"} <= set(extras)
+    assert any(d.startswith("snakemake>") for d in extras["pipeline"]) and any(d.startswith("lm-eval") for d in extras["eval"])
+    assert extras["all"] == ["deltamatch[pipeline,eval,report]"]
+
+
+def test_models_and_kernels_work_with_core_dependencies_only():
+    code = f"BLOCKED = {EXTRA_ONLY!r}\n" + CORE_USE
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "core ok" in done.stdout, done.stderr[-3000:]
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _parsers_of(entry_point, monkeypatch):
+    """Every argparse parser a console script builds (its subcommands' too), captured at parse_args."""
+    import argparse
+
+    seen = []
+
+    def capture(self, args=None, namespace=None):
+        seen.append(self)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+    with pytest.raises((_Parsed, SystemExit)):
+        entry_point.load()(["--help"]) if entry_point.name else None
+    parsers, todo = [], list(seen)
+    while todo:
+        parser = todo.pop()
+        parsers.append(parser)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return parsers
+
+
+def test_every_cli_option_has_help(monkeypatch):
+    import argparse
+
+    scripts = [ep for ep in entry_points(group="console_scripts") if ep.value.startswith("deltamatch.")]
+    missing = []
+    for ep in scripts:
+        parsers = _parsers_of(ep, monkeypatch)
+        assert parsers, f"{ep.name}: no argparse parser seen"
+        for parser in parsers:
+            for action in parser._actions:
+                if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                    continue
+                if action.help == argparse.SUPPRESS:
+                    continue
+                if not (action.help or "").strip():
+                    missing.append(f"{ep.name} ({parser.prog}): {'/'.join(action.option_strings) or action.dest}")
+    assert missing == [], "\n".join(missing)

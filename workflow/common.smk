@@ -101,11 +101,101 @@ def key_values(mapping):
     return " ".join(f"{k}={v}" for k, v in mapping.items())
 
 
+def size_settings(size):
+    """The ``per_size`` entry of a model size (``{}`` for a size it does not list)."""
+    return config["per_size"].get(size, {})
+
+
+def launch_of(size):
+    """``launch`` for runs of ``size``: the global one, with the size's own keys on top."""
+    return {**config["launch"], **size_settings(size).get("launch", {})}
+
+
+def train_resources_of(size):
+    """``resources.train`` for runs of ``size``: the global one, with the size's own keys on top."""
+    return {**config["resources"]["train"], **size_settings(size).get("resources", {})}
+
+
+def _trainer_config_module():
+    """``models/train/config.py``, loaded by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in
+    Snakemake's own environment."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
+    )
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+TRAINER_CONFIG = _trainer_config_module()
+# Keys of the dm-train config that change what a run shows, not what it computes (train.progress, ...). They are left
+# out of the rendered run configs, so changing one never reruns a training or eval job; dm-train reads them from the
+# environment (COSMETIC_ENV), which this process sets and its jobs inherit (sbatch passes the environment on).
+COSMETIC = TRAINER_CONFIG.COSMETIC
+
+
+def _pop_key(mapping, dotted):
+    """Remove ``a.b.c`` from nested ``mapping`` (copying the inner dicts it changes); its value, or None."""
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return mapping.pop(head, None)
+    if not isinstance(mapping.get(head), dict):
+        return None
+    mapping[head] = inner = dict(mapping[head])
+    return _pop_key(inner, rest)
+
+
+def without_cosmetic(cfg):
+    """``cfg`` (a dm-train config) without the COSMETIC keys, and those keys' values as ``{dotted: value}``."""
+    cfg = dict(cfg)
+    found = {}
+    for key in COSMETIC:
+        value = _pop_key(cfg, key)
+        if value is not None:
+            found[key] = value
+    return cfg, found
+
+
+def _cosmetic_environment():
+    import json
+    import os
+
+    _, found = without_cosmetic(config["train"])
+    for where, section in [(f"runs[{i}].train", g["train"]) for i, g in enumerate(config["runs"])] + [
+        (f"per_size.{s}.train", v.get("train", {})) for s, v in config["per_size"].items()
+    ]:
+        if without_cosmetic(section)[1]:
+            raise ValueError(f"config key '{where}': {', '.join(COSMETIC)} belong in the base 'train' section only")
+    os.environ[TRAINER_CONFIG.COSMETIC_ENV] = json.dumps(found, sort_keys=True)
+
+
+_cosmetic_environment()
+
+
+def _check_sizes():
+    for size in sorted({r.size for r in RUNS}):
+        gpus, procs = train_resources_of(size)["gpus"], launch_of(size)["procs_per_node"]
+        if gpus and gpus != procs:
+            raise ValueError(
+                f"config keys 'resources.train.gpus' and 'launch.procs_per_node' (with per_size.{size}): "
+                f"{size} runs ask for {gpus} GPUs per node but start {procs} processes per node"
+            )
+
+
+_check_sizes()
+
+
 def train_config(wildcards):
-    """The dm-train config of one run: base train config, the group's overrides, then what the pipeline owns."""
+    """The dm-train config of one run: base train config, the size's and the group's overrides, then what the
+    pipeline owns; without the cosmetic keys."""
     group = GROUPS[wildcards.variant]
     run = Run(wildcards.variant, wildcards.size, wildcards.method, int(wildcards.seed))
-    cfg = deep_merge(config["train"], group["train"])
+    base = deep_merge(config["train"], size_settings(run.size).get("train", {}))
+    cfg = without_cosmetic(deep_merge(base, group["train"]))[0]
     model = dict(cfg.get("model", {}))
     model.update(size=run.size, attn_method=run.method)
     model["overrides"] = deep_merge(model.get("overrides", {}), group["model"])
@@ -118,23 +208,19 @@ def train_config(wildcards):
 
 def _check_run_configs():
     """Every run's dm-train config is valid before any job starts: a typo under ``train:`` or a group's ``train:``
-    fails the DAG naming the key, not a training job hours later on the cluster. ``models/train/config.py`` is loaded
-    by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in Snakemake's own environment."""
-    import importlib.util
-    import sys
+    fails the DAG naming the key, not a training job hours later on the cluster."""
+    import os
 
-    spec = importlib.util.spec_from_file_location(
-        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
-    )
-    trainer_config = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = trainer_config  # dataclasses resolve their string annotations through sys.modules
-    spec.loader.exec_module(trainer_config)
+    trainer_config = TRAINER_CONFIG
     for run in RUNS:
         try:
-            trainer_config.parse(trainer_config.RunConfig, train_config(run))
+            parsed = trainer_config.parse(trainer_config.RunConfig, train_config(run))
+            trainer_config.apply_cosmetic(parsed, os.environ[trainer_config.COSMETIC_ENV])
         except ValueError as err:
             where = f"{run.variant}/{run.size}/{run.method}/s{run.seed}"
-            raise ValueError(f"config keys 'train' / 'runs[].train' give run {where} a bad dm-train config: {err}") from None
+            raise ValueError(
+                f"config keys 'train' / 'runs[].train' give run {where} a bad dm-train config: {err}"
+            ) from None
 
 
 _check_run_configs()
@@ -197,14 +283,57 @@ def init_checkpoint(wildcards):
     return [f"{RESULTS}/runs/{source}/{wildcards.size}/{wildcards.method}/s{wildcards.seed}/final"]
 
 
+def retry_runtime(spec, attempt):
+    """Minutes of attempt ``attempt``: ``runtime`` x attempt, capped at ``max_runtime`` (the partition's MaxTime; a
+    longer request would never start). A capped run goes on across attempts from its checkpoints."""
+    minutes = spec["runtime"] * attempt
+    return minutes if spec.get("max_runtime") is None else min(minutes, spec["max_runtime"])
+
+
 def resources_of(group):
     """Snakemake resources of a rule group; a retried job gets proportionally more time (preemption, time limit).
     GPUs go in as SLURM gres, which counts per node (the plugin's `gpu` would count per job)."""
     spec = config["resources"][group]
-    resources = {"mem_mb": spec["mem_mb"], "runtime": lambda wildcards, attempt: spec["runtime"] * attempt}
+    resources = {"mem_mb": spec["mem_mb"], "runtime": lambda wildcards, attempt: retry_runtime(spec, attempt)}
     if spec["gpus"]:
         resources["gres"] = f"gpu:{spec['gpus']}"
     return resources
+
+
+def _train_resources_uniform(key):
+    """Whether ``resources.train.<key>`` is zero for every size or nonzero for every size (gres and tasks must be
+    present or absent for the whole train rule)."""
+    values = {bool(train_resources_of(r.size)[key]) for r in RUNS}
+    if len(values) > 1:
+        raise ValueError(
+            f"config keys 'resources.train.{key}' / 'per_size.*.resources.{key}': either every size "
+            "trains with GPUs or none does"
+        )
+    return values.pop()
+
+
+def train_rule_resources():
+    """Resources of the train rule, per run size (``per_size`` on top of ``launch`` and ``resources.train``)."""
+    resources = {
+        "mem_mb": lambda wildcards: train_resources_of(wildcards.size)["mem_mb"],
+        "runtime": lambda wildcards, attempt: retry_runtime(train_resources_of(wildcards.size), attempt),
+        "nodes": lambda wildcards: launch_of(wildcards.size)["nodes"],
+    }
+    if _train_resources_uniform("gpus"):
+        resources["gres"] = lambda wildcards: f"gpu:{train_resources_of(wildcards.size)['gpus']}"
+    else:
+        # Without GPUs, one task per node keeps SLURM from shrinking the job to one node; with gres the plugin turns
+        # `tasks` into --ntasks-per-gpu, so it is left out there.
+        resources["tasks"] = lambda wildcards: launch_of(wildcards.size)["nodes"]
+    return resources
+
+
+def launch_args(wildcards):
+    """The dm-launch options of a run of this size."""
+    launch = launch_of(wildcards.size)
+    return " ".join(
+        [f"--nodes {launch['nodes']}", f"--procs-per-node {launch['procs_per_node']}", *launch["extra_args"]]
+    )
 
 
 def report_parts():
@@ -240,4 +369,5 @@ def publish_targets():
 
 def repo_id(wildcards):
     name = f"deltamatch-{wildcards.variant}-{wildcards.size}-{wildcards.method}-s{wildcards.seed}"
-    return f"{config['publish']['namespace']}/{name}"
+    namespace = config["publish"]["namespace"]
+    return name if namespace is None else f"{namespace}/{name}"  # dm-publish puts a bare name under the token's user

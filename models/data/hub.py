@@ -99,8 +99,10 @@ def load_tokenizer(config: HubConfig):
     return tok
 
 
-def stream_documents(config: HubConfig, seed: int) -> Iterator[str]:
-    """Texts of the configured dataset, streamed in a seeded order."""
+def open_stream(config: HubConfig, seed: int):
+    """The configured dataset as a streaming ``datasets.IterableDataset`` in a seeded order. It is stateful:
+    ``state_dict()`` says where iteration stands and ``load_state_dict()`` resumes there (the rows that sat in the
+    shuffle buffer at that point are not replayed)."""
     import datasets
 
     kwargs = {"data_files": config.data_files} if config.data_files else {}
@@ -111,6 +113,11 @@ def stream_documents(config: HubConfig, seed: int) -> Iterator[str]:
                          f"{err}") from err
     if config.shuffle_buffer:
         stream = stream.shuffle(seed=seed, buffer_size=config.shuffle_buffer)
+    return stream
+
+
+def texts(stream, config: HubConfig) -> Iterator[str]:
+    """The non-empty document texts of ``stream``."""
     for row in stream:
         if config.text_field not in row:
             raise ValueError(f"dataset {config.dataset!r} has no column {config.text_field!r} "
@@ -120,13 +127,34 @@ def stream_documents(config: HubConfig, seed: int) -> Iterator[str]:
             yield text
 
 
+def stream_documents(config: HubConfig, seed: int) -> Iterator[str]:
+    """Texts of the configured dataset, streamed in a seeded order."""
+    return texts(open_stream(config, seed), config)
+
+
+class DocumentSplitter:
+    """Sends each document to ``val`` with probability ``val_fraction`` until ``max_val_docs`` are taken, else to
+    ``train``; seeded, and with a JSON state so that a resumed build goes on with the same decisions."""
+
+    def __init__(self, config: HubConfig, seed: int, state: dict | None = None):
+        self.config, self.rng, self.n_val = config, random.Random(seed + 1), 0
+        if state is not None:
+            version, internal, gauss = state["rng"]
+            self.rng.setstate((version, tuple(internal), gauss))
+            self.n_val = state["n_val"]
+
+    def __call__(self, text: str) -> str:
+        if self.n_val < self.config.max_val_docs and self.rng.random() < self.config.val_fraction:
+            self.n_val += 1
+            return "val"
+        return "train"
+
+    def state(self) -> dict:
+        return {"rng": self.rng.getstate(), "n_val": self.n_val}
+
+
 def split_documents(docs: Iterator[str], config: HubConfig, seed: int) -> Iterator[tuple[str, str]]:
     """(split, text) pairs: each document goes to ``val`` with probability ``val_fraction`` until it is full."""
-    rng = random.Random(seed + 1)
-    n_val = 0
+    splitter = DocumentSplitter(config, seed)
     for text in docs:
-        if n_val < config.max_val_docs and rng.random() < config.val_fraction:
-            n_val += 1
-            yield "val", text
-        else:
-            yield "train", text
+        yield splitter(text), text

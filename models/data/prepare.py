@@ -2,7 +2,9 @@
 
 Two sources share everything after the documents: ``offline`` (the installed-Python corpus and a BPE trained on it)
 and ``hub`` (a streamed dataset and a named tokenizer). The folder is assembled under a temporary sibling name and
-renamed into place when complete, so a crashed build never leaves a folder that looks usable.
+renamed into place when complete, so a crashed build never leaves a folder that looks usable. The Hub path (30B
+tokens for the paper) is resumable: its partial folder keeps a ``progress.json`` position, saved after every batch
+that completes a train shard, and a rerun with the same config goes on from there.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,9 +22,13 @@ from typing import Literal
 from tqdm.auto import tqdm
 
 from deltamatch.models.data.corpus import CorpusConfig, build_corpus
-from deltamatch.models.data.hub import HubConfig, check_reachable, load_tokenizer, split_documents, stream_documents
+from deltamatch.atomic import write_json
+from deltamatch.models.data.hub import DocumentSplitter, HubConfig, check_reachable, load_tokenizer, open_stream, texts
 from deltamatch.models.data.shards import ShardWriter, token_dtype, write_manifest
 from deltamatch.models.data.tokenizer import BOS, EOS, PAD, TokenizerConfig, save_tokenizer, train_tokenizer
+
+
+PROGRESS = "progress.json"
 
 
 @dataclass
@@ -89,34 +96,95 @@ def _offline(tmp: Path, config: PrepareConfig) -> tuple[dict[str, int], int, dic
                                                     **asdict(config.corpus)}
 
 
+def _fingerprint(config: PrepareConfig) -> dict:
+    """What a partial build must have been started with to be resumed (everything but where it goes)."""
+    return json.loads(json.dumps({k: v for k, v in asdict(config).items() if k != "out_dir"}))
+
+
+def _load_progress(tmp: Path, config: PrepareConfig) -> dict | None:
+    """The saved position of a partial Hub build in ``tmp`` made from the same config, else None."""
+    path = tmp / PROGRESS
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text(encoding="utf-8"))
+    if state.get("config") != _fingerprint(config):
+        print(f"dm-prepare-data: {tmp} was started from another config; starting over", file=sys.stderr)
+        return None
+    return state
+
+
+def _save_progress(tmp: Path, config: PrepareConfig, stream, splitter: DocumentSplitter,
+                   writers: dict[str, ShardWriter], val_docs) -> None:
+    val_docs.flush()
+    state = {"config": _fingerprint(config), "stream": stream.state_dict(), "splitter": splitter.state(),
+             "writers": {name: w.save_state() for name, w in writers.items()}, "val_docs_bytes": val_docs.tell()}
+    write_json(tmp / PROGRESS, state)
+
+
 def _hub(tmp: Path, config: PrepareConfig) -> tuple[dict[str, int], int, dict[str, ShardWriter], dict]:
+    """Stream, split and tokenise the Hub dataset into ``tmp``, resumably: after every batch that completed a train
+    shard the position (stream state, split RNG, writers, held-out documents) is saved to ``progress.json``, and a
+    rerun with the same config goes on from there instead of from the first document."""
     check_reachable(config.hub)
     tok = load_tokenizer(config.hub)
+    state = _load_progress(tmp, config)
+    if state is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
     tok.save_pretrained(str(tmp / "tokenizer"))
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return tok(texts, add_special_tokens=False)["input_ids"]
-
-    pairs = split_documents(stream_documents(config.hub, config.seed), config.hub, config.seed)
-    writers = write_splits(tmp, encode, len(tok), tok.eos_token_id, pairs, config, config.hub.max_train_tokens,
-                           config.hub.batch_docs)
+    stream = open_stream(config.hub, config.seed)
+    splitter = DocumentSplitter(config.hub, config.seed, state["splitter"] if state else None)
+    writers = {s: ShardWriter(tmp / s, token_dtype(len(tok)), tok.eos_token_id, config.shard_tokens)
+               for s in ("train", "val")}
+    val_path = tmp / "val_docs.jsonl"
+    if state:
+        stream.load_state_dict(state["stream"])
+        for name, writer in writers.items():
+            writer.load_state(state["writers"][name])
+        os.truncate(val_path, state["val_docs_bytes"])
+        print(f"dm-prepare-data: resuming {tmp} at {writers['train'].tokens:,} train tokens", file=sys.stderr)
+    cap = config.hub.max_train_tokens
+    docs = texts(stream, config.hub)
+    bar = tqdm(total=cap, initial=writers["train"].tokens, unit="tok", desc="tokenise", leave=False)
+    with val_path.open("a", encoding="utf-8") as val_docs:
+        while writers["train"].tokens < cap and (batch := list(itertools.islice(docs, config.hub.batch_docs))):
+            shards = len(writers["train"].shards)
+            for text, ids in zip(batch, tok(batch, add_special_tokens=False)["input_ids"]):
+                if writers["train"].tokens >= cap:
+                    break
+                split = splitter(text)
+                writers[split].add(ids)
+                if split == "val":
+                    val_docs.write(json.dumps({"text": text}) + "\n")
+                else:
+                    bar.update(len(ids) + 1)
+            if len(writers["train"].shards) > shards:
+                _save_progress(tmp, config, stream, splitter, writers, val_docs)
+    bar.close()
+    if writers["val"].documents == 0 or writers["train"].documents == 0:
+        raise ValueError(f"empty split: {writers['train'].documents} train / {writers['val'].documents} val documents")
+    (tmp / PROGRESS).unlink(missing_ok=True)
     special = {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id}
     return special, len(tok), writers, {"kind": "hub", **asdict(config.hub)}
 
 
 def prepare(config: PrepareConfig) -> dict:
-    """Build the data folder ``config.out_dir``; returns its manifest."""
+    """Build the data folder ``config.out_dir``; returns its manifest. A Hub build that fails or is killed keeps its
+    partial folder (``.<name>.partial``) and the next call with the same config resumes it."""
     out = Path(config.out_dir)
-    tmp = out.with_name(f".{out.name}.partial{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    hub = config.source == "hub"
+    tmp = out.with_name(f".{out.name}.partial" if hub else f".{out.name}.partial{os.getpid()}")
+    if not hub:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
     try:
-        special, vocab_size, writers, source = (_offline if config.source == "offline" else _hub)(tmp, config)
+        special, vocab_size, writers, source = (_hub if hub else _offline)(tmp, config)
         manifest = write_manifest(tmp, vocab_size=vocab_size, special=special, seed=config.seed, source=source,
                                   splits=writers)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not hub:
+            shutil.rmtree(tmp, ignore_errors=True)
     return manifest

@@ -27,6 +27,7 @@ from deltamatch.atomic import write_text
 
 FORMAT = "deltamatch-token-shards-v1"
 MANIFEST = "manifest.json"
+BUFFER = ".buffer.bin"  # a resumable build's unflushed tokens (removed by close)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -82,7 +83,25 @@ class ShardWriter:
         """Write what is buffered and return the shard entries."""
         if self._buffered:
             self._flush(self._buffered)
+        (self.folder / BUFFER).unlink(missing_ok=True)
         return self.shards
+
+    def save_state(self) -> dict:
+        """The writer's position for a resumed build: its shards and documents, with the tokens not yet in a shard
+        written (atomically) beside the shards."""
+        buffered = np.concatenate(self._buffer) if self._buffer else np.empty(0, self.dtype)
+        tmp = self.folder / f".{BUFFER}.tmp"
+        tmp.write_bytes(buffered.tobytes())
+        os.replace(tmp, self.folder / BUFFER)
+        return {"shards": list(self.shards), "documents": self.documents, "buffered": int(buffered.size)}
+
+    def load_state(self, state: dict) -> None:
+        """Go on from :meth:`save_state`'s position; shard files written after it are rewritten as the build goes on."""
+        buffered = np.fromfile(self.folder / BUFFER, dtype=self.dtype) if state["buffered"] else np.empty(0, self.dtype)
+        if buffered.size != state["buffered"]:
+            raise ValueError(f"{self.folder / BUFFER} holds {buffered.size} tokens, the saved state {state['buffered']}")
+        self.shards, self.documents = [dict(s) for s in state["shards"]], state["documents"]
+        self._buffer, self._buffered = ([buffered] if buffered.size else []), int(buffered.size)
 
     def _flush(self, n: int) -> None:
         flat = np.concatenate(self._buffer)

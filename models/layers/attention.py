@@ -14,6 +14,9 @@ Which core runs (one rule, in :meth:`AttentionCore.forward`):
 - otherwise exact attention through ``torch.nn.functional.scaled_dot_product_attention`` (decoding with a KV cache,
   padded batches, and by default every eval-mode no-grad forward: evaluation and generation), so cached and uncached
   generation see the same numbers.
+
+Without deltamatch installed (the copy of this file in a Hub repo) the method core is exact attention for ``bf16`` and
+for models not in training mode; training an FP8 method there raises ``ImportError``.
 """
 
 import torch
@@ -59,6 +62,21 @@ def sdpa_attention(
     return o.transpose(1, 2)
 
 
+def _method_attention(attn_method: str, training: bool):
+    """``deltamatch.kernels.dm_attn_func``; ``None`` where deltamatch is not installed (this file's Hub copy) and exact
+    attention stands in: BF16 (exact attention in the model's own dtype, so on the CPU in FP32 rather than the
+    kernels' BF16-operand rounding), or a model that is not training. Training an FP8 method without the
+    kernels is refused rather than silently run in another precision."""
+    try:  # in a try block: transformers then does not require deltamatch for the Hub copy
+        from deltamatch.kernels import dm_attn_func
+    except ImportError as err:
+        if training and attn_method != "bf16":
+            raise ImportError(f"training with attn_method={attn_method!r} needs the deltamatch FP8 attention kernels "
+                              f"(pip install deltamatch): {err}") from err
+        return None
+    return dm_attn_func
+
+
 class AttentionCore(nn.Module):
     """softmax(q k^T * scale) v, causal, in the public layout ``(B, N, H, D)``; the module docstring gives the rule."""
 
@@ -70,9 +88,9 @@ class AttentionCore(nn.Module):
         padded = key_mask is not None and not bool(key_mask[:, -k.shape[1]:].all())
         square = q.shape[1] == k.shape[1] and not padded
         if square and (self.training or torch.is_grad_enabled() or self.attn_inference == "method"):
-            from deltamatch.kernels import dm_attn_func
-
-            return dm_attn_func(q, k, v, causal=True, mode=self.attn_method, softmax_scale=self.softmax_scale)
+            dm_attn_func = _method_attention(self.attn_method, self.training)
+            if dm_attn_func is not None:
+                return dm_attn_func(q, k, v, causal=True, mode=self.attn_method, softmax_scale=self.softmax_scale)
         if padded and (self.training or torch.is_grad_enabled()):
             raise ValueError(
                 "attention_mask with padding is not supported while training: the FP8 attention cores take no mask"

@@ -30,24 +30,27 @@ import inspect
 import os
 
 import torch
+from packaging.version import Version
 
 VERIFIED_HEAD_DIMS = frozenset({128})
 ENV_SWITCH = "DELTAMATCH_FLA_HOPPER_BWD"
 
 
+# Optional imports (Triton, fla) sit in try blocks: a Hub copy of this file (models/hub_code.py) must load without them.
 @functools.cache
 def _triton_version():
-    import triton
-    from packaging.version import Version
-
+    try:
+        import triton
+    except ImportError:
+        return None
     return Version(triton.__version__.split("+")[0])
 
 
 def refuses_gated_backward(device: torch.device) -> bool:
     """Whether fla 0.6 itself refuses its gated chunk backward on ``device`` (Hopper, 3.4 <= Triton < 3.7.1, no
     TileLang)."""
-    from packaging.version import Version
-
+    if _triton_version() is None:
+        return False
     hopper = torch.cuda.get_device_capability(device)[0] == 9
     affected = Version("3.4.0") <= _triton_version() < Version("3.7.1")
     return hopper and affected and importlib.util.find_spec("tilelang") is None
@@ -74,7 +77,10 @@ def training_backend(device: torch.device, head_k_dim: int, mixer: str = "gdn") 
 
 @contextlib.contextmanager
 def _guard_lifted():
-    from fla.ops.common import chunk_o
+    try:
+        from fla.ops.common import chunk_o
+    except ImportError as err:
+        raise ImportError(f"fla's gated backward needs flash-linear-attention: {err}") from err
 
     saved = chunk_o.TRITON_ABOVE_3_7_1
     chunk_o.TRITON_ABOVE_3_7_1 = True
@@ -87,8 +93,11 @@ def _guard_lifted():
 @functools.cache
 def enable_verified_backward() -> None:
     """Register the narrow backend with fla (once per process)."""
-    from fla.backends import BaseBackend, register
-    from fla.ops.common import chunk_o
+    try:
+        from fla.backends import BaseBackend, register
+        from fla.ops.common import chunk_o
+    except ImportError as err:
+        raise ImportError(f"fla's gated backward needs flash-linear-attention: {err}") from err
 
     triton_impl = inspect.unwrap(chunk_o.chunk_bwd_dqkwg)
 

@@ -50,22 +50,29 @@ def use_fused(on: bool | None) -> Iterator[None]:
         _PINNED.on = previous
 
 
+# fla's imports sit in try blocks: a Hub copy of this file (models/hub_code.py) must load without fla installed.
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from fla.modules.layernorm import rms_norm as fla_rms_norm
-
+    try:
+        from fla.modules.layernorm import rms_norm as fla_rms_norm
+    except ImportError as err:
+        raise ImportError(f"the fused RMSNorm needs flash-linear-attention: {err}") from err
     return fla_rms_norm(x, weight, None, eps=eps)
 
 
 def rms_norm_gated(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
                    activation: str) -> torch.Tensor:
-    from fla.modules.fused_norm_gate import rms_norm_gated as fla_rms_norm_gated
-
+    try:
+        from fla.modules.fused_norm_gate import rms_norm_gated as fla_rms_norm_gated
+    except ImportError as err:
+        raise ImportError(f"the fused gated RMSNorm needs flash-linear-attention: {err}") from err
     return fla_rms_norm_gated(x, gate, weight, None, activation=activation, eps=eps)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    from fla.modules.activations import swiglu as fla_swiglu
-
+    try:
+        from fla.modules.activations import swiglu as fla_swiglu
+    except ImportError as err:
+        raise ImportError(f"the fused SwiGLU needs flash-linear-attention: {err}") from err
     return fla_swiglu(gate, up)
 
 
@@ -73,7 +80,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
                          ignore_index: int = -100) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``labels`` without materialising the logits. Under autocast
     both operands are cast to its dtype first, as ``nn.Linear`` would be."""
-    from fla.modules.fused_linear_cross_entropy.ops import fused_linear_cross_entropy_loss
+    try:
+        from fla.modules.fused_linear_cross_entropy.ops import fused_linear_cross_entropy_loss
+    except ImportError as err:
+        raise ImportError(f"the fused linear cross-entropy needs flash-linear-attention: {err}") from err
 
     if torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)

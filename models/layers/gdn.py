@@ -23,6 +23,7 @@ The recurrent state is stored K-first, ``(B, H, K, V)``, as fla's naive referenc
 """
 
 import contextlib
+import functools
 import math
 import threading
 from collections.abc import Iterator
@@ -45,11 +46,19 @@ def gdn_backend(x: torch.Tensor, head_k_dim: int, mixer: str = "gdn") -> str:
     pinned = getattr(_PINNED, "name", None)
     if pinned is not None:
         return pinned
-    if not x.is_cuda:
+    if not x.is_cuda or not fla_installed():
         return "torch"
     if not torch.is_grad_enabled():
         return "fla"
     return training_backend(x.device, head_k_dim, mixer)[0]
+
+
+@functools.cache
+def fla_installed() -> bool:
+    """Whether flash-linear-attention can be imported (the Hub copy of this file runs without it, on the twin)."""
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 @contextlib.contextmanager
@@ -242,7 +251,10 @@ class DeltaRuleMixer(nn.Module):
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], dim=0)
         if cache is None and self._backend(x) == "fla":  # training and plain forwards: fla's fused Triton conv
-            from fla.modules.convolution import causal_conv1d
+            try:
+                from fla.modules.convolution import causal_conv1d
+            except ImportError as err:
+                raise ImportError(f"the fla GDN backend needs flash-linear-attention: {err}") from err
 
             return causal_conv1d(x=qkv, weight=weight.squeeze(1), activation="silu")[0]
         qkv = qkv.transpose(1, 2)
@@ -319,8 +331,11 @@ class GatedDeltaNet(DeltaRuleMixer):
 
     def _fla_rule(self, q, k, v, a, b, state, output_final_state: bool):
         """fla's kernels with gate, beta sigmoid and q/k L2 norm fused in, as ``fla.layers.GatedDeltaNet`` calls them."""
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
+        except ImportError as err:
+            raise ImportError(f"the fla GDN backend needs flash-linear-attention: {err}") from err
 
         decoding = not torch.is_grad_enabled() and q.shape[1] <= 64
         kernel = fla_recurrent if decoding else fla_chunk

@@ -75,7 +75,10 @@ class KimiDeltaAttention(DeltaRuleMixer):
         f = self.f_proj(x).reshape(*x.shape[:2], self.num_heads, self.head_k_dim)
         b = self.b_proj(x)
         if self._backend(x) == "fla":
-            from fla.ops.kda import chunk_kda, fused_recurrent_kda
+            try:  # optional at import time (a Hub copy of this file is checked by transformers)
+                from fla.ops.kda import chunk_kda, fused_recurrent_kda
+            except ImportError as err:
+                raise ImportError(f"the fla KDA backend needs flash-linear-attention: {err}") from err
 
             decoding = not torch.is_grad_enabled() and q.shape[1] <= 64
             kernel = fused_recurrent_kda if decoding else chunk_kda
@@ -84,7 +87,10 @@ class KimiDeltaAttention(DeltaRuleMixer):
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                 use_beta_sigmoid_in_kernel=True,
             )
-        from fla.ops.kda.naive import naive_recurrent_kda
+        try:
+            from fla.ops.kda.naive import naive_recurrent_kda
+        except ImportError as err:
+            raise ImportError(f"KDA layers need flash-linear-attention (pip install flash-linear-attention): {err}") from err
 
         o, final = naive_recurrent_kda(
             l2_normalize(q.float()), l2_normalize(k.float()), v.float(), kda_gate(f, self.A_log, self.dt_bias),

@@ -13,9 +13,11 @@ aborts at once.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from deltamatch.models.train.config import RunConfig, load_yaml
+from deltamatch.models.train.config import COSMETIC_ENV, RunConfig, apply_cosmetic, load_yaml
+from deltamatch.models.train.metrics import require_tensorboard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-on-config-change", action="store_true",
                         help="delete a run dir's checkpoints, metrics and export when they were written under another "
                              "config, and start afresh (what the pipeline does)")
+    parser.epilog = (f"Environment: {COSMETIC_ENV}, a JSON object of display-only keys (train.progress, "
+                     "metrics.tensorboard) set on top of the config; the pipeline passes them this way.")
     args = parser.parse_args(argv)
     try:
-        config = load_yaml(RunConfig, args.config)
+        config = apply_cosmetic(load_yaml(RunConfig, args.config), os.environ.get(COSMETIC_ENV))
+        if config.metrics.tensorboard:
+            require_tensorboard()
         if args.run_dir:
             config.run_dir = args.run_dir
     except ValueError as err:

@@ -249,6 +249,9 @@ class MetricsSection:
     """Every K steps: validation cross-entropy (always once at the end; 0 = only at the end)."""
     val_batches: int = 4
     """Micro-batches per rank in one validation pass."""
+    tensorboard: bool = False
+    """Also log the ``train`` and ``val`` scalars to TensorBoard under run_dir/tensorboard (needs the tensorboard
+    package: ``pip install tensorboard``)."""
 
 
 @dataclass
@@ -316,3 +319,34 @@ class RunConfig:
             raise ValueError(f"config key 'schedule.min_lr_ratio' must be in [0, 1], got {self.schedule.min_lr_ratio}")
         if not 0.0 <= self.schedule.decay_fraction <= 1.0:
             raise ValueError(f"config key 'schedule.decay_fraction' must be in [0, 1], got {self.schedule.decay_fraction}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Keys that change what a run shows, never what it computes
+
+COSMETIC = ("train.progress", "metrics.tensorboard")
+"""The pipeline leaves these out of the run configs it renders (so changing one reruns nothing) and hands their values
+to dm-train through the environment variable :data:`COSMETIC_ENV` instead."""
+COSMETIC_ENV = "DM_TRAIN_COSMETIC"
+
+
+def apply_cosmetic(config: RunConfig, encoded: str | None) -> RunConfig:
+    """Set the COSMETIC keys named in ``encoded`` (a JSON object ``{"train.progress": false}``) on ``config``."""
+    import json
+
+    if not encoded:
+        return config
+    try:
+        values = json.loads(encoded)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{COSMETIC_ENV} is not a JSON object: {err}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{COSMETIC_ENV} must be a JSON object, got {encoded!r}")
+    for key, value in values.items():
+        if key not in COSMETIC:
+            raise ValueError(f"{COSMETIC_ENV}: {key!r} is not one of the cosmetic keys {COSMETIC}")
+        section, name = key.split(".")
+        if not isinstance(value, bool):
+            raise ValueError(f"{COSMETIC_ENV}: config key '{key}' must be a bool, got {value!r}")
+        setattr(getattr(config, section), name, value)
+    return config

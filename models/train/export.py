@@ -27,6 +27,7 @@ def export_hf(model: nn.Module, tokenizer_dir: str | Path, out: str | Path, layo
         from transformers import AutoTokenizer
 
         from deltamatch.models import HybridForCausalLM
+        from deltamatch.models.hub_code import write_model_code
 
         fresh = HybridForCausalLM(model.config)
         fresh.load_state_dict(state, strict=True)
@@ -34,6 +35,7 @@ def export_hf(model: nn.Module, tokenizer_dir: str | Path, out: str | Path, layo
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             fresh.save_pretrained(tmp)
+            write_model_code(tmp)  # self-contained: the folder loads without deltamatch
             AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(tmp)
         except Exception as err:  # a full disk: the folder is named and the half-written copy deleted
             shutil.rmtree(tmp, ignore_errors=True)

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from deltamatch.models.data.loader import TokenWindows, TrainBatches, val_batches
 from deltamatch.models.data.shards import read_manifest, verify
@@ -47,7 +46,7 @@ from deltamatch.models.train.distributed import (Layout, init_distributed, mean_
                                                  sum_over_ranks)
 from deltamatch.models.train.export import export_hf, write_summary
 from deltamatch.models.train.fingerprint import bind_run, run_meta
-from deltamatch.models.train.metrics import MetricsWriter
+from deltamatch.models.train.metrics import MetricsWriter, progress_bar
 from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier
 from deltamatch.models.train.throughput import flops_per_token, peak_tflops
@@ -211,7 +210,7 @@ def _train(config: RunConfig, layout: Layout, stop: StopRequest, allow_change: b
         position, wall_before = Position.from_state(state), state["wall_s"]
         if layout.is_main:
             print(f"dm-train: resumed from {latest[1]} (step {position.step})", file=sys.stderr, flush=True)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main, tensorboard=config.metrics.tensorboard)
     metrics.truncate_after(position.step)
     backends = _log_backends(config, layout, model, metrics, position.step)
     if changes:
@@ -338,8 +337,7 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
     peak = peak_tflops(layout.device)
     autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     steps, position = config.train.steps, start
-    bar = tqdm(total=steps, initial=start.step, unit="step", desc=f"train {config.model.attn_method}",
-               disable=not (layout.is_main and config.train.progress), dynamic_ncols=True)
+    bar = progress_bar(steps, start.step, f"train {config.model.attn_method}", layout.is_main and config.train.progress)
     for step in range(start.step, steps):
         tick = time.perf_counter()
         lr_mult = lr_multiplier(step, steps, config.schedule)

@@ -75,7 +75,7 @@ def _pipeline(slurm, work: Path, on_slurm: bool) -> tuple[subprocess.Popen, Path
     cfg["runs"][0]["methods"] = ["bf16"]
     (work / "pipeline.yaml").write_text(yaml.safe_dump(cfg))
     where = (["--profile", str(REPO / "profiles" / "slurm"), "--slurm-init-seconds-before-status-checks", "2",
-              "--latency-wait", "5"] if on_slurm else ["--profile", str(REPO / "profiles" / "default"), "--cores", "1"])
+              "--latency-wait", "5"] if on_slurm else ["--profile", str(REPO / "profiles" / "local"), "--cores", "1"])
     return _start(slurm, work, [SNAKEMAKE, *PIPELINE_TARGETS, "-s", str(REPO / "Snakefile"), "-d", str(work),
                                 "--configfile", str(work / "pipeline.yaml"), *where])
 

@@ -144,3 +144,46 @@ def test_hub_path_fails_fast_offline(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "unreachable" in err and "nvidia/Nemotron-CC-v2" in err and "org/tok" in err
     assert not os.path.exists(tmp_path / "h")
+
+
+def test_hub_build_killed_midway_resumes_to_the_same_folder(data_dir, tmp_path, monkeypatch):
+    from deltamatch.models.data import prepare as prepare_module
+    from deltamatch.models.data.shards import ShardWriter
+
+    rows = [{"text": f"Document {i}: " + "row sums of dS vanish. " * (i % 5 + 1)} for i in range(400)]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hub = {"dataset": "json", "data_files": [str(src)], "tokenizer": str(data_dir / "tokenizer"),
+           "max_train_tokens": 4000, "val_fraction": 0.1, "shuffle_buffer": 0, "batch_docs": 8}
+    whole = _prepare(tmp_path, "whole", source="hub", seed=2, hub=hub, shard_tokens=300)
+
+    added, real_add = [0], ShardWriter.add
+
+    def killed_after_60_documents(self, ids):
+        added[0] += 1
+        if added[0] > 60:
+            raise KeyboardInterrupt("killed")
+        real_add(self, ids)
+
+    config = {"out_dir": str(tmp_path / "resumed"), "source": "hub", "seed": 2, "hub": hub, "shard_tokens": 300}
+    (tmp_path / "resumed.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(ShardWriter, "add", killed_after_60_documents)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["--config", str(tmp_path / "resumed.yaml")])
+    partial = tmp_path / ".resumed.partial"
+    progress = json.loads((partial / prepare_module.PROGRESS).read_text())
+    assert not (tmp_path / "resumed").exists() and progress["writers"]["train"]["shards"]
+
+    read = []
+    monkeypatch.setattr(ShardWriter, "add", lambda self, ids: (read.append(1), real_add(self, ids)))
+    assert cli.main(["--config", str(tmp_path / "resumed.yaml")]) == 0
+    # it went on from the saved position: only the documents after it were tokenised again
+    saved = sum(progress["writers"][s]["documents"] for s in ("train", "val"))
+    total = sum(read_manifest(whole)["splits"][s]["documents"] for s in ("train", "val"))
+    assert not partial.exists() and 0 < saved and len(read) == total - saved
+    resumed = tmp_path / "resumed"
+    verify(resumed)
+    for split in ("train", "val"):  # token for token what the uninterrupted build wrote
+        assert np.array_equal(_shard_tokens(resumed, split), _shard_tokens(whole, split)), split
+    assert (resumed / "val_docs.jsonl").read_text() == (whole / "val_docs.jsonl").read_text()
+    assert sorted(p.name for p in (resumed / "train").iterdir()) == sorted(p.name for p in (whole / "train").iterdir())

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from deltamatch.models.hub_code import bundle_sources
 from deltamatch.models.publish import main
 
 SECRET = "hf_TESTSECRETdoNotLeak1234567890"
@@ -42,10 +43,21 @@ def checkpoint(tmp_path_factory):
     return {"dir": run, "params": sum(p.numel() for p in model.parameters())}
 
 
+def _no_stored_token(monkeypatch, folder):
+    """Point huggingface_hub's stored-token file (`hf auth login`) at an empty folder; returns that file's path."""
+    from huggingface_hub import constants
+
+    path = folder / "token"
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(path))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(folder / "stored_tokens"))
+    return path
+
+
 @pytest.fixture
-def publish(monkeypatch, capfd):
+def publish(monkeypatch, capfd, tmp_path_factory):
     """Run dm-publish in this process with HF_TOKEN set (or unset); returns (exit status, stdout + stderr)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _no_stored_token(monkeypatch, tmp_path_factory.mktemp("hf"))
 
     def run(checkpoint, out, *extra, token=SECRET):
         """``out=None`` leaves --out off (a real upload then stages in a temporary folder)."""
@@ -69,10 +81,18 @@ def test_dry_run_builds_the_exact_folder_and_never_leaks_the_token(checkpoint, t
     assert SECRET not in printed
     names = sorted(p.name for p in out.iterdir())
     source = sorted(p.name for p in (checkpoint["dir"] / "final").iterdir() if p.suffix != ".bin")
-    assert names == sorted([*source, "README.md"])
+    assert names == sorted({*source, *bundle_sources(), "README.md"})
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(names)
-    assert any(n.endswith(".py") for n in names)  # the model code, for trust_remote_code
-    assert (out / "model.safetensors").read_bytes() == (checkpoint["dir"] / "final" / "model.safetensors").read_bytes()
+    for name, text in bundle_sources().items():  # the self-contained model code, for trust_remote_code
+        assert (out / name).read_text() == text
+    # BF16 weights by default: the training weights rounded once, nothing else changed
+    from safetensors.torch import load_file
+
+    shipped, trained = load_file(out / "model.safetensors"), load_file(checkpoint["dir"] / "final" / "model.safetensors")
+    assert shipped.keys() == trained.keys()
+    for name, tensor in trained.items():
+        assert shipped[name].dtype == torch.bfloat16 and torch.equal(shipped[name], tensor.to(torch.bfloat16)), name
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     for path in out.rglob("*"):
         assert SECRET.encode() not in path.read_bytes()
     card = (out / "README.md").read_text()
@@ -96,7 +116,7 @@ def test_dry_run_folder_loads_with_transformers(checkpoint, tmp_path):
 
 def test_upload_needs_the_token_and_refuses_a_leaking_folder(checkpoint, tmp_path, publish):
     status, printed = publish(checkpoint, tmp_path / "a", token=None)
-    assert status == 2 and "HF_TOKEN is not set" in printed
+    assert status == 2 and "no Hub token" in printed
     leaky = tmp_path / "leaky"
     (leaky / "final").mkdir(parents=True)
     for path in (checkpoint["dir"] / "final").iterdir():
@@ -104,7 +124,7 @@ def test_upload_needs_the_token_and_refuses_a_leaking_folder(checkpoint, tmp_pat
     (leaky / "final" / "notes.txt").write_text(f"token={SECRET}")
     (leaky / "offline.json").write_bytes((checkpoint["dir"] / "offline.json").read_bytes())
     status, printed = publish({"dir": leaky}, tmp_path / "b", "--dry-run")
-    assert status == 2 and "contains the value of HF_TOKEN" in printed and "notes.txt" in printed
+    assert status == 2 and "contains the Hub token" in printed and "notes.txt" in printed
     assert SECRET not in printed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["leaky"]  # neither the refused folder nor a staging one
 
@@ -112,7 +132,7 @@ def test_upload_needs_the_token_and_refuses_a_leaking_folder(checkpoint, tmp_pat
 def test_bad_arguments_name_the_problem(checkpoint, tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path), "--repo-id", "a/b", "--dry-run", "--out", str(tmp_path / "o")]) == 2
     assert "config.json" in capsys.readouterr().err
-    assert main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "nobody", "--dry-run",
+    assert main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "a/b/c", "--dry-run",
                  "--out", str(tmp_path / "o")]) == 2
     assert "--repo-id" in capsys.readouterr().err
 
@@ -145,6 +165,9 @@ def hub(monkeypatch, tmp_path):
             if record["fail"]:
                 raise OSError(record["fail"])
             return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0123abcd")
+
+        def whoami(self, **kwargs):
+            return {"name": "tokenowner", "type": "user"}
 
         def __getattr__(self, name):  # any other Hub call would need the network
             raise AssertionError(f"dm-publish called HfApi.{name}, which the fake does not provide")
@@ -180,7 +203,7 @@ def _files_with_secret(root):
 
 
 def test_upload_hands_the_token_and_the_folder_to_the_hub_and_leaves_no_temp_folder(checkpoint, tmp_path, publish, hub):
-    status, printed = publish(checkpoint, None)
+    status, printed = publish(checkpoint, None, "--dtype", "fp32")
     assert status == 0, printed
     assert _token_of(hub) == {SECRET}
     assert [call["repo_id"] for call in hub["create_repo"]] == [REPO]
@@ -190,9 +213,10 @@ def test_upload_hands_the_token_and_the_folder_to_the_hub_and_leaves_no_temp_fol
     assert upload["repo_id"] == REPO and upload.get("repo_type", "model") == "model"
     source = checkpoint["dir"] / "final"
     shipped = sorted(p.name for p in source.iterdir() if p.suffix != ".bin")
-    assert sorted(upload["files"]) == sorted([*shipped, "README.md"])
-    for name in shipped:
-        assert upload["files"][name] == (source / name).read_bytes(), name
+    assert sorted(upload["files"]) == sorted({*shipped, *bundle_sources(), "README.md"})
+    for name in shipped:  # --dtype fp32: the weights and every other file exactly as trained; the code self-contained
+        expected = bundle_sources()[name].encode() if name.endswith(".py") else (source / name).read_bytes()
+        assert upload["files"][name] == expected, name
     card = upload["files"]["README.md"].decode()
     assert "## Metrics" in card and REPO in card
     assert "https://huggingface.co/someone/deltamatch-tiny-matched/commit/0123abcd" in printed
@@ -235,7 +259,7 @@ def test_a_checkpoint_holding_the_token_is_refused_and_leaves_nothing(leaky, tmp
     target = tmp_path / "results" / "publish" / "s0" if out else None
     status, printed = publish(leaky, target)
     assert status == 2
-    assert "special_tokens_map.json contains the value of HF_TOKEN; refusing to publish it" in printed
+    assert "special_tokens_map.json contains the Hub token; refusing to publish it" in printed
     assert SECRET not in printed
     assert hub["init"] == [] and hub["upload_folder"] == []  # nothing reached the Hub
     assert not (tmp_path / "results").exists()  # no output folder, not even its parent
@@ -249,7 +273,7 @@ def test_a_card_that_would_hold_the_token_is_refused(checkpoint, tmp_path, publi
     evals.write_text(json.dumps({"suite": SECRET, "average": 0.5, "tasks": {}}))
     out = tmp_path / "out"
     status, printed = publish(checkpoint, out, "--dry-run", "--evals", str(evals))
-    assert status == 2 and "model card (README.md) would contain the value of HF_TOKEN" in printed
+    assert status == 2 and "model card (README.md) would contain the Hub token" in printed
     assert SECRET not in printed and not out.exists() and list(hub["temp"].iterdir()) == []
 
 
@@ -258,7 +282,7 @@ def test_a_real_upload_without_hf_token_fails_fast(tmp_path, publish, hub):
     # the checkpoint does not even exist: the token is checked before anything is read or written
     status, printed = publish({"dir": tmp_path / "nowhere"}, out, token=None)
     assert status == 2
-    assert "HF_TOKEN is not set" in printed and "--dry-run" in printed
+    assert "no Hub token" in printed and "--dry-run" in printed
     assert hub["init"] == [] and not out.exists() and list(hub["temp"].iterdir()) == []
 
 
@@ -284,3 +308,55 @@ def test_the_token_scan_finds_it_across_read_chunks(tmp_path):
         for chunk in (1, 2, 5, len(needle) - 1, len(needle), 64):
             assert _contains(path, needle, chunk), (offset, chunk)
             assert not _contains(tmp_path / "near", needle, chunk), (offset, chunk)
+
+
+def test_card_carries_hub_metadata_limitations_and_requirements(checkpoint, tmp_path, publish):
+    from huggingface_hub import ModelCard
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"source": {"kind": "hub", "dataset": "nvidia/Nemotron-CC-v2",
+                                                               "tokenizer": "mistralai/Mistral-7B-v0.1"},
+                                                    "vocab_size": 32000, "splits": {}}))
+    out = tmp_path / "folder"
+    status, printed = publish(checkpoint, out, "--dry-run", "--data", str(data), "--base-model", "someone/base")
+    assert status == 0, printed
+    card = ModelCard.load(out / "README.md")
+    assert card.data.language == "en" and card.data.license == "apache-2.0"
+    assert card.data.datasets == ["nvidia/Nemotron-CC-v2"] and card.data.base_model == "someone/base"
+    results = {(r.dataset_name, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert results == {("nvidia/Nemotron-CC-v2", "cross_entropy"): 5.4321, ("dm_lastword", "acc"): 0.25}
+    assert card.data.model_name == "deltamatch-tiny-matched"
+    text = (out / "README.md").read_text()
+    assert "model-index:" in text and "## Limitations" in text and "This is a toy" in text
+    assert "https://arxiv.org/abs/2609.37852" in text and "transformers>=5.0,<6" in text
+    assert "import deltamatch" not in text  # loading needs only transformers
+
+
+def test_the_token_of_hf_auth_login_is_used_and_a_bare_name_goes_under_its_user(checkpoint, tmp_path, publish, hub,
+                                                                                 monkeypatch):
+    from huggingface_hub import constants
+
+    Path(constants.HF_TOKEN_PATH).write_text(SECRET)  # as `hf auth login` stores it; HF_TOKEN unset
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    status = main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "deltamatch-tiny-matched"])
+    assert status == 0
+    assert _token_of(hub) == {SECRET}
+    assert [call["repo_id"] for call in hub["create_repo"]] == ["tokenowner/deltamatch-tiny-matched"]
+    (upload,) = hub["upload_folder"]
+    assert "tokenowner/deltamatch-tiny-matched" in upload["files"]["README.md"].decode()
+
+
+def test_a_dry_run_with_a_bare_name_stays_offline(checkpoint, tmp_path, publish, monkeypatch):
+    import huggingface_hub
+
+    class NoHub:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a dry run contacted the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", NoHub)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    out = tmp_path / "folder"
+    assert main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "deltamatch-tiny-matched",
+                 "--dry-run", "--out", str(out)]) == 0
+    assert 'from_pretrained("deltamatch-tiny-matched"' in (out / "README.md").read_text()

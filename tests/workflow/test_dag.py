@@ -1,7 +1,11 @@
 """The pipeline's DAG through the real snakemake: dry runs of the default and paper configs, lint, config validation,
 and the rendered per-run configs parsed by the trainer's own config classes."""
 
+from pathlib import Path
+
 import yaml
+
+ROOT_DIR = Path(__file__).resolve().parents[2]
 
 
 def _runs(config):
@@ -137,3 +141,78 @@ def test_h200_dry_run_plans_every_method_on_the_569m(snakemake, stats, root, tmp
     assert {size for _, size, _, _ in runs} == {"569M"}
     assert counts["train"] == counts["eval"] == 5 and counts["probe"] == counts["kernel_bench"] == 1
     assert "results/h200/report/index.html" in done.stdout
+
+
+def _train_jobs(output):
+    """{run dir: (resources line, shell command)} of the train jobs of a dry run."""
+    jobs = {}
+    for block in output.split("rule train:")[1:]:
+        lines = block.splitlines()
+        resources = next(line for line in lines if line.strip().startswith("resources:"))
+        command = next(line for line in lines if "dm-launch" in line)
+        jobs[command.split("--config ")[1].split()[0]] = (resources, command)
+    return jobs
+
+
+def test_paper_jobs_are_sized_per_model(snakemake, root, tmp_path):
+    paper = yaml.safe_load((root / "config" / "paper.yaml").read_text())
+    targets = [f"results/paper/runs/base/{size}/matched/s0/summary.json" for size in ("569M", "1.67B", "5.29B")]
+    done = snakemake("-n", *targets, "--profile", str(root / "profiles" / "slurm"),
+                     f"--configfile={root / 'config' / 'paper.yaml'}", workdir=tmp_path)
+    assert done.returncode == 0, done.output
+    jobs = {path.split("/")[-3]: job for path, job in _train_jobs(done.stdout).items()}
+    cap = paper["resources"]["train"]["max_runtime"]
+    for size, (resources, command) in jobs.items():
+        own = paper["per_size"][size]
+        nodes = own.get("launch", {}).get("nodes", paper["launch"]["nodes"])
+        assert f"nodes={nodes}," in resources and f"--nodes {nodes} --procs-per-node 8" in command
+        assert f"runtime={own['resources']['runtime']}," in resources and own["resources"]["runtime"] <= cap
+        assert "gres=gpu:8" in resources
+    assert set(jobs) == {"569M", "1.67B", "5.29B"} and jobs["569M"][0] != jobs["5.29B"][0]
+
+
+def test_per_size_train_settings_reach_the_run_config(snakemake, root, tmp_path):
+    from deltamatch.models.train.config import RunConfig, load_yaml
+
+    targets = {size: f"results/paper/configs/train/base/{size}/matched/s0.yaml" for size in ("569M", "5.29B")}
+    done = snakemake(*targets.values(), "--cores", "1", f"--configfile={root / 'config' / 'paper.yaml'}",
+                     workdir=tmp_path)
+    assert done.returncode == 0, done.output
+    small, big = (load_yaml(RunConfig, tmp_path / targets[s]) for s in ("569M", "5.29B"))
+    assert not small.train.activation_checkpointing and big.train.activation_checkpointing
+    # the global batch stays 2^20 tokens a step on each size's nodes x 8 GPUs
+    for run, nodes in ((small, 1), (big, 8)):
+        assert run.train.micro_batch * run.train.grad_accum * nodes * 8 * run.data.seq_len == 2**20
+
+
+def _retry_runtime():
+    """``retry_runtime`` as common.smk defines it (its file is Snakemake syntax, not importable)."""
+    import re
+
+    text = (ROOT_DIR / "workflow" / "common.smk").read_text()
+    source = re.search(r"^def retry_runtime\(.*?(?=^\S)", text, re.M | re.S).group(0)
+    scope = {}
+    exec(source, scope)
+    return scope["retry_runtime"]
+
+
+def test_retries_ask_for_more_time_up_to_the_partition_maximum():
+    retry_runtime = _retry_runtime()
+    spec = {"runtime": 1680, "max_runtime": 2880}
+    assert [retry_runtime(spec, a) for a in (1, 2, 3)] == [1680, 2880, 2880]
+    assert retry_runtime({"runtime": 60, "max_runtime": None}, 3) == 180
+
+
+def test_a_size_with_gpus_unlike_its_processes_fails_naming_the_keys(snakemake, tmp_path):
+    bad = _bad(tmp_path, "name: bad\nper_size: {tiny: {resources: {gpus: 4}}}\n")
+    done = snakemake("-n", "--configfile", str(bad), workdir=tmp_path)
+    assert done.returncode != 0 and "per_size.tiny" in done.output and "launch.procs_per_node" in done.output
+
+
+def test_snakefmt_is_clean(root):
+    import subprocess
+    import sys
+
+    snakefmt = Path(sys.executable).parent / "snakefmt"  # pinned in envs/pip-cpu.lock.txt
+    done = subprocess.run([str(snakefmt), "--check", "."], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -4,13 +4,13 @@
 rule data_config:
     output:
         f"{RESULTS}/configs/data.yaml",
-    params:
-        text=as_yaml({**config["data"], "out_dir": DATA}),
     log:
         f"{LOGS}/configs/data.log",
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        text=as_yaml({**config["data"], "out_dir": DATA}),
     shell:
         "(printf '%s' {params.text:q} > {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
 
@@ -24,10 +24,13 @@ rule prepare_data:
         f"{LOGS}/data.log",
     benchmark:
         f"{BENCH}/data.tsv"
+    # With data_local (a Hub corpus, compute nodes offline) it runs where Snakemake runs, which has the network; a
+    # killed build resumes from its partial folder (models/data/prepare.py).
+    localrule: config["data_local"]
+    conda:
+        "../../envs/train.yaml"
     threads: config["resources"]["light"]["threads"]
     resources:
         **resources_of("light"),
-    conda:
-        "../../envs/train.yaml"
     shell:
         "dm-prepare-data --config {input.config} --out-dir {output} > {log} 2>&1"

@@ -28,13 +28,13 @@ rule eval:
         f"{LOGS}/eval/{TAG}/{{suite}}.log",
     benchmark:
         f"{BENCH}/eval/{TAG}/{{suite}}.tsv"
-    params:
-        extra=" ".join(["--online"] * config["evals"]["online"] + config["evals"]["extra_args"]),
+    conda:
+        "../../envs/eval.yaml"
     threads: config["resources"]["eval"]["threads"]
     resources:
         **resources_of("eval"),
-    conda:
-        "../../envs/eval.yaml"
+    params:
+        extra=" ".join(["--online"] * config["evals"]["online"] + config["evals"]["extra_args"]),
     shell:
         "dm-eval --checkpoint {input.checkpoint} --suite {wildcards.suite} --data {input.data} --out {output}"
         " {params.extra} > {log} 2>&1"

@@ -11,14 +11,14 @@ rule kernel_check:
         f"{LOGS}/kernel/check.log",
     benchmark:
         f"{BENCH}/kernel/check.tsv"
-    params:
-        extra=" ".join(config["kernel"]["check_args"]),
-        gpu_tests=str(Path(workflow.basedir) / "tests" / "kernels"),
+    conda:
+        "../../envs/kernel.yaml"
     threads: config["resources"]["kernel"]["threads"]
     resources:
         **resources_of("kernel"),
-    conda:
-        "../../envs/kernel.yaml"
+    params:
+        extra=" ".join(config["kernel"]["check_args"]),
+        gpu_tests=str(Path(workflow.basedir) / "tests" / "kernels"),
     shell:
         "dm-kernel-check --out {output} {params.extra} > {log} 2>&1"
         " && if dm-report hardware --has-hopper >> {log} 2>&1;"
@@ -32,13 +32,13 @@ rule kernel_bench:
         f"{LOGS}/kernel/bench.log",
     benchmark:
         f"{BENCH}/kernel/bench.tsv"
-    params:
-        extra=" ".join(config["kernel"]["bench_args"]),
+    conda:
+        "../../envs/kernel.yaml"
     threads: config["resources"]["kernel"]["threads"]
     resources:
         **resources_of("kernel"),
-    conda:
-        "../../envs/kernel.yaml"
+    params:
+        extra=" ".join(config["kernel"]["bench_args"]),
     shell:
         "if dm-report hardware --out {output}/hardware.json --has-hopper > {log} 2>&1;"
         " then dm-kernel-bench --out {output} {params.extra} >> {log} 2>&1; fi"

@@ -11,12 +11,12 @@ rule probe:
         f"{LOGS}/probe/{TAG}.log",
     benchmark:
         f"{BENCH}/probe/{TAG}.tsv"
-    params:
-        extra=" ".join(config["probe"]["args"]),
+    conda:
+        "../../envs/eval.yaml"
     threads: config["resources"]["eval"]["threads"]
     resources:
         **resources_of("eval"),
-    conda:
-        "../../envs/eval.yaml"
+    params:
+        extra=" ".join(config["probe"]["args"]),
     shell:
         "dm-probe --checkpoint {input.checkpoint} --data {input.data} --out {output} {params.extra} > {log} 2>&1"

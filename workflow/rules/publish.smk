@@ -1,5 +1,5 @@
 # Publishing: a final checkpoint -> a Hub model repo (or, with publish.dry_run, the exact folder that would be
-# uploaded). The token comes from HF_TOKEN in the environment; it never appears on a command line or in a file.
+# uploaded). The token comes from HF_TOKEN or `hf auth login`; it never appears on a command line or in a file.
 
 
 rule publish:
@@ -14,15 +14,15 @@ rule publish:
         f"{LOGS}/publish/{TAG}.log",
     benchmark:
         f"{BENCH}/publish/{TAG}.tsv"
-    params:
-        repo_id=repo_id,
-        dry_run="--dry-run" if config["publish"]["dry_run"] else "",
     localrule: True  # uploads need the network, which login nodes have and compute nodes often lack
+    conda:
+        "../../envs/publish.yaml"
     threads: 1
     resources:
         **resources_of("light"),
-    conda:
-        "../../envs/publish.yaml"
+    params:
+        repo_id=repo_id,
+        dry_run="--dry-run" if config["publish"]["dry_run"] else "",
     shell:
         "dm-publish --checkpoint {input.checkpoint} --repo-id {params.repo_id} --summary {input.summary}"
         " --data {input.data} --evals {input.evals} {params.dry_run} --out {output} > {log} 2>&1"

@@ -16,9 +16,7 @@ FIGURE5_MAPPING = (
     f" --alias {key_values(config['report']['metric_alias'])}"
 )
 # Recorded Hopper measurements the kernel table falls back to when this run's bench had no Hopper GPU.
-RECORDED = (
-    Path(workflow.basedir) / config["kernel"]["recorded"] if config["kernel"]["recorded"] else None
-)
+RECORDED = Path(workflow.basedir) / config["kernel"]["recorded"] if config["kernel"]["recorded"] else None
 
 
 rule table_main:
@@ -30,11 +28,11 @@ rule table_main:
         f"{REPORT}/tables/main_1p67b.csv",
     log:
         f"{LOGS}/report/main_1p67b.log",
-    params:
-        mapping=MAPPING,
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        mapping=MAPPING,
     shell:
         "dm-report table main --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
         " --out {output} > {log} 2>&1"
@@ -49,11 +47,11 @@ rule table_scale:
         f"{REPORT}/tables/scale.csv",
     log:
         f"{LOGS}/report/scale.log",
-    params:
-        mapping=MAPPING,
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        mapping=MAPPING,
     shell:
         "dm-report table scale --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
         " --out {output} > {log} 2>&1"
@@ -68,11 +66,11 @@ rule table_ablations:
         f"{REPORT}/tables/ablations.csv",
     log:
         f"{LOGS}/report/ablations.log",
-    params:
-        mapping=MAPPING,
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        mapping=MAPPING,
     shell:
         "dm-report table ablations --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
         " --out {output} > {log} 2>&1"
@@ -86,12 +84,12 @@ rule table_probes:
         f"{REPORT}/tables/table9_probes.csv",
     log:
         f"{LOGS}/report/table9_probes.log",
-    params:
-        mapping=MAPPING,
-        size=PROBED.size,
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        mapping=MAPPING,
+        size=PROBED.size,
     shell:
         "dm-report table probes --probes {input.probes} --size {params.size} --paper {input.paper} {params.mapping}"
         " --out {output} > {log} 2>&1"
@@ -112,11 +110,11 @@ rule table_kernel:
         f"{REPORT}/tables/kernel_latency.csv",
     log:
         f"{LOGS}/report/kernel_latency.log",
-    params:
-        recorded=f"--recorded {RECORDED}" if RECORDED else "",
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        recorded=f"--recorded {RECORDED}" if RECORDED else "",
     shell:
         "dm-report table kernel --check {input.check} --bench {input.bench} --paper {input.paper} {params.recorded}"
         " --out {output} > {log} 2>&1"
@@ -147,11 +145,11 @@ rule figure_runs:
         f"{LOGS}/report/{{figure}}.log",
     wildcard_constraints:
         figure="figure1_loss|figure4_gain|figure5_scales",
-    params:
-        mapping=lambda wildcards: FIGURE5_MAPPING if wildcards.figure == "figure5_scales" else MAPPING,
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        mapping=lambda wildcards: FIGURE5_MAPPING if wildcards.figure == "figure5_scales" else MAPPING,
     shell:
         "dm-report figure {wildcards.figure} --runs {input.runs} --paper {input.paper} {params.mapping}"
         " --out {output.png} --values {output.values} > {log} 2>&1"
@@ -180,12 +178,12 @@ rule render:
         markdown=f"{REPORT}/report.md",
     log:
         f"{LOGS}/report/render.log",
-    params:
-        name=config["name"],
-        note=config["report"]["scale_note"],
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        name=config["name"],
+        note=config["report"]["scale_note"],
     shell:
         "dm-report render --inputs {input} --name {params.name} --scale-note {params.note:q}"
         " --html {output.html} --markdown {output.markdown} > {log} 2>&1"

@@ -8,12 +8,12 @@ rule sweep:
         f"{LOGS}/sweep.log",
     benchmark:
         f"{BENCH}/sweep.tsv"
-    params:
-        extra=" ".join(config["sweep"]["args"]),
+    conda:
+        "../../envs/kernel.yaml"
     threads: config["resources"]["light"]["threads"]
     resources:
         **resources_of("light"),
-    conda:
-        "../../envs/kernel.yaml"
+    params:
+        extra=" ".join(config["sweep"]["args"]),
     shell:
         "dm-sweep --out {output} {params.extra} > {log} 2>&1"

@@ -7,13 +7,13 @@
 rule train_config:
     output:
         f"{RESULTS}/configs/train/{TAG}.yaml",
-    params:
-        text=lambda wildcards: as_yaml(train_config(wildcards)),
     log:
         f"{LOGS}/configs/train/{TAG}.log",
     localrule: True
     conda:
         "../../envs/report.yaml"
+    params:
+        text=lambda wildcards: as_yaml(train_config(wildcards)),
     shell:
         "(printf '%s' {params.text:q} > {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
 
@@ -30,22 +30,12 @@ rule train:
         f"{LOGS}/train/{TAG}.log",
     benchmark:
         f"{BENCH}/train/{TAG}.tsv"
-    params:
-        launch=" ".join(
-            [
-                f"--nodes {config['launch']['nodes']}",
-                f"--procs-per-node {config['launch']['procs_per_node']}",
-                *config["launch"]["extra_args"],
-            ]
-        ),
-    threads: config["resources"]["train"]["threads"]
-    resources:
-        **resources_of("train"),
-        nodes=config["launch"]["nodes"],
-        # Without GPUs, one task per node keeps SLURM from shrinking the job to one node; with gres the plugin turns
-        # `tasks` into --ntasks-per-gpu, so it is left out there.
-        **({} if config["resources"]["train"]["gpus"] else {"tasks": config["launch"]["nodes"]}),
     conda:
         "../../envs/train.yaml"
+    threads: lambda wildcards: train_resources_of(wildcards.size)["threads"]
+    resources:
+        **train_rule_resources(),
+    params:
+        launch=launch_args,
     shell:
         "dm-launch --config {input.config} {params.launch} -- --restart-on-config-change > {log} 2>&1"
