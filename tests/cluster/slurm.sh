@@ -140,8 +140,8 @@ GresTypes=gpu
 SlurmdParameters=config_overrides
 ReturnToService=2
 MpiDefault=none
-# SIGTERM -> SIGKILL after 15 s: time for dm-train to finish its step and checkpoint (models/train/signals.py).
-KillWait=15
+# Short waits keep the preemption tests fast: SIGTERM -> SIGKILL after 5 s.
+KillWait=5
 MinJobAge=300
 InactiveLimit=0
 Waittime=0
