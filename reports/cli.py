@@ -7,6 +7,7 @@
     dm-report table gains --runs R/summary.json ... [--gain-window 6000] --out tables/gains.csv
     dm-report figure figure1_loss|figure4_gain|figure5_scales --runs ... [--gain-window 6000] --out F.png --values F.csv
     dm-report figure figure1_final --runs ... --evals ... --out F.png --values F.csv
+    dm-report figure context_gap --runs R/summary.json ... (one variant's runs) --out F.png --values F.csv
     dm-report figure sweep --sweep S.csv --out F.png --values F.csv
     dm-report figure kernel --kernel-table tables/kernel_latency.csv --out F.png --values F.csv
     dm-report render --inputs tables/*.csv figures/* --name NAME --scale-note TEXT --html H --markdown M [--claims C]
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _window(table)
 
     figure = sub.add_parser("figure", help="draw one figure (PNG) and its numbers (CSV)")
-    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep", "kernel", "figure1_final"])
+    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep", "kernel", "figure1_final", "context_gap"])
     figure.add_argument("--runs", nargs="*", default=[], help="summary.json of each run (metrics.jsonl beside it)")
     figure.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files (figure figure1_final)")
     figure.add_argument("--sweep", help="dm-sweep CSV (figure sweep)")
@@ -183,6 +184,8 @@ def draw_figure(args, paper: pd.DataFrame) -> None:
         if not args.kernel_table or not Path(args.kernel_table).is_file():
             raise ValueError(f"figure kernel needs --kernel-table (the kernel table CSV), got {args.kernel_table}")
         grid, numbers = figures.figure_kernel(pd.read_csv(args.kernel_table))
+    elif args.name == "context_gap":
+        grid, numbers = figures.figure_context_gap(load_metrics(load_summaries(args.runs)))
     elif args.name == "figure1_final":
         aliases = pairs(args.alias, "--alias")
         grid, numbers = figures.figure_final(load_summaries(args.runs), _aliased(load_evals(args.evals), aliases))

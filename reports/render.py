@@ -30,6 +30,8 @@ from deltamatch.reports.claims import claims_table
 from deltamatch.reports.paper import FLAGS, load_paper
 from deltamatch.reports.tables import NO_HOPPER, RECORDED
 
+# Columns that say what a row is about, not what was measured: empty reads as "any" / "none", not as NaN.
+KEY_COLUMNS = {"seeds", "seq_len", "head_dim", "heads", "batch", "causal", "spread", "layer", "window"}
 # Tables longer than this are folded on the HTML page (and offered as CSV); the Markdown shows them whole.
 FOLD_ROWS = 24
 
@@ -55,8 +57,9 @@ SECTIONS: dict[str, Section] = {
                      "1.67B and 5.29B.", "scale"),
     "figure1_loss": Section("Figure 1: training loss, final loss and downstream", "Left: training loss per method at "
                             "the main size. Right: final validation loss and downstream suite averages per method "
-                            "(bars: mean over seeds; dots: seeds). train_loss_rise is the final loss minus the lowest "
-                            "smoothed loss after the first 10% of steps (how far a loss climbs back).", "figure1",
+                            "(bars: mean over seeds; dots: seeds). train_loss_rise is the final loss (mean of the last 10% "
+                            "of steps) minus the lowest such 10% mean after the first 10% (how far a loss climbs "
+                            "back; 0 while it still falls).", "figure1",
                             ("figure1_final",)),
     "figure4_gain": Section("Figure 4: gain concentration over training", "The last attention layer's largest key "
                             "RMSNorm gain and the share of the largest channel in Σ_c (g_q,c·g_k,c)², read at the last "
@@ -69,6 +72,10 @@ SECTIONS: dict[str, Section] = {
                               "gain window. Paper: 569M (every gain stays within about 0..1.7, a range: no difference "
                               "is computed against it) and 5.29B; ours stand beside the paper scale named by the "
                               "config's report.figure5_scale_of.", "figure5"),
+    "context_gap": Section("Context extension: gap to BF16 over steps", "Each method's validation-loss gap to "
+                           "BF16 over the context-extension phase (the config's report.context_variant). Paper: "
+                           "1.67B, 8K→64K; the stale gap exceeds 0.01 only after about 19,000 steps.",
+                           "context_extension"),
     "gains": Section("Gains of every run", "For every variant, size and method: the last attention layer's largest "
                      "key gain and gain concentration at the window's last logged step, and the largest query or key "
                      "gain of any layer within the window (the paper's Figures 4/5 statistics; its 2.58B pure-GQA "
@@ -129,7 +136,7 @@ def formatted(table: pd.DataFrame) -> pd.DataFrame:
                 elif column == "difference":
                     cells.append(diff_note[i])
                 else:
-                    cells.append("" if column == "seeds" else "NaN")
+                    cells.append("" if column in KEY_COLUMNS else "NaN")
             out[column] = cells
         else:
             out[column] = ["" if pd.isna(v) else str(v) for v in values]
@@ -326,8 +333,34 @@ def _csv_link(path: Path | None, text: str) -> str:
             f"{html.escape(text)}</a> (CSV, {html.escape(path.name)})</p>")
 
 
+# A cell with more text than this wraps (left-aligned); shorter ones never break inside a word.
+LONG_CELL = 18
+
+
 def _table_html(frame: pd.DataFrame) -> str:
-    return formatted(frame).to_html(index=False, border=0, classes="numbers")
+    shown = formatted(frame)
+
+    def cell(tag: str, text: str) -> str:
+        long = ' class="long"' if len(text) > LONG_CELL else ""
+        return f"<{tag}{long}>{html.escape(text)}</{tag}>"
+
+    head = "".join(cell("th", str(c)) for c in shown.columns)
+    rows = "".join("<tr>" + "".join(cell("td", str(v)) for v in row) + "</tr>" for row in shown.itertuples(index=False))
+    return f'<table class="numbers"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+def key_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a long table that stay in view when it is folded: those with a paper value, validation CE, suite
+    averages, a diverged run, and every NaN we measured (a NaN is never folded away)."""
+    keep = pd.Series(False, index=frame.index)
+    if "paper" in frame:
+        keep |= frame["paper"].notna()
+    if "metric" in frame:
+        metric = frame["metric"].astype(str)
+        keep |= metric.isin(["val_ce", "diverged_at_step"]) | metric.str.endswith("_avg")
+    if "ours_note" in frame:
+        keep |= frame["ours_note"].fillna("").astype(str).str.startswith("NaN")
+    return frame[keep]
 
 
 def _claims_html(verdicts: pd.DataFrame) -> str:
@@ -354,7 +387,11 @@ def _html(blocks, name: str, base: Path) -> str:
             body.append(_table_html(payload))
         elif kind == "fold":
             frame, path = payload
-            body.append(f"<details><summary>{len(frame)} rows (show)</summary>{_table_html(frame)}</details>"
+            key = key_rows(frame)
+            if 0 < len(key) <= 2 * FOLD_ROWS:
+                body.append(f"<p>The rows with a paper value, the averages and any NaN ({len(key)} of {len(frame)}):"
+                            f"</p>{_table_html(key)}")
+            body.append(f"<details><summary>All {len(frame)} rows (show)</summary>{_table_html(frame)}</details>"
                         + _csv_link(path, "the same table as CSV"))
         elif kind == "claims":
             body.append(_claims_html(payload))
@@ -376,9 +413,10 @@ def _html(blocks, name: str, base: Path) -> str:
             body.append(f"<{tag}>{prefix}{html.escape(payload)}</{tag.split()[0]}>")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.4}"
              ".note{background:#fff3cd;border-left:4px solid #e0a800;padding:.6em}.claim{color:#555}"
-             "table{border-collapse:collapse;font-size:85%;margin:1em 0;max-width:100%}"
+             "table{border-collapse:collapse;font-size:80%;margin:1em 0;max-width:100%}"
              "td,th{padding:2px 6px;border-bottom:1px solid #ddd;vertical-align:top}"
-             "table.numbers td{text-align:right;overflow-wrap:anywhere}"
+             "table.numbers td{text-align:right;white-space:nowrap}"
+             "table.numbers td.long,table.numbers th.long{white-space:normal;text-align:left;min-width:8em}"
              "table.claims td.text{text-align:left;overflow-wrap:anywhere}.src{color:#666;font-size:90%}"
              "table.claims td.verdict{min-width:11em}nav.toc{background:#f6f8fa;padding:.5em 1em}"
              "img{max-width:100%}details{margin:1em 0}pre{white-space:pre-wrap}")
