@@ -201,3 +201,26 @@ def test_kernel_figure_from_the_recorded_bench(tmp_path):
     ref = bench[(bench["head_dim"] == 128) & (bench["seq_len"] == 8192) & bench["causal"]].set_index("method")
     assert numbers.loc["matched", "fwd_bwd_tflops"] == pytest.approx(ref.loc["matched", "fwd_bwd_tflops"])
     assert set(numbers.index) == set(ref.index)
+
+
+def test_context_gap_over_steps(tmp_path):
+    """Each method's validation-loss gap to BF16 at every logged validation step; the first step above 0.01."""
+    import json
+
+    gaps = {"bf16": 0.0, "stale": 0.004, "matched": 0.0}
+    paths = []
+    for method, base in gaps.items():
+        run = tmp_path / "results/x/runs/context_64k/tiny" / method / "s0"
+        run.mkdir(parents=True)
+        records = [{"kind": "val", "step": s, "loss": 3.0 - s / 1000 + base * s / 100} for s in (100, 200, 300, 400)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps({"final_val_loss": records[-1]["loss"], "method": method,
+                                                      "size": "tiny", "seed": 0}))
+        paths.append(str(run / "summary.json"))
+    assert main(["figure", "context_gap", "--runs", *paths, "--out", str(tmp_path / "c.png"),
+                 "--values", str(tmp_path / "c.csv")]) == 0
+    assert _png(tmp_path / "c.png")
+    numbers = pd.read_csv(tmp_path / "c.csv").set_index("method")
+    assert numbers.loc["stale", "first_step_gap_above_0.01"] == 300  # 0.004 * 300 / 100 = 0.012 > 0.01
+    assert numbers.loc["stale", "gap_at_last_step"] == pytest.approx(0.016)
+    assert np.isnan(numbers.loc["matched", "first_step_gap_above_0.01"]) and numbers.loc["stale", "paper"] == 19000
