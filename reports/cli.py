@@ -7,6 +7,7 @@
     dm-report table gains --runs R/summary.json ... [--gain-window 6000] --out tables/gains.csv
     dm-report figure figure1_loss|figure4_gain|figure5_scales --runs ... [--gain-window 6000] --out F.png --values F.csv
     dm-report figure figure1_final --runs ... --evals ... --out F.png --values F.csv
+    dm-report figure figure4_effects --runs ... [--gain-window 6000] --out F.png --values F.csv
     dm-report figure context_gap --runs R/summary.json ... (one variant's runs) --out F.png --values F.csv
     dm-report figure sweep --sweep S.csv --out F.png --values F.csv
     dm-report figure kernel --kernel-table tables/kernel_latency.csv --out F.png --values F.csv
@@ -43,6 +44,7 @@ from deltamatch.reports.render import render
 RUN_TABLES = {"main": tables.main_table, "scale": tables.scale_table, "ablations": tables.ablation_table}
 RUN_FIGURES = {"figure1_loss": figures.figure_loss, "figure4_gain": figures.figure_gain,
                "figure5_scales": figures.figure_scales}
+METRIC_KINDS = ("train", "gain", "val", "residual")
 
 
 def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
@@ -103,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     _window(table)
 
     figure = sub.add_parser("figure", help="draw one figure (PNG) and its numbers (CSV)")
-    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep", "kernel", "figure1_final", "context_gap"])
+    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep", "kernel", "figure1_final", "context_gap",
+                                         "figure4_effects"])
     figure.add_argument("--runs", nargs="*", default=[], help="summary.json of each run (metrics.jsonl beside it)")
     figure.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files (figure figure1_final)")
     figure.add_argument("--sweep", help="dm-sweep CSV (figure sweep)")
@@ -184,6 +187,8 @@ def draw_figure(args, paper: pd.DataFrame) -> None:
         if not args.kernel_table or not Path(args.kernel_table).is_file():
             raise ValueError(f"figure kernel needs --kernel-table (the kernel table CSV), got {args.kernel_table}")
         grid, numbers = figures.figure_kernel(pd.read_csv(args.kernel_table))
+    elif args.name == "figure4_effects":
+        grid, numbers = figures.figure_effects(load_metrics(load_summaries(args.runs), METRIC_KINDS), args.gain_window)
     elif args.name == "context_gap":
         grid, numbers = figures.figure_context_gap(load_metrics(load_summaries(args.runs)))
     elif args.name == "figure1_final":
@@ -234,6 +239,9 @@ def build_all(args) -> int:
     figure("figure1_loss", figures.figure_loss(load_metrics(main_runs), paper, scale_of))
     figure("figure1_final", figures.figure_final(main_runs, _aliased(main_evals, aliases)))
     figure("figure4_gain", figures.figure_gain(load_metrics(main_runs), paper, scale_of, args.gain_window))
+    main_metrics = load_metrics(main_runs, METRIC_KINDS)
+    if "sharpened" in main_metrics:  # runs trained before the instrumentation have no such records
+        figure("figure4_effects", figures.figure_effects(main_metrics, args.gain_window))
     figure5_scale_of = {**scale_of, **pairs(args.figure5_scale_of, "--figure5-scale-of")}
     figure("figure5_scales", figures.figure_scales(load_metrics(base), paper, figure5_scale_of, args.gain_window))
     table("gains", tables.gain_table(figures.records(load_metrics(summaries), "gain"), args.gain_window))

@@ -329,3 +329,41 @@ def figure_context_gap(metrics: pd.DataFrame):
                      "last_step": run["step"].max(), "gap_at_last_step": run["gap to bf16"].iloc[-1],
                      "paper": 19000.0 if method == "stale" else None})
     return fig, pd.DataFrame(rows)
+
+
+def figure_effects(metrics: pd.DataFrame, window: int = GAIN_WINDOW, delta: str = "stale"):
+    """Figure 4, left and middle: what the stale δ's error does to a step, measured on each run's own activations in
+    its last attention layer (``residual`` records, models/instrument.py: delta_error_effects). Left: the shares of
+    attention rows it sharpens and flattens over training. Middle: per QK channel, how consistently heads and
+    sequences agree on the direction it pushes that channel's gain, at the last probe within the window.
+    Numbers: per method, the mean sharpened/flattened shares and the median push consistency at that probe."""
+    import seaborn as sns
+
+    plt = _pyplot()
+    found = records(metrics, "residual")
+    if "sharpened" not in found:
+        raise ValueError("the runs' residual records carry no sharpened/flattened shares (trained before "
+                         "models/instrument.py: delta_error_effects was recorded)")
+    found = found[(found["delta"] == delta) & found["sharpened"].notna()]
+    found = in_window(last_layer_gains(found), window)
+    fig, (left, middle) = plt.subplots(1, 2, figsize=(11, 3.8))
+    shares = found.melt(id_vars=[*RUN_KEYS, "step"], value_vars=["sharpened", "flattened"], var_name="effect")
+    sns.lineplot(data=shares, x="step", y="value", hue="method", hue_order=_methods(shares), style="effect",
+                 errorbar=None, ax=left)
+    left.set_xlabel("training step")
+    left.set_ylabel("share of attention rows")
+    left.set_title(f"rows the {delta}-δ error sharpens / flattens", fontsize=9)
+    last = found.sort_values("step").groupby(RUN_KEYS, sort=False).tail(1)
+    per_channel = last[[*RUN_KEYS, "push_consistency_per_channel"]].explode("push_consistency_per_channel")
+    per_channel["channel"] = per_channel.groupby(RUN_KEYS, sort=False).cumcount()
+    per_channel["consistency"] = per_channel["push_consistency_per_channel"].astype(float)
+    sns.lineplot(data=per_channel, x="channel", y="consistency", hue="method", hue_order=_methods(per_channel),
+                 errorbar=None, marker=".", ax=middle)
+    middle.set_xlabel("QK channel")
+    middle.set_ylabel("push consistency (0..1)")
+    middle.set_title(f"per-channel push consistency of the {delta}-δ error (last probe, steps ≤ {window})", fontsize=9)
+    fig.suptitle("Figure 4 (left, middle): the stale δ's error on each run's last attention layer", fontsize=10)
+    fig.tight_layout()
+    numbers = found.groupby(RUN_KEYS, sort=False)[["sharpened", "flattened"]].mean().reset_index()
+    numbers = numbers.merge(last[[*RUN_KEYS, "push_consistency", "step"]], on=RUN_KEYS, how="left")
+    return fig, numbers.rename(columns={"step": "push_read_at_step"}).assign(delta=delta)

@@ -66,7 +66,11 @@ SECTIONS: dict[str, Section] = {
                             "logged step within the gain window (the paper's first 6,000 steps; a shorter run at its "
                             "end: the window column says which step). The paper's over 99% is said of its 5.29B runs "
                             "and is the share of a few channels, a different statistic: ours, one channel's share, "
-                            "can only be smaller.", "figure4"),
+                            "can only be smaller. Left and middle (figure4_effects): what the stale δ's error does to a "
+                            "step on each run's own activations: the shares of attention rows it sharpens and "
+                            "flattens, and per QK channel how consistently heads and sequences agree on the direction "
+                            "it pushes the channel's gain (models/instrument.py: delta_error_effects).", "figure4",
+                            ("figure4_effects",)),
     "figure5_scales": Section("Figure 5: gains and loss at two scales", "Training loss and the largest QK-norm "
                               "channel gain over training at two model sizes; gain_max is the largest gain within the "
                               "gain window. Paper: 569M (every gain stays within about 0..1.7, a range: no difference "

@@ -164,7 +164,7 @@ def resources_of(group):
 def report_parts():
     """Every table and figure of the report (each one a target of its own)."""
     tables = ["main_1p67b", "scale", "ablations", "gains"]
-    figures = ["figure1_loss", "figure1_final", "figure4_gain", "figure5_scales"]
+    figures = ["figure1_loss", "figure1_final", "figure4_gain", "figure4_effects", "figure5_scales"]
     if config["probe"]["enabled"]:
         tables.append("table9_probes")
     if config["kernel"]["enabled"]:

@@ -224,3 +224,37 @@ def test_context_gap_over_steps(tmp_path):
     assert numbers.loc["stale", "first_step_gap_above_0.01"] == 300  # 0.004 * 300 / 100 = 0.012 > 0.01
     assert numbers.loc["stale", "gap_at_last_step"] == pytest.approx(0.016)
     assert np.isnan(numbers.loc["matched", "first_step_gap_above_0.01"]) and numbers.loc["stale", "paper"] == 19000
+
+
+def test_figure4_effects_reads_the_stale_delta_of_the_last_attention_layer(tmp_path):
+    import json
+
+    paths, expected = [], {}
+    rng = np.random.default_rng(1)
+    for method in ("bf16", "stale"):
+        run = tmp_path / "results/x/runs/base/tiny" / method / "s0"
+        run.mkdir(parents=True)
+        records, shares = [], []
+        for step in (10, 20, 30):
+            for layer in (3, 7):
+                for delta in ("stale", "consistent", "matched"):
+                    record = {"kind": "residual", "step": step, "layer": layer, "delta": delta, "before_cast": 0.1}
+                    if delta != "matched":
+                        s = float(rng.uniform(0.3, 0.7))
+                        record.update(sharpened=s, flattened=1 - s, push=[0.5, -0.5],
+                                      push_consistency_per_channel=[0.2, 0.8], push_consistency=0.5)
+                        if delta == "stale" and layer == 7:
+                            shares.append(s)
+                    records.append(record)
+        expected[method] = np.mean(shares)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps({"final_val_loss": 3.0, "method": method, "size": "tiny",
+                                                      "seed": 0}))
+        paths.append(str(run / "summary.json"))
+    assert main(["figure", "figure4_effects", "--runs", *paths, "--out", str(tmp_path / "e.png"),
+                 "--values", str(tmp_path / "e.csv")]) == 0
+    assert _png(tmp_path / "e.png")
+    numbers = pd.read_csv(tmp_path / "e.csv").set_index("method")
+    for method, share in expected.items():
+        assert numbers.loc[method, "sharpened"] == pytest.approx(share)
+    assert set(numbers["push_read_at_step"]) == {30} and set(numbers["delta"]) == {"stale"}

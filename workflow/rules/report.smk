@@ -148,7 +148,7 @@ rule figure_runs:
     log:
         f"{LOGS}/report/{{figure}}.log",
     wildcard_constraints:
-        figure="figure1_loss|figure4_gain|figure5_scales",
+        figure="figure1_loss|figure4_gain|figure4_effects|figure5_scales",
     params:
         mapping=lambda wildcards: FIGURE5_MAPPING if wildcards.figure == "figure5_scales" else MAPPING,
         window=lambda wildcards: WINDOW if wildcards.figure != "figure1_loss" else "",
