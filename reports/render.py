@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from deltamatch.atomic import atomic_path, write_text
-from deltamatch.reports.claims import claims_table
+from deltamatch.reports.claims import VERDICTS, claims_table
 from deltamatch.reports.paper import FLAGS, load_paper
 from deltamatch.reports.tables import NO_HOPPER, RECORDED
 
@@ -275,7 +275,8 @@ def render(inputs: list[str], name: str, scale_note: str, html_path: str, markdo
     sentence = scale_sentence({**tables, **numbers})
     if sentence:
         head.append(("note", sentence))
-    head += [("h2", ("claims", "Claims: the paper's statements and ours")), ("claims", verdicts),
+    head += [("h2", ("claims", "Claims: the paper's statements and ours")), ("p", verdict_summary(verdicts)),
+             ("claims", verdicts),
              ("toc", [(n, SECTIONS.get(n, Section(n, "", n)).title) for n in order]),
              ("p", "Columns: paper = the paper's value (≈ read off a figure, ≤ / ≥ a bound it states); ours = mean "
                    "over our seeds; difference = ours − paper, only where both are the same statistic at the same "
@@ -285,6 +286,13 @@ def render(inputs: list[str], name: str, scale_note: str, html_path: str, markdo
     blocks += [("h2", ("citation", "Citation")), ("pre", citation)]
     write_text(markdown_path, _markdown(blocks, Path(markdown_path).parent))
     write_text(html_path, _html(blocks, name, Path(html_path).parent))
+
+
+def verdict_summary(verdicts: pd.DataFrame) -> str:
+    """One sentence: how many claims got each verdict, in the order of ``claims.VERDICTS``."""
+    counts = verdicts["verdict"].value_counts()
+    parts = [f"{int(counts[v])} {v}" for v in VERDICTS if v in counts]
+    return f"{len(verdicts)} claims: " + ", ".join(parts) + "."
 
 
 def _claims_shown(verdicts: pd.DataFrame) -> pd.DataFrame:

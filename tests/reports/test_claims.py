@@ -67,3 +67,11 @@ def test_a_climb_is_read_against_bf16_on_the_same_batches():
                                               for m, v in (("stale", stale), ("bf16", bf16))])}
     assert C.CHECKS["stale_climbs"](fig(0.12, 0.12))[2] == C.NOT_SEEN  # both "rise" by batch noise alone
     assert C.CHECKS["stale_climbs"](fig(0.30, 0.12))[2] == C.SMALLER
+
+
+def test_the_verdicts_are_counted_above_the_table():
+    from deltamatch.reports.render import verdict_summary
+
+    frame = pd.DataFrame({"verdict": [C.NOT_MEASURED, C.SMALLER, C.NOT_MEASURED, C.NOT_SEEN]})
+    assert verdict_summary(frame) == ("4 claims: 1 consistent at smaller scale, 1 not seen at smaller scale, "
+                                      "2 not measured here.")
