@@ -233,7 +233,7 @@ def _kernel_blocks(table: pd.DataFrame, numbers: pd.DataFrame | None, path: Path
     if not paper.empty:
         keep = [c for c in ("metric", "seq_len", "causal", "method", "paper", "ours", "difference", "paper_scale",
                             "our_scale", "note", "ours_note", "difference_note", *FLAGS) if c in paper]
-        blocks += [("h3", "The paper's kernel statements beside ours"), ("table", paper[keep])]
+        blocks += [("h3", "The paper's kernel statements (and its kernel repository's dS workspace) beside ours"), ("table", paper[keep])]
     if path is not None:
         blocks.append(("link", (path, f"Full kernel table ({len(table)} rows: build check, every shape and method)")))
     return blocks

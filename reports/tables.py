@@ -260,8 +260,9 @@ RECORDED = "not measured by this run"
 CLAIM_HEAD_DIM = 128
 LATENCY_BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16")
 WORKSPACE = re.compile(r"ds_workspace_gib_b(?P<batch>\d+)_h(?P<heads>\d+)_n(?P<seq_len>\d+)")
-WORKSPACE_FORMULA = ("paper: its E4M3 dS workspace alone, B·H·N² bytes by its formula at our shape (a lower bound on "
-                     "its backward's extra memory); ours: the whole backward's measured peak extra memory")
+WORKSPACE_FORMULA = ("kernel repository (not the paper): its E4M3 dS workspace alone, B·H·N² bytes by its formula at "
+                     "our shape (a lower bound on its backward's extra memory); ours: the whole backward's measured "
+                     "peak extra memory")
 
 
 def ds_workspace_gib(batch: int, heads: int, seq_len: int) -> float:

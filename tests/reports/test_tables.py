@@ -155,7 +155,8 @@ def test_kernel_table_without_and_with_hopper(paper):
 
 
 def test_kernel_memory_beside_the_papers_ds_workspace(paper):
-    """The paper's backward keeps an N×N E4M3 dS workspace, B·H·N² bytes (1 GiB at B=1, H=16, N=8192); ours is the
+    """The kernel repository's backward (its README, not the paper's text) keeps an N×N E4M3 dS workspace, B·H·N²
+    bytes (1 GiB at B=1, H=16, N=8192); ours is the
     whole backward's peak extra memory, beside that workspace as stated and by its formula at our shapes."""
     stated = paper[(paper["artefact"] == "kernel") & (paper["metric"] == "ds_workspace_gib_b1_h16_n8192")]
     assert stated["value"].item() == tables.ds_workspace_gib(1, 16, 8192) == 1.0
@@ -168,6 +169,8 @@ def test_kernel_memory_beside_the_papers_ds_workspace(paper):
     assert rows.loc[16384, "paper"] == 4.0 and rows.loc[16384, "ours"] == 0.25 and rows.loc[16384, "at_least"]
     assert rows.loc[8192, "paper"] == 1.0 and rows.loc[8192, "ours"] == 0.1 and "as stated" in rows.loc[8192, "note"]
     assert set(rows["our_scale"]) == {"H200"} and set(rows["paper_scale"]) == {"H100"}
+    assert all(n.startswith("kernel repository (not the paper)") for n in rows["note"])
+    assert stated["source"].item() == "kernel repository README"
 
 
 def _recorded(folder, gpu="NVIDIA H200", date="2026-11-29 10:12 UTC", commit="6452f11"):
