@@ -204,7 +204,17 @@ def figure_sweep(sweep: pd.DataFrame):
                        row="inputs", kind="line", marker="o", errorbar=None, height=3.0, aspect=1.1)
     grid.set(yscale="log")
     grid.set_titles("{row_name}: {col_name}")
-    grid.figure.suptitle("Random-head sweep: distance from the softmax-gradient invariant", y=1.03)
+    grid.set_axis_labels("logit spread (std of the scores)", "normalised residual (dimensionless)")
+    # the paper's Table 9 (1.67B checkpoint, layers 3-19) before / after the cast, as dotted lines per method colour
+    table9 = {"rowsum_before_cast": {"stale": 1.1e-2, "consistent": 2.5e-3, "matched": 1.4e-7},
+              "rowsum_after_cast": {"stale": 1.2e-2, "consistent": 3.9e-3, "matched": 2.7e-3}}
+    palette = dict(zip(_methods(shown), sns.color_palette(n_colors=len(_methods(shown)))))
+    for (_, metric), ax in grid.axes_dict.items():
+        for method, value in table9.get(metric, {}).items():
+            if method in palette:
+                ax.axhline(value, color=palette[method], ls=":", lw=1)
+    grid.figure.suptitle("Random-head sweep: distance from the softmax-gradient invariant (dotted: the paper's "
+                         "Table 9 on a 1.67B checkpoint)", y=1.03)
     numbers = shown.groupby(["inputs", "method", "metric"], sort=False, as_index=False)["value"].max()
     return grid, numbers.rename(columns={"value": "max_over_spreads"})
 
