@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml setup.py envs/pip-cpu.lock.txt
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local
 
-# As root (CI, a fresh machine) the suite also installs Debian's SLURM for the real-cluster tests (tests/cluster/).
+# As root (CI, a fresh machine) the suite also installs Debian's SLURM for the real-cluster tests (tests/cluster/)
+# and Debian's Chromium for the report page rendered as a person sees it (tests/reports/test_page_in_browser.py).
 test: $(STAMP)
-	if [ "$$(id -u)" = 0 ]; then bash tests/cluster/slurm.sh install; fi
+	if [ "$$(id -u)" = 0 ]; then bash tests/cluster/slurm.sh install; bash tests/reports/chromium.sh install; fi
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)

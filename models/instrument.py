@@ -67,3 +67,44 @@ def capture_attention_io(
         for handle in handles:
             handle.remove()
     return {i: (*inputs[i], g.detach()) for i, g in zip(layers, grads)}
+
+
+def delta_error_effects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                        softmax_scale: float | None = None) -> dict[str, dict]:
+    """What each inexact δ does to one step, measured against Delta-Matching's δ on the same activations (the paper's
+    Figure 4, left and middle). For δ kind X, the error in the score gradient is ``E = dS_X − dS_matched =
+    −P ⊙ (δ_X − δ)``, a per-row multiple of P; a descent step adds ``η (δ_X − δ)_i P_ij`` to row i's logits, which
+    lowers the row's entropy (sharpens it) where ``δ_X − δ > 0`` and raises it (flattens it) where it is negative
+    (d/dc H(softmax(s + cP)) = −Cov_P(P, log P) ≤ 0 at c = 0).
+
+    ``sharpened`` / ``flattened``: share of query rows (batch, head, row; the first row, which sees one key and has no
+    entropy to change, left out) the error sharpens / flattens.
+    ``push``: per QK channel c, the error's gradient on a gain multiplying channel c of every query and key,
+    ``e_c = scale · Σ_{b,h,i,j} E_ij q_ic k_jc``, normalised by Σ_c |e_c|; negative means descent raises that channel's
+    gain. ``push_consistency``: per channel, |Σ_{b,h} e_{bhc}| / Σ_{b,h} |e_{bhc}| (1 when every head and sequence
+    pushes the channel the same way), and its median over channels. ``q, k, v, do`` as ``capture_attention_io``
+    returns them (B, N, H, D), k/v may have fewer heads (GQA).
+    """
+    from deltamatch.kernels.reference import probe_backward
+
+    probes = probe_backward(q, k, v, do, causal=True, softmax_scale=softmax_scale)
+    reference = probes["matched"]
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    group = q.shape[2] // k.shape[2]
+    qf = q.float()
+    kf = k.float().repeat_interleave(group, dim=2)
+    out = {}
+    for kind, probe in probes.items():
+        if kind == "matched":
+            continue
+        shift = (probe.delta - reference.delta).double()[..., 1:]  # (B, H, N-1): row 0 sees one key, no entropy
+        error = (probe.ds_before_cast - reference.ds_before_cast).float()  # (B, H, N, N)
+        per_head = scale * torch.einsum("bhij,bihc,bjhc->bhc", error, qf, kf).double()  # (B, H, D)
+        total = per_head.sum((0, 1))
+        consistency = total.abs() / per_head.abs().sum((0, 1)).clamp_min(1e-300)
+        norm = total.abs().sum().clamp_min(1e-300)
+        out[kind] = {"sharpened": float((shift > 0).double().mean()), "flattened": float((shift < 0).double().mean()),
+                     "push": [float(x) for x in total / norm],
+                     "push_consistency_per_channel": [float(x) for x in consistency],
+                     "push_consistency": float(consistency.median())}
+    return out

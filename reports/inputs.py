@@ -106,7 +106,7 @@ def load_metrics(summaries: pd.DataFrame, kinds: tuple[str, ...] = ("train", "ga
     if not frames:
         return pd.DataFrame(columns=[*RUN_KEYS, "kind", "step"])
     frame = pd.concat(frames, ignore_index=True)
-    dedup = [*RUN_KEYS, "kind", "step"] + (["layer"] if "layer" in frame else [])
+    dedup = [*RUN_KEYS, "kind", "step"] + [c for c in ("layer", "delta") if c in frame]
     return frame.drop_duplicates(subset=dedup, keep="last").reset_index(drop=True)
 
 

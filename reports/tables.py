@@ -22,6 +22,8 @@ from deltamatch.reports.inputs import RUN_KEYS
 from deltamatch.reports.paper import FLAGS, paper_values
 
 COMPARE = ["paper", "ours", "difference", "paper_scale", "our_scale", "seeds"]
+# Why a row has no difference although both sides have a number (``difference_note``).
+NOT_COMPARABLE = "not comparable"
 METHOD_ORDER = list(METHODS)
 
 
@@ -43,14 +45,44 @@ def run_metrics(summaries: pd.DataFrame, evals: pd.DataFrame, aliases: dict[str,
 
 
 def seed_means(long: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Mean over seeds per ``keys``; ``seeds`` counts the runs averaged, ``our_scale`` lists the sizes measured."""
+    """Mean over seeds per ``keys``; ``seeds`` counts the runs averaged, ``our_scale`` lists the sizes measured.
+
+    A NaN in any run makes the mean NaN (never silently the mean of the others), and ``ours_note`` says how many of
+    the runs gave NaN, so the page can show "NaN" with its reason instead of a blank.
+    """
     grouped = long.groupby(keys, sort=False, dropna=False)
-    return grouped.agg(ours=("value", "mean"), seeds=("seed", "nunique"),
-                       our_scale=("size", lambda s: ",".join(sorted(set(s))))).reset_index()
+    means = grouped.agg(ours=("value", lambda v: v.mean(skipna=False)), seeds=("seed", "nunique"),
+                        our_scale=("size", lambda s: ",".join(sorted(set(s)))),
+                        _nan=("value", lambda v: int(v.isna().sum())), _n=("value", "size")).reset_index()
+    means["ours_note"] = [f"NaN in {k} of {n} runs' results" if k else "" for k, n in zip(means["_nan"], means["_n"])]
+    return means.drop(columns=["_nan", "_n"])
+
+
+def comparable_difference(table: pd.DataFrame) -> pd.DataFrame:
+    """``difference`` = ours − paper only where both measure the same statistic at the same scale; elsewhere it is
+    empty and ``difference_note`` says why (another scale or hardware, a bound the paper states, or another
+    statistic, which the paper value's ``note`` describes). Rows where either side has no number get neither."""
+    both = table["ours"].notna() & table["paper"].notna() if "ours" in table else pd.Series(False, table.index)
+    reasons = pd.Series("", index=table.index, dtype=object)
+    if "our_scale" in table and "paper_scale" in table:
+        other = table["our_scale"].astype(str) != table["paper_scale"].astype(str)
+        reasons[other] = f"{NOT_COMPARABLE} (scale)"
+    for flag in ("bound", "at_least"):
+        if flag in table:
+            reasons[(reasons == "") & table[flag].fillna(False).astype(bool)] = f"{NOT_COMPARABLE} (bound)"
+    if "note" in table:
+        reasons[(reasons == "") & table["note"].fillna("").astype(str).str.len().gt(0)] = \
+            f"{NOT_COMPARABLE} (statistic)"
+    reasons[~both] = ""
+    out = table.copy()
+    out["difference"] = (out["ours"] - out["paper"]).where(both & (reasons == ""))
+    out["difference_note"] = reasons
+    return out
 
 
 def compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], on: list[str] | None = None) -> pd.DataFrame:
-    """Outer join with the difference ours − paper; rows sorted by ``keys``, methods in the registry's order.
+    """Outer join with the difference ours − paper where comparable (:func:`comparable_difference`); rows sorted by
+    ``keys``, methods in the registry's order.
 
     The join is on ``on`` (default ``keys``): a paper value keyed by fewer columns than ours (a claim about every
     shape, every input family) stands beside each of our rows that share its ``on`` keys. The paper's ``note`` column
@@ -62,7 +94,7 @@ def compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], on: list[s
         flags.append("note")
     paper = paper[[*on, "paper", *flags]]
     table = ours.merge(paper, on=on, how="outer")
-    table["difference"] = table["ours"] - table["paper"]
+    table["difference"] = table["ours"] - table["paper"]  # placed here, filled by comparable_difference
     order = {}
     if "metric" in table:  # validation CE first, then what the paper reports, then ours alone
         ranked = ["val_ce", *paper["metric"].drop_duplicates(), *sorted(set(table["metric"]))]
@@ -72,6 +104,7 @@ def compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], on: list[s
     sort = [f"_{k}" if k in order else k for k in keys if k != "method"] + (["_method"] if "method" in order else [])
     table = table.assign(**{f"_{k}": table[k].map(rank) for k, rank in order.items()})
     table = table.sort_values(sort, kind="stable").drop(columns=[f"_{k}" for k in order])
+    table = comparable_difference(table)
     extra = [c for c in table.columns if c not in keys and c not in COMPARE]
     return table[[*keys, *(c for c in COMPARE if c not in keys and c in table), *extra]].reset_index(drop=True)
 
@@ -140,24 +173,72 @@ def ablation_table(summaries, evals, paper, scale_of, aliases) -> pd.DataFrame:
 
 
 def probe_table(probes: pd.DataFrame, size: str, paper, scale_of) -> pd.DataFrame:
-    """Table 9: the row-sum residual of each δ per attention layer, and summarised as the paper does: the mean over
-    every attention layer but the last, and the last layer alone (a single attention layer counts as both)."""
+    """Table 9: the row-sum residual of each δ, one row per real attention layer and per summary the paper gives.
+
+    ``layers`` is ``last`` for the last attention layer, ``layer <i>`` for each other one, and ``all_but_last`` the
+    mean over every layer but the last (only where there are two or more layers); ``layer_ids`` names the layers
+    each row covers, so no layer is shown twice under another name. A model with a single attention layer (the tiny
+    default) has only its ``last`` row: the paper's ``all_but_last`` rows stand with ``ours`` empty and
+    ``ours_note`` saying why.
+    """
     measures = ["before_cast", "after_cast", "dk_colsum"]
     long = probes.melt(id_vars=["layer", "delta"], value_vars=measures, var_name="metric", value_name="value")
     long = long.rename(columns={"delta": "method"})
     last = long["layer"].max()
-    # A model with one attention layer (the tiny default) has no other layers: that layer stands in both groups.
-    others = long[long["layer"] != last] if long["layer"].nunique() > 1 else long
-    groups = [long.assign(layers=long["layer"].map(lambda i: f"layer {i}")),
-              others.assign(layers="all_but_last"),
-              long[long["layer"] == last].assign(layers="last")]
+    others = long[long["layer"] != last]
+    groups = [long[long["layer"] == last].assign(layers="last", layer_ids=str(last))]
+    if not others.empty:
+        ids = ",".join(str(i) for i in sorted(set(others["layer"])))
+        groups.append(others.assign(layers="all_but_last", layer_ids=ids))
+        if others["layer"].nunique() > 1:
+            groups.append(others.assign(layers=others["layer"].map(lambda i: f"layer {i}"),
+                                        layer_ids=others["layer"].astype(str)))
     long = pd.concat(groups, ignore_index=True).assign(size=size, seed=0)
-    ours = seed_means(long, ["layers", "method", "metric"])
+    ours = seed_means(long, ["layers", "layer_ids", "method", "metric"])
     theirs = paper_values(paper, "table9")
     table = compare(ours, theirs, ["layers", "method", "metric"])
     table["paper_scale"] = table["paper_scale"].fillna(paper_scale(size, scale_of))
     table["seeds"] = table["seeds"].where(table["ours"].notna())
-    return table
+    if others.empty:
+        alone = table["ours"].isna() & (table["layers"] == "all_but_last")
+        table.loc[alone, "ours_note"] = f"not measured: the {size} model has one attention layer (layer {last})"
+    columns = ["layers", "layer_ids", *(c for c in table.columns if c not in ("layers", "layer_ids"))]
+    return table[columns]
+
+
+# The paper reads its gains (Figures 4 and 5) over the first 6,000 steps.
+GAIN_WINDOW = 6000
+
+
+def in_window(gain: pd.DataFrame, window: int) -> pd.DataFrame:
+    """The gain records at steps ≤ ``window``."""
+    if window <= 0:
+        raise ValueError(f"gain window must be a positive number of steps, got {window}")
+    return gain[gain["step"] <= window]
+
+
+def gain_table(gain: pd.DataFrame, window: int = GAIN_WINDOW) -> pd.DataFrame:
+    """Gain metrics of every run (every variant, size and method), read as Figure 4 reads them: ``k_gain_max`` and
+    ``concentration`` of the last attention layer at the last logged step ≤ ``window``, and ``gain_max`` the largest
+    query or key gain of any layer at any step ≤ ``window``. Mean over seeds; ``read_at`` says which step was read."""
+    keys = ["variant", "size", "method"]
+    inside = in_window(gain, window)
+    if inside.empty:
+        return pd.DataFrame(columns=[*keys, "k_gain_max", "concentration", "gain_max", "read_at", "seeds"])
+    rows = []
+    for run_keys, run in inside.groupby(RUN_KEYS, sort=False):
+        step = run["step"].max()
+        last = run[(run["step"] == step) & (run["layer"] == run["layer"].max())].iloc[-1]
+        total = gain[(gain[RUN_KEYS] == pd.Series(run_keys, index=RUN_KEYS)).all(axis=1)]["step"].max()
+        rows.append({**dict(zip(RUN_KEYS, run_keys)), "k_gain_max": last["k_gain_max"],
+                     "concentration": last["concentration"],
+                     "gain_max": run[["q_gain_max", "k_gain_max"]].to_numpy().max(),
+                     "read_at": f"step {int(step)}" + (" (run end)" if total <= window else f" of {int(total)}")})
+    per_run = pd.DataFrame(rows)
+    out = per_run.groupby(keys, sort=False).agg(
+        k_gain_max=("k_gain_max", "mean"), concentration=("concentration", "mean"), gain_max=("gain_max", "mean"),
+        read_at=("read_at", lambda r: "; ".join(sorted(set(r)))), seeds=("seed", "nunique")).reset_index()
+    return out.assign(window=window)
 
 
 SWEEP_SCALE = "random heads"
@@ -179,8 +260,9 @@ RECORDED = "not measured by this run"
 CLAIM_HEAD_DIM = 128
 LATENCY_BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16")
 WORKSPACE = re.compile(r"ds_workspace_gib_b(?P<batch>\d+)_h(?P<heads>\d+)_n(?P<seq_len>\d+)")
-WORKSPACE_FORMULA = ("paper: its E4M3 dS workspace alone, B·H·N² bytes by its formula at our shape (a lower bound on "
-                     "its backward's extra memory); ours: the whole backward's measured peak extra memory")
+WORKSPACE_FORMULA = ("kernel repository (not the paper): its E4M3 dS workspace alone, B·H·N² bytes by its formula at "
+                     "our shape (a lower bound on its backward's extra memory); ours: the whole backward's measured "
+                     "peak extra memory")
 
 
 def ds_workspace_gib(batch: int, heads: int, seq_len: int) -> float:
@@ -236,7 +318,10 @@ def kernel_claims(bench: pd.DataFrame | None, memory: pd.DataFrame | None, paper
         parts.append(memory_rows.assign(difference=memory_rows["ours"] - memory_rows["paper"]))
     table = pd.concat(parts, ignore_index=True).assign(head_dim=CLAIM_HEAD_DIM)
     table["our_scale"] = table["ours"].notna().map({True: gpu, False: None})
-    return table
+    fa3 = table["metric"].str.contains("fa3") & table["ours"].isna()
+    table["ours_note"] = table.get("ours_note", pd.Series("", index=table.index)).fillna("").astype(str)
+    table.loc[fa3, "ours_note"] = "not measured: our bench runs no FlashAttention-3"
+    return comparable_difference(table)
 
 
 def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.DataFrame | None,

@@ -40,6 +40,9 @@ def _check_config():
     settings, probe = config["report"], config["probe"]
     if not any(r.variant == settings["main_variant"] and r.size == settings["main_size"] for r in RUNS):
         raise ValueError("config keys report.main_variant and report.main_size name no run in 'runs'")
+    context = settings["context_variant"]
+    if context and not any(r.variant == context and r.method == "bf16" for r in RUNS):
+        raise ValueError(f"config key report.context_variant: no bf16 run of variant {context!r} in 'runs'")
     if probe["enabled"] and Run(probe["variant"], probe["size"], probe["method"], probe["seed"]) not in RUNS:
         raise ValueError("config key 'probe' names no run in 'runs'")
 
@@ -338,12 +341,15 @@ def launch_args(wildcards):
 
 def report_parts():
     """Every table and figure of the report (each one a target of its own)."""
-    tables = ["main_1p67b", "scale", "ablations"]
-    figures = ["figure1_loss", "figure4_gain", "figure5_scales"]
+    tables = ["main_1p67b", "scale", "ablations", "gains"]
+    figures = ["figure1_loss", "figure1_final", "figure4_gain", "figure4_effects", "figure5_scales"]
     if config["probe"]["enabled"]:
         tables.append("table9_probes")
     if config["kernel"]["enabled"]:
         tables.append("kernel_latency")
+        figures.append("kernel")
+    if config["report"]["context_variant"]:
+        figures.append("context_gap")
     if config["sweep"]["enabled"]:
         tables.append("sweep")
         figures.append("sweep")
@@ -353,7 +359,7 @@ def report_parts():
 
 
 def report_targets():
-    return report_parts() + [f"{REPORT}/index.html", f"{REPORT}/report.md"]
+    return report_parts() + [f"{REPORT}/index.html", f"{REPORT}/report.md", f"{REPORT}/claims.csv"]
 
 
 def publish_runs():

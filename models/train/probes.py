@@ -5,7 +5,10 @@
 - ``residual`` records: per attention layer and δ kind (stale, consistent, matched), the normalised row-sum residual
   of dS before and after its FP8 cast and the dK column-sum share, all measured on the *same* activations: the q, k,
   v and dO that the layer's attention core sees on a slice of the current batch
-  (``deltamatch.models.instrument.capture_attention_io`` + ``deltamatch.kernels.measures.residual_summary``).
+  (``deltamatch.models.instrument.capture_attention_io`` + ``deltamatch.kernels.measures.residual_summary``); for
+  the stale and consistent δ also what their error does to a step (Figure 4, left and middle:
+  ``deltamatch.models.instrument.delta_error_effects``): the shares of attention rows it sharpens and flattens, and
+  its push on each QK channel with how consistently heads and sequences agree on that push.
 
 Under FSDP every rank runs the forward/backward of the probe (the shards must be gathered by all ranks), and rank 0
 alone runs the reference probe on its activations and writes the records. Parameter gradients are not touched.
@@ -42,7 +45,7 @@ def gain_records(model: nn.Module) -> list[dict]:
 def residual_records(model: nn.Module, batch: torch.Tensor, layout: Layout, autocast) -> list[dict]:
     """One record per attention layer x δ kind, from a slice of ``batch`` (call on every rank; rank 0 returns them)."""
     from deltamatch.kernels.measures import residual_summary
-    from deltamatch.models.instrument import capture_attention_io
+    from deltamatch.models.instrument import capture_attention_io, delta_error_effects
 
     with autocast():
         io = capture_attention_io(model, batch, batch)
@@ -51,8 +54,10 @@ def residual_records(model: nn.Module, batch: torch.Tensor, layout: Layout, auto
     records = []
     for layer, (q, k, v, do) in sorted(io.items()):
         summary = residual_summary(q, k, v, do, causal=True)
+        effects = delta_error_effects(q, k, v, do)
         for delta in DELTAS:
-            records.append({"layer": layer, "delta": delta, **{k: float(x) for k, x in summary[delta].items()}})
+            records.append({"layer": layer, "delta": delta, **{k: float(x) for k, x in summary[delta].items()},
+                            **effects.get(delta, {})})
     return records
 
 

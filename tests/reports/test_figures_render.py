@@ -1,6 +1,7 @@
 """Figures and the rendered page from synthetic pipeline outputs: the numbers beside each figure are recomputed here
 from the records the fixture wrote, and the page says what it must (scale, no Hopper GPU, the paper beside ours)."""
 
+import base64
 import html as htmllib
 from pathlib import Path
 
@@ -79,13 +80,24 @@ def test_whole_report_page(synthetic, tmp_path):
         for title in ("Main table", "Scale table", "Figure 1", "Figure 4", "Figure 5", "Table 9", "Ablations",
                       "Kernel", "Random-head sweep", "Citation"):
             assert title in page
-    assert 'src="figures/figure1_loss.png"' in html and "](figures/sweep.png)" in markdown
-    # the main table's BF16 row: the paper's 1.4178 beside our mean, and their difference
+    # the HTML stands alone: every figure embedded as a data URI, the same bytes as the PNG beside it
+    png = (report / "figures" / "figure1_loss.png").read_bytes()
+    assert f'src="data:image/png;base64,{base64.b64encode(png).decode()}"' in html
+    assert 'src="figures/' not in html and "](figures/sweep.png)" in markdown
+    # the main table's BF16 row: the paper's 1.4178 beside our mean; tiny against 1.67B gives no difference
     main_table = pd.read_csv(report / "tables" / "main_1p67b.csv")
     row = main_table[(main_table["method"] == "bf16") & (main_table["metric"] == "val_ce")].iloc[0]
     line = next(ln for ln in markdown.splitlines() if "| bf16" in ln and "val_ce" in ln)
-    assert "1.4178" in line and f"{row['ours']:.5g}" in line and f"{row['difference']:.5g}" in line
+    assert "1.4178" in line and f"{row['ours']:.5g}" in line and "not comparable (scale)" in line
     assert "≈ 5.5" in markdown  # approximate paper values are marked
+    assert "—" not in markdown.split("## Citation")[0]  # no cell hides what is missing behind a dash
+    # the claims table comes first, then the contents, then the sections: training before the sweep and the kernel
+    order = [markdown.index(h) for h in ("## Claims", "- [Main table]", "## Main table", "## Figure 1",
+                                         "## Random-head sweep", "## Kernel")]
+    assert order == sorted(order)
+    claims = pd.read_csv(report / "claims.csv").set_index("id")
+    assert claims.loc["cudnn_spike", "verdict"] == "not measured here"
+    assert claims.loc["ds_workspace", "source"] == "kernel repository README"
 
 
 def test_runs_without_gain_records_fail_naming_the_setting(synthetic, tmp_path, capsys):
@@ -130,3 +142,119 @@ def test_page_labels_recorded_kernel_numbers_and_bounds(synthetic):
         assert "≤ 1" in page and "≥ 1" in page  # the kernel's latency statements as bounds on the ratio
     kernel = pd.read_csv(root / "report" / "tables" / "kernel_latency.csv")
     assert set(kernel[kernel["section"] == "latency"]["source"]) == {label}
+
+
+def test_gains_are_read_in_the_step_window(synthetic, tmp_path):
+    """Figures 4/5 read gains at / over the first --gain-window steps (the paper's 6,000), and say which step."""
+    runs = synthetic["runs"][synthetic["runs"]["variant"] == "base"]
+    assert main(["figure", "figure4_gain", "--runs", *runs["summary"], "--gain-window", "20", "--out",
+                 str(tmp_path / "f4.png"), "--values", str(tmp_path / "f4.csv"), "--scale-of", "tiny=1.67B"]) == 0
+    f4 = pd.read_csv(tmp_path / "f4.csv").set_index(["method", "metric"])
+    stale = runs[runs["method"] == "stale"]["records"]
+    at20 = [[r for r in recs if r["kind"] == "gain" and r["layer"] == 7 and r["step"] == 20][0]["k_gain_max"]
+            for recs in stale]
+    assert f4.loc[("stale", "k_gain_max"), "ours"] == pytest.approx(np.mean(at20))
+    assert f4.loc[("stale", "k_gain_max"), "window"] == "step 20 (window 20 of 40 steps)"
+    assert main(["figure", "figure5_scales", "--runs", *runs["summary"], "--gain-window", "25", "--out",
+                 str(tmp_path / "f5.png"), "--values", str(tmp_path / "f5.csv")]) == 0
+    f5 = pd.read_csv(tmp_path / "f5.csv").dropna(subset=["ours"]).set_index(["method", "metric"])
+    upto = [max(max(r["q_gain_max"], r["k_gain_max"]) for r in recs if r["kind"] == "gain" and r["step"] <= 25)
+            for recs in stale]
+    assert f5.loc[("stale", "gain_max"), "ours"] == pytest.approx(np.mean(upto))
+    # the default window is longer than these runs: read at the end, and said so
+    assert main(["figure", "figure4_gain", "--runs", *runs["summary"], "--out", str(tmp_path / "g.png"),
+                 "--values", str(tmp_path / "g.csv")]) == 0
+    assert set(pd.read_csv(tmp_path / "g.csv")["window"].dropna()) == {"step 40 (run end, within window 6000)"}
+    assert main(["figure", "figure4_gain", "--runs", *runs["summary"], "--gain-window", "0", "--out",
+                 str(tmp_path / "h.png"), "--values", str(tmp_path / "h.csv")]) == 2
+
+
+def test_gain_table_covers_every_variant(synthetic, tmp_path):
+    runs = synthetic["runs"]
+    out = tmp_path / "gains.csv"
+    assert main(["table", "gains", "--runs", *runs["summary"], "--gain-window", "30", "--out", str(out)]) == 0
+    table = pd.read_csv(out).set_index(["variant", "size", "method"])
+    assert set(table.index.get_level_values("variant")) == {"base", "nope"}
+    recs = runs[(runs["variant"] == "nope") & (runs["method"] == "stale")]["records"]
+    expected = np.mean([[r for r in rs if r["kind"] == "gain" and r["layer"] == 7 and r["step"] == 30][0]["k_gain_max"]
+                        for rs in recs])
+    assert table.loc[("nope", "tiny", "stale"), "k_gain_max"] == pytest.approx(expected)
+    assert table.loc[("nope", "tiny", "stale"), "read_at"] == "step 30 of 40"
+
+
+def test_kernel_figure_from_the_recorded_bench(tmp_path):
+    """The kernel figure is drawn from the kernel table's latency rows; its numbers are the reference shape."""
+    import json
+
+    from deltamatch.reports.cli import kernel_from_files
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "hardware.json").write_text(json.dumps({"hopper": False, "device": None}))
+    (tmp_path / "check.jsonl").write_text(json.dumps({"name": "fwd", "fp8_wgmma_dots": 2, "matmuls": 2}) + "\n")
+    table = kernel_from_files(str(tmp_path / "check.jsonl"), str(tmp_path / "bench"), None, str(RECORDED))
+    table.to_csv(tmp_path / "kernel.csv", index=False)
+    assert main(["figure", "kernel", "--kernel-table", str(tmp_path / "kernel.csv"), "--out", str(tmp_path / "k.png"),
+                 "--values", str(tmp_path / "k.csv")]) == 0
+    assert _png(tmp_path / "k.png")
+    numbers = pd.read_csv(tmp_path / "k.csv").set_index("method")
+    bench = pd.read_csv(RECORDED / "kernel_bench.csv")
+    ref = bench[(bench["head_dim"] == 128) & (bench["seq_len"] == 8192) & bench["causal"]].set_index("method")
+    assert numbers.loc["matched", "fwd_bwd_tflops"] == pytest.approx(ref.loc["matched", "fwd_bwd_tflops"])
+    assert set(numbers.index) == set(ref.index)
+
+
+def test_context_gap_over_steps(tmp_path):
+    """Each method's validation-loss gap to BF16 at every logged validation step; the first step above 0.01."""
+    import json
+
+    gaps = {"bf16": 0.0, "stale": 0.004, "matched": 0.0}
+    paths = []
+    for method, base in gaps.items():
+        run = tmp_path / "results/x/runs/context_64k/tiny" / method / "s0"
+        run.mkdir(parents=True)
+        records = [{"kind": "val", "step": s, "loss": 3.0 - s / 1000 + base * s / 100} for s in (100, 200, 300, 400)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps({"final_val_loss": records[-1]["loss"], "method": method,
+                                                      "size": "tiny", "seed": 0}))
+        paths.append(str(run / "summary.json"))
+    assert main(["figure", "context_gap", "--runs", *paths, "--out", str(tmp_path / "c.png"),
+                 "--values", str(tmp_path / "c.csv")]) == 0
+    assert _png(tmp_path / "c.png")
+    numbers = pd.read_csv(tmp_path / "c.csv").set_index("method")
+    assert numbers.loc["stale", "first_step_gap_above_0.01"] == 300  # 0.004 * 300 / 100 = 0.012 > 0.01
+    assert numbers.loc["stale", "gap_at_last_step"] == pytest.approx(0.016)
+    assert np.isnan(numbers.loc["matched", "first_step_gap_above_0.01"]) and numbers.loc["stale", "paper"] == 19000
+
+
+def test_figure4_effects_reads_the_stale_delta_of_the_last_attention_layer(tmp_path):
+    import json
+
+    paths, expected = [], {}
+    rng = np.random.default_rng(1)
+    for method in ("bf16", "stale"):
+        run = tmp_path / "results/x/runs/base/tiny" / method / "s0"
+        run.mkdir(parents=True)
+        records, shares = [], []
+        for step in (10, 20, 30):
+            for layer in (3, 7):
+                for delta in ("stale", "consistent", "matched"):
+                    record = {"kind": "residual", "step": step, "layer": layer, "delta": delta, "before_cast": 0.1}
+                    if delta != "matched":
+                        s = float(rng.uniform(0.3, 0.7))
+                        record.update(sharpened=s, flattened=1 - s, push=[0.5, -0.5],
+                                      push_consistency_per_channel=[0.2, 0.8], push_consistency=0.5)
+                        if delta == "stale" and layer == 7:
+                            shares.append(s)
+                    records.append(record)
+        expected[method] = np.mean(shares)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps({"final_val_loss": 3.0, "method": method, "size": "tiny",
+                                                      "seed": 0}))
+        paths.append(str(run / "summary.json"))
+    assert main(["figure", "figure4_effects", "--runs", *paths, "--out", str(tmp_path / "e.png"),
+                 "--values", str(tmp_path / "e.csv")]) == 0
+    assert _png(tmp_path / "e.png")
+    numbers = pd.read_csv(tmp_path / "e.csv").set_index("method")
+    for method, share in expected.items():
+        assert numbers.loc[method, "sharpened"] == pytest.approx(share)
+    assert set(numbers["push_read_at_step"]) == {30} and set(numbers["delta"]) == {"stale"}

@@ -58,7 +58,12 @@ def test_main_table_means_differences_and_paper_rows(synthetic, paper):
     for method in expected.index:
         assert val.loc[method, "ours"] == pytest.approx(expected[method])
         assert val.loc[method, "seeds"] == 2 and val.loc[method, "our_scale"] == "tiny"
-    assert val.loc["matched", "difference"] == pytest.approx(expected["matched"] - 1.4162)
+    # ours at tiny, the paper's at 1.67B: no difference, and the reason instead
+    assert np.isnan(val.loc["matched", "difference"]) and val.loc["matched", "difference_note"] == \
+        "not comparable (scale)"
+    same = tables.main_table(load_summaries(list(runs["summary"])), load_evals([e["path"] for e in evals]), paper,
+                             {"tiny": "tiny"}, ALIASES)
+    assert same[same["metric"] == "val_ce"]["difference"].isna().all()  # nothing of the paper at "tiny" either
     # the paper's cuDNN row stays, with nothing of ours beside it
     assert val.loc["cudnn_fp8", "paper"] == 1.6105 and np.isnan(val.loc["cudnn_fp8", "ours"])
     assert set(table["paper_scale"]) == {"1.67B"}
@@ -139,16 +144,19 @@ def test_kernel_table_without_and_with_hopper(paper):
     # the paper: Delta-Matching's fwd+bwd above cuDNN BF16's (ratio ≥ 1) and below FlashAttention-3's (ratio ≤ 1)
     cudnn = claims.loc["fwd_bwd_ms_over_sdpa_cudnn_bf16_hd128"]
     assert cudnn["ours"] == pytest.approx(1.6 / 2.0) and cudnn["paper"] == 1.0 and cudnn["at_least"]
-    assert cudnn["difference"] == pytest.approx(1.6 / 2.0 - 1.0) and cudnn["seq_len"] == 8192
+    assert np.isnan(cudnn["difference"]) and cudnn["seq_len"] == 8192  # a bound, on another GPU: no difference
+    assert cudnn["difference_note"] == "not comparable (scale)"
     assert cudnn["paper_scale"] == "H100" and cudnn["our_scale"] == "H200"
     fa3 = claims.loc["fwd_bwd_ms_over_fa3_bf16_hd128"]
     assert fa3["bound"] and np.isnan(fa3["ours"]) and "FlashAttention-3" in fa3["note"]  # our bench runs no FA3
+    assert fa3["ours_note"] == "not measured: our bench runs no FlashAttention-3"
     flash = claims.loc["fwd_bwd_ms_over_sdpa_flash_bf16_hd128"]
     assert flash["ours"] == pytest.approx(1.6 / 1.5) and np.isnan(flash["paper"])
 
 
 def test_kernel_memory_beside_the_papers_ds_workspace(paper):
-    """The paper's backward keeps an N×N E4M3 dS workspace, B·H·N² bytes (1 GiB at B=1, H=16, N=8192); ours is the
+    """The kernel repository's backward (its README, not the paper's text) keeps an N×N E4M3 dS workspace, B·H·N²
+    bytes (1 GiB at B=1, H=16, N=8192); ours is the
     whole backward's peak extra memory, beside that workspace as stated and by its formula at our shapes."""
     stated = paper[(paper["artefact"] == "kernel") & (paper["metric"] == "ds_workspace_gib_b1_h16_n8192")]
     assert stated["value"].item() == tables.ds_workspace_gib(1, 16, 8192) == 1.0
@@ -161,6 +169,8 @@ def test_kernel_memory_beside_the_papers_ds_workspace(paper):
     assert rows.loc[16384, "paper"] == 4.0 and rows.loc[16384, "ours"] == 0.25 and rows.loc[16384, "at_least"]
     assert rows.loc[8192, "paper"] == 1.0 and rows.loc[8192, "ours"] == 0.1 and "as stated" in rows.loc[8192, "note"]
     assert set(rows["our_scale"]) == {"H200"} and set(rows["paper_scale"]) == {"H100"}
+    assert all(n.startswith("kernel repository (not the paper)") for n in rows["note"])
+    assert stated["source"].item() == "kernel repository README"
 
 
 def _recorded(folder, gpu="NVIDIA H200", date="2026-11-29 10:12 UTC", commit="6452f11"):
@@ -288,12 +298,55 @@ def test_cli_table_and_errors(synthetic, tmp_path, capsys):
 
 
 def test_probe_table_with_one_attention_layer(synthetic, paper):
+    """The tiny default has one attention layer: it appears once (as ``last``), not also as ``all_but_last`` and
+    ``layer 7``; the paper's all_but_last rows stand alone, saying why ours is missing."""
     probes = synthetic["probes"]
     single = probes[probes["layer"] == 7]
-    rows = tables.probe_table(single, "tiny", paper, SCALE_OF).set_index(["layers", "method", "metric"])
+    table = tables.probe_table(single, "tiny", paper, SCALE_OF)
+    ours = table[table["ours"].notna()]
+    assert set(ours["layers"]) == {"last"} and set(ours["layer_ids"]) == {"7"}
+    assert len(ours) == 9  # 3 δ kinds x 3 measures, each once
+    rows = table.set_index(["layers", "method", "metric"])
     value = single[single["delta"] == "matched"]["before_cast"].item()
-    assert rows.loc[("all_but_last", "matched", "before_cast"), "ours"] == pytest.approx(value)
     assert rows.loc[("last", "matched", "before_cast"), "ours"] == pytest.approx(value)
+    alone = rows.loc[("all_but_last", "matched", "before_cast")]
+    assert np.isnan(alone["ours"]) and alone["paper"] == 1.4e-7
+    assert alone["ours_note"] == "not measured: the tiny model has one attention layer (layer 7)"
+
+
+def test_probe_table_shows_each_layer_once_under_its_own_name(synthetic, paper):
+    probes = synthetic["probes"]  # layers 3, 7, 11
+    table = tables.probe_table(probes, "tiny", paper, SCALE_OF)
+    per_layer = table[table["ours"].notna() & (table["layers"] != "all_but_last")]
+    assert sorted(set(per_layer["layers"])) == ["last", "layer 3", "layer 7"]
+    assert set(per_layer[per_layer["layers"] == "last"]["layer_ids"]) == {"11"}
+    assert "layer 11" not in set(table["layers"])
+    two = probes[probes["layer"] != 3]  # two layers: all_but_last is layer 7 alone, not repeated as "layer 7"
+    assert set(tables.probe_table(two, "tiny", paper, SCALE_OF)["layers"]) == {"all_but_last", "last"}
+
+
+def test_a_nan_in_any_seed_is_a_nan_with_its_reason(synthetic, paper):
+    """A NaN eval metric of one seed makes the mean NaN (not the other seed's value) and says so."""
+    runs, evals = _base(synthetic)
+    summaries = load_summaries(list(runs["summary"]))
+    long = load_evals([e["path"] for e in evals])
+    hit = (long["method"] == "stale") & (long["seed"] == 0) & (long["metric"] == "heldout:word_perplexity")
+    long.loc[hit, "value"] = float("nan")
+    table = tables.main_table(summaries, long, paper, SCALE_OF, ALIASES).set_index(["method", "metric"])
+    row = table.loc[("stale", "heldout:word_perplexity")]
+    assert np.isnan(row["ours"]) and row["ours_note"] == "NaN in 1 of 2 runs' results"
+    assert table.loc[("bf16", "heldout:word_perplexity"), "ours_note"] == ""
+
+
+def test_difference_only_for_the_same_statistic_at_the_same_scale():
+    frame = pd.DataFrame({"paper": [1.0, 1.0, 1.0, 1.0, None], "ours": [1.5, 1.5, 1.5, 1.5, 2.0],
+                          "paper_scale": ["1.67B", "1.67B", "1.67B", "1.67B", "1.67B"],
+                          "our_scale": ["1.67B", "tiny", "1.67B", "1.67B", "1.67B"],
+                          "bound": [False, False, True, False, False], "note": ["", "", "", "another one", ""]})
+    out = tables.comparable_difference(frame)
+    assert out["difference"].iloc[0] == 0.5 and out["difference"].iloc[1:].isna().all()
+    assert list(out["difference_note"]) == ["", "not comparable (scale)", "not comparable (bound)",
+                                            "not comparable (statistic)", ""]
 
 
 def test_a_run_that_stopped_on_a_nan_is_marked_in_the_tables(synthetic, paper, tmp_path):

@@ -15,6 +15,8 @@ FIGURE5_MAPPING = (
     f"--scale-of {key_values({**config['report']['paper_scale_of'], **config['report']['figure5_scale_of']})}"
     f" --alias {key_values(config['report']['metric_alias'])}"
 )
+# Figures 4 and 5 and the gains table read gains at / over the first report.gain_window_steps training steps.
+WINDOW = f"--gain-window {config['report']['gain_window_steps']}"
 # Recorded Hopper measurements the kernel table falls back to when this run's bench had no Hopper GPU.
 RECORDED = Path(workflow.basedir) / config["kernel"]["recorded"] if config["kernel"]["recorded"] else None
 
@@ -144,15 +146,81 @@ rule figure_runs:
     log:
         f"{LOGS}/report/{{figure}}.log",
     wildcard_constraints:
-        figure="figure1_loss|figure4_gain|figure5_scales",
+        figure="figure1_loss|figure4_gain|figure4_effects|figure5_scales",
     localrule: True
     conda:
         "../../envs/report.yaml"
     params:
         mapping=lambda wildcards: FIGURE5_MAPPING if wildcards.figure == "figure5_scales" else MAPPING,
+        window=lambda wildcards: WINDOW if wildcards.figure != "figure1_loss" else "",
     shell:
         "dm-report figure {wildcards.figure} --runs {input.runs} --paper {input.paper} {params.mapping}"
+        " {params.window} --out {output.png} --values {output.values} > {log} 2>&1"
+
+
+rule figure_final:
+    input:
+        runs=summaries(MAIN_RUNS),
+        evals=evals(MAIN_RUNS),
+    output:
+        png=f"{REPORT}/figures/figure1_final.png",
+        values=f"{REPORT}/figures/figure1_final.csv",
+    log:
+        f"{LOGS}/report/figure1_final.log",
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    params:
+        alias=f"--alias {key_values(config['report']['metric_alias'])}",
+    shell:
+        "dm-report figure figure1_final --runs {input.runs} --evals {input.evals} {params.alias}"
         " --out {output.png} --values {output.values} > {log} 2>&1"
+
+
+rule table_gains:
+    input:
+        runs=summaries(RUNS),
+    output:
+        f"{REPORT}/tables/gains.csv",
+    log:
+        f"{LOGS}/report/gains.log",
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    params:
+        window=WINDOW,
+    shell:
+        "dm-report table gains --runs {input.runs} {params.window} --out {output} > {log} 2>&1"
+
+
+rule figure_context_gap:
+    input:
+        runs=summaries(select(variant=config["report"]["context_variant"])),
+    output:
+        png=f"{REPORT}/figures/context_gap.png",
+        values=f"{REPORT}/figures/context_gap.csv",
+    log:
+        f"{LOGS}/report/context_gap.log",
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report figure context_gap --runs {input.runs} --out {output.png} --values {output.values} > {log} 2>&1"
+
+
+rule figure_kernel:
+    input:
+        table=rules.table_kernel.output[0],
+    output:
+        png=f"{REPORT}/figures/kernel.png",
+        values=f"{REPORT}/figures/kernel.csv",
+    log:
+        f"{LOGS}/report/figure_kernel.log",
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "dm-report figure kernel --kernel-table {input.table} --out {output.png} --values {output.values} > {log} 2>&1"
 
 
 rule figure_sweep:
@@ -176,6 +244,7 @@ rule render:
     output:
         html=f"{REPORT}/index.html",
         markdown=f"{REPORT}/report.md",
+        claims=f"{REPORT}/claims.csv",
     log:
         f"{LOGS}/report/render.log",
     localrule: True
@@ -186,4 +255,4 @@ rule render:
         note=config["report"]["scale_note"],
     shell:
         "dm-report render --inputs {input} --name {params.name} --scale-note {params.note:q}"
-        " --html {output.html} --markdown {output.markdown} > {log} 2>&1"
+        " --html {output.html} --markdown {output.markdown} --claims {output.claims} > {log} 2>&1"
