@@ -38,6 +38,12 @@ ENV_SWITCH = "DELTAMATCH_FLA_HOPPER_BWD"
 
 # Optional imports (Triton, fla) sit in try blocks: a Hub copy of this file (models/hub_code.py) must load without them.
 @functools.cache
+def fla_installed() -> bool:
+    """Whether flash-linear-attention can be imported (the Hub copy of the layers runs without it, on the twins)."""
+    return importlib.util.find_spec("fla") is not None
+
+
+@functools.cache
 def _triton_version():
     try:
         import triton
@@ -56,11 +62,15 @@ def refuses_gated_backward(device: torch.device) -> bool:
     return hopper and affected and importlib.util.find_spec("tilelang") is None
 
 
+@functools.cache
 def training_backend(device: torch.device, head_k_dim: int, mixer: str = "gdn") -> tuple[str, str]:
     """``("fla", why)`` or ``("torch", why)``: the recurrence that trains a ``mixer`` ("gdn" or "kda") with key
-    head dim ``head_k_dim`` on ``device``."""
+    head dim ``head_k_dim`` on ``device``. Decided once per process (the layers ask on every forward), so
+    ``DELTAMATCH_FLA_HOPPER_BWD`` is read at the first call."""
     if device.type != "cuda":
         return "torch", "not a CUDA device: the pure-torch twin"
+    if not fla_installed():
+        return "torch", "flash-linear-attention is not installed: the pure-torch twin"
     if mixer != "gdn" or not refuses_gated_backward(device):
         return "fla", "fla's Triton chunk kernels (fla trusts its backward on this GPU and Triton)"
     if os.environ.get(ENV_SWITCH, "1") == "0":
@@ -139,8 +149,7 @@ def restrict_warps(kernel, num_warps: int):
     tuner.configs = [c for c in saved[0] if c.num_warps == num_warps]
     if not tuner.configs:
         tuner.configs = saved[0]
-        raise ValueError(f"{tuner.kernel_name if hasattr(tuner, 'kernel_name') else kernel} has no config with "
-                         f"{num_warps} warps")
+        raise ValueError(f"{getattr(tuner, 'kernel_name', kernel)} has no config with {num_warps} warps")
     tuner.cache.clear()
     try:
         yield

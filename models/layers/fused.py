@@ -16,19 +16,14 @@ tests compare both on the same inputs. The CPU path is always the twin. ``use_fu
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.util
 import threading
 from collections.abc import Iterator
 
 import torch
 
+from .fla_hopper import fla_installed
+
 _PINNED = threading.local()
-
-
-@functools.cache
-def _fla_installed() -> bool:
-    return importlib.util.find_spec("fla") is not None
 
 
 def fused_enabled(x: torch.Tensor) -> bool:
@@ -36,7 +31,7 @@ def fused_enabled(x: torch.Tensor) -> bool:
     pinned = getattr(_PINNED, "on", None)
     if pinned is not None:
         return pinned and x.is_cuda
-    return x.is_cuda and _fla_installed()
+    return x.is_cuda and fla_installed()
 
 
 @contextlib.contextmanager

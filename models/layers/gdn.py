@@ -23,7 +23,6 @@ The recurrent state is stored K-first, ``(B, H, K, V)``, as fla's naive referenc
 """
 
 import contextlib
-import functools
 import math
 import threading
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fla_hopper import training_backend
+from .fla_hopper import fla_installed, training_backend
 from .norm import GatedRMSNorm
 
 _PINNED = threading.local()
@@ -41,24 +40,14 @@ BACKENDS = ("fla", "torch")
 
 def gdn_backend(x: torch.Tensor, head_k_dim: int, mixer: str = "gdn") -> str:
     """The recurrence implementation for inputs like ``x``: the pinned one, else fla's kernels on CUDA when no
-    gradient is needed or when :func:`~deltamatch.models.layers.fla_hopper.training_backend` trusts fla's backward
-    for this head dim, else torch."""
+    gradient is needed, else what :func:`~deltamatch.models.layers.fla_hopper.training_backend` decides for this
+    head dim (fla where its backward is trusted, else torch)."""
     pinned = getattr(_PINNED, "name", None)
     if pinned is not None:
         return pinned
-    if not x.is_cuda or not fla_installed():
-        return "torch"
-    if not torch.is_grad_enabled():
+    if x.is_cuda and not torch.is_grad_enabled() and fla_installed():
         return "fla"
     return training_backend(x.device, head_k_dim, mixer)[0]
-
-
-@functools.cache
-def fla_installed() -> bool:
-    """Whether flash-linear-attention can be imported (the Hub copy of this file runs without it, on the twin)."""
-    import importlib.util
-
-    return importlib.util.find_spec("fla") is not None
 
 
 @contextlib.contextmanager
@@ -327,7 +316,6 @@ class GatedDeltaNet(DeltaRuleMixer):
             l2_normalize(q), l2_normalize(k), v, gdn_gate(a, self.A_log, self.dt_bias), b.sigmoid(),
             initial_state=state,
         )
-
 
     def _fla_rule(self, q, k, v, a, b, state, output_final_state: bool):
         """fla's kernels with gate, beta sigmoid and q/k L2 norm fused in, as ``fla.layers.GatedDeltaNet`` calls them."""

@@ -212,7 +212,7 @@ def _train(config: RunConfig, layout: Layout, stop: StopRequest, allow_change: b
             print(f"dm-train: resumed from {latest[1]} (step {position.step})", file=sys.stderr, flush=True)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", enabled=layout.is_main, tensorboard=config.metrics.tensorboard)
     metrics.truncate_after(position.step)
-    backends = _log_backends(config, layout, model, metrics, position.step)
+    backends = _record_backends(config, layout, model, metrics, position.step)
     if changes:
         metrics.write("config_change", step=position.step, changed={k: list(v) for k, v in changes.items()},
                       fingerprint=meta["fingerprint"])
@@ -242,8 +242,9 @@ def _train(config: RunConfig, layout: Layout, stop: StopRequest, allow_change: b
     return summary
 
 
-def _log_backends(config: RunConfig, layout: Layout, model, metrics: MetricsWriter, step: int) -> list[dict]:
-    """Say once which implementation trains each kind of mixer, and why (stderr on rank 0, and a metrics record)."""
+def _record_backends(config: RunConfig, layout: Layout, model, metrics: MetricsWriter, step: int) -> list[dict]:
+    """Say once which implementation trains each kind of mixer, and why (stderr on rank 0, and a metrics record);
+    on a GPU, refuse attention that only the reference simulation would run (``train.allow_reference_attention``)."""
     dtype = torch.bfloat16 if layout.device.type == "cuda" and config.train.bf16_autocast else None
     backends = training_backends(getattr(model, "module", model), layout.device, dtype)
     metrics.write("backends", step=step, backends=backends)  # first: an unwritable run dir fails in one line
@@ -333,7 +334,7 @@ def _run_steps(config: RunConfig, layout: Layout, model, optimizers, ckpt: Check
                            config.train.micro_batch, config.train.grad_accum, layout.rank, layout.world,
                            start_step=start.step, start_sample=start.samples)
     tokens_per_step = batches.samples_per_step * config.data.seq_len
-    flops = flops_per_token(model.config, config.data.seq_len)
+    flops = flops_per_token(model, config.data.seq_len)
     peak = peak_tflops(layout.device)
     autocast = probes.autocast_for(layout.device, config.train.bf16_autocast)
     steps, position = config.train.steps, start

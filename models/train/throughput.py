@@ -18,12 +18,9 @@ import torch
 MEASURED_PEAK_TFLOPS = {"H200": 790.0}
 
 
-def flops_per_token(config, seq_len: int) -> float:
-    """Model FLOPs per trained token of ``config`` at sequence length ``seq_len`` (see the module docstring)."""
-    from deltamatch.models.modeling_hybrid import HybridForCausalLM
-
-    with torch.device("meta"):
-        model = HybridForCausalLM(config)
+def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """Model FLOPs per trained token of a ``HybridForCausalLM`` (also FSDP-sharded: parameter shapes are global) at
+    sequence length ``seq_len`` (see the module docstring)."""
     matmul_params = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
     attention = sum(6 * seq_len * attn.num_heads * attn.head_dim for _, attn in model.attention_layers()
                     if hasattr(attn, "num_heads"))

@@ -18,7 +18,10 @@ def hopper_with_triton(monkeypatch):
         monkeypatch.setattr(fla_hopper.importlib.util, "find_spec",
                             lambda name, *a: None if name == "tilelang" else object())
         monkeypatch.delenv(fla_hopper.ENV_SWITCH, raising=False)
-    return fake
+        fla_hopper.training_backend.cache_clear()  # decided once per process; each faked device decides afresh
+
+    yield fake
+    fla_hopper.training_backend.cache_clear()
 
 
 CUDA = torch.device("cuda", 0)
@@ -46,6 +49,7 @@ def test_kda_and_fixed_triton_keep_flas_own_behaviour(hopper_with_triton):
 def test_switch_off_trains_the_twin(hopper_with_triton, monkeypatch):
     hopper_with_triton("3.6.0")
     monkeypatch.setenv(fla_hopper.ENV_SWITCH, "0")
+    fla_hopper.training_backend.cache_clear()
     backend, why = fla_hopper.training_backend(CUDA, 128)
     assert backend == "torch" and fla_hopper.ENV_SWITCH in why
 

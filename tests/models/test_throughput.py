@@ -14,7 +14,7 @@ def test_flops_per_token_counts_matmul_params_and_causal_attention():
     embedding = 512 * config.hidden_size
     attention_layers = sum(1 for kind in config.layer_pattern if kind == "gqa")
     expected = 6 * (params - embedding) + attention_layers * 6 * 256 * config.num_attention_heads * config.head_dim
-    assert flops_per_token(config, 256) == expected
+    assert flops_per_token(model, 256) == expected
 
 
 def test_peak_is_unknown_on_the_cpu_unless_given(monkeypatch):

@@ -81,7 +81,7 @@ def run_variant(spec: str, size: str, seq_len: int, steps: int, warmup: int) -> 
     step_s = statistics.median(times[warmup:])
     tok_s = micro * seq_len / step_s
     peak = peak_tflops(torch.device("cuda"))
-    flops = flops_per_token(config, seq_len)
+    flops = flops_per_token(model, seq_len)
     row = {"variant": spec, "size": size, "seq_len": seq_len, "step_ms": step_s * 1e3, "tokens_per_s": tok_s,
            "mfu": tok_s * flops / (peak * 1e12) if peak else None, "first_step_s": times[0],
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss_first": losses[0], "loss_last": losses[-1]}
