@@ -30,6 +30,8 @@ from pathlib import Path
 
 import yaml
 
+from deltamatch.atomic import write_json, write_text
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_bench import commit, machine  # noqa: E402
 
@@ -101,12 +103,9 @@ def write(args, rows: dict[str, dict], summary: dict) -> None:
 
     result = {"benchmark": "scaling_bench", "preset": args.preset, "commit": commit(), "machine": machine(),
               "date": datetime.datetime.now(datetime.UTC).isoformat(), "summary": summary, "runs": list(rows.values())}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, result)
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "loss"} for r in rows.values()])
-    args.out.with_suffix(".md").write_text(
+    write_text(args.out.with_suffix(".md"),
         f"# scaling_bench {args.preset} — {result['date'][:10]}, commit {result['commit']}\n\n"
         f"{table.to_markdown(index=False, floatfmt='.4g')}\n\n{json.dumps(summary, indent=1)}\n")
     curves = pd.DataFrame([{"run": r["run"], "step": int(s), "loss": v} for r in rows.values()

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import yaml
 
+from deltamatch.atomic import write_json, write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PRESETS = {
@@ -137,16 +139,10 @@ def write_result(args, preset: dict, rows: list[dict]) -> None:
             r["speedup_vs_bf16"] = r["tokens_per_s"] / bf16
     result = {"benchmark": "train_bench", "preset": args.preset, "date": datetime.datetime.now(datetime.UTC).isoformat(),
               "commit": commit(), "machine": machine(), "config": preset, "results": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_name(f".{args.out.name}.tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
-    table = markdown_table(rows)
-    md = args.out.with_suffix(".md")
-    tmp_md = md.with_name(f".{md.name}.tmp")
-    tmp_md.write_text(f"# train_bench {args.preset} — {result['date'][:10]}, commit {result['commit']}, "
-                      f"{result['machine'].get('gpu', result['machine'].get('cpu'))}\n\n{table}\n")
-    os.replace(tmp_md, md)
+    write_json(args.out, result)
+    write_text(args.out.with_suffix(".md"), f"# train_bench {args.preset} — {result['date'][:10]}, commit "
+               f"{result['commit']}, {result['machine'].get('gpu', result['machine'].get('cpu'))}\n\n"
+               f"{markdown_table(rows)}\n")
 
 
 COLUMNS = ["method", "returncode", "steps_done", "all_finite", "first_loss", "last_loss", "final_val_loss",

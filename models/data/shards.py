@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from deltamatch.atomic import write_text
+from deltamatch.atomic import atomic_path, write_text
 
 FORMAT = "deltamatch-token-shards-v1"
 MANIFEST = "manifest.json"
@@ -90,9 +90,8 @@ class ShardWriter:
         """The writer's position for a resumed build: its shards and documents, with the tokens not yet in a shard
         written (atomically) beside the shards."""
         buffered = np.concatenate(self._buffer) if self._buffer else np.empty(0, self.dtype)
-        tmp = self.folder / f".{BUFFER}.tmp"
-        tmp.write_bytes(buffered.tobytes())
-        os.replace(tmp, self.folder / BUFFER)
+        with atomic_path(self.folder / BUFFER) as tmp:
+            tmp.write_bytes(buffered.tobytes())
         return {"shards": list(self.shards), "documents": self.documents, "buffered": int(buffered.size)}
 
     def load_state(self, state: dict) -> None:
