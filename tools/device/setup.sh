@@ -1,6 +1,10 @@
 # Sourced by the device scripts: makes deltamatch importable on the H200 image (no network there).
 # Carried wheels (.carry/*.whl: flash-linear-attention, fla-core, nvidia-cudnn-frontend) go to /tmp/site.
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Triton's cache (fla's compiled kernels and, with fla's cache_results, its autotuning choices) in the working tree's
+# git-ignored .cache/: a later call on the same warm machine finds it there instead of recompiling for ~4 minutes.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.cache/triton}
+export PATH=/tmp/site/bin:$PATH  # console scripts of the carried wheels (snakemake)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .carry/*.whl >/dev/null 2>&1; then
