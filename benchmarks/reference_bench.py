@@ -9,13 +9,13 @@ import argparse
 import datetime
 import platform
 import statistics
-import subprocess
 import time
 
 import pandas as pd
 import torch
 
 from deltamatch.kernels.reference import attention_reference
+from deltamatch.provenance import commit
 
 METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8_sim")
 
@@ -47,9 +47,8 @@ def main() -> None:
         for n in args.lengths
     ]
     table = pd.DataFrame(rows).pivot(index="method", columns="N", values="fwd+bwd ms").loc[list(METHODS)]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     header = (
-        f"# Reference fwd+bwd on the CPU\n\ndate {datetime.date.today()}, commit {commit}, "
+        f"# Reference fwd+bwd on the CPU\n\ndate {datetime.date.today()}, commit {commit()}, "
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"B=1, H={args.heads}, D={args.head_dim}, causal, bf16 inputs; median of {args.repeats} runs, ms\n\n"
     )

@@ -42,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from deltamatch.atomic import write_json, write_text
+from deltamatch.provenance import commit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,13 +86,6 @@ def machine() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
-
-
-def commit() -> str:
-    try:
-        return subprocess.check_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_method(preset: dict, method: str, data_dir: Path, work: Path, timeout: float | None) -> dict:

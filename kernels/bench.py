@@ -12,13 +12,13 @@ counts it, so the column shows what the chip actually did.
 import argparse
 import datetime
 import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 from deltamatch.atomic import atomic_path
+from deltamatch.provenance import commit
 
 FP8_MODES = ("stale", "consistent", "matched")
 BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", "cudnn_fp8")
@@ -127,16 +127,6 @@ def _available(method) -> str | None:
         return str(exc)
 
 
-def _commit() -> str:
-    if os.environ.get("DM_COMMIT"):
-        return os.environ["DM_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _write(df: pd.DataFrame, path: str, header: str) -> None:
     with atomic_path(path) as tmp:
         if path.endswith(".csv"):
@@ -167,7 +157,7 @@ def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
             torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     header = (f"# Kernel benchmark\n\ndate {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
-              f"commit {_commit()}, GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+              f"commit {commit()}, GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; "
               f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention"
               + "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items()))
     _write(df, os.path.join(out_dir, "kernel_bench.csv"), header)

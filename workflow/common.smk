@@ -295,11 +295,14 @@ def retry_runtime(spec, attempt):
 
 def resources_of(group):
     """Snakemake resources of a rule group; a retried job gets proportionally more time (preemption, time limit).
-    GPUs go in as SLURM gres, which counts per node (the plugin's `gpu` would count per job)."""
+    GPUs go in as SLURM gres, which counts per node (the plugin's `gpu` would count per job), and as `gpus`, a
+    counting resource the SLURM plugin ignores: on one machine `--resources gpus=N` runs at most N GPUs' worth of jobs
+    at once (without it Snakemake would start every GPU job together on the same device)."""
     spec = config["resources"][group]
     resources = {"mem_mb": spec["mem_mb"], "runtime": lambda wildcards, attempt: retry_runtime(spec, attempt)}
     if spec["gpus"]:
         resources["gres"] = f"gpu:{spec['gpus']}"
+        resources["gpus"] = spec["gpus"]
     return resources
 
 
@@ -324,6 +327,9 @@ def train_rule_resources():
     }
     if _train_resources_uniform("gpus"):
         resources["gres"] = lambda wildcards: f"gpu:{train_resources_of(wildcards.size)['gpus']}"
+        resources["gpus"] = lambda wildcards: (
+            train_resources_of(wildcards.size)["gpus"] * launch_of(wildcards.size)["nodes"]
+        )
     else:
         # Without GPUs, one task per node keeps SLURM from shrinking the job to one node; with gres the plugin turns
         # `tasks` into --ntasks-per-gpu, so it is left out there.

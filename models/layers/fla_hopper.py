@@ -157,3 +157,42 @@ def restrict_warps(kernel, num_warps: int):
         tuner.configs = saved[0]
         tuner.cache.clear()
         tuner.cache.update(saved[1])
+
+
+@contextlib.contextmanager
+def narrow_autotuning(*packages: str, num_warps: int = 4, max_stages: int = 2):
+    """Inside the block, every autotuned kernel in the loaded modules of the packages named (e.g. ``"fla.ops"``; a
+    package is imported first, which loads what its ops call) tries only its configs with ``num_warps`` warps (if it
+    has any), and of those the ones with at most ``max_stages`` stages (if any); yields how many kernels it narrowed.
+
+    A correctness test needs a valid config, not the fastest: fla's KDA kernels autotune over up to 36 configs each,
+    and compiling them all on a fresh machine takes longer than a test may (the GPU suite stopped there). Choices made
+    before the block are forgotten inside it and restored after."""
+    import importlib
+    import sys
+
+    for package in packages:
+        importlib.import_module(package)
+    tuners = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not any(name == p or name.startswith(f"{p}.") for p in packages):
+            continue
+        for value in list(vars(module).values()):
+            while value is not None and not hasattr(value, "configs") and hasattr(value, "fn"):
+                value = value.fn
+            if hasattr(value, "configs") and hasattr(value, "cache"):
+                tuners[id(value)] = value
+    if not tuners:
+        raise ValueError(f"no autotuned kernels loaded in {', '.join(packages)}")
+    saved = {key: (t.configs, dict(t.cache)) for key, t in tuners.items()}
+    try:
+        for tuner in tuners.values():
+            configs = [c for c in tuner.configs if c.num_warps == num_warps] or tuner.configs
+            tuner.configs = [c for c in configs if c.num_stages <= max_stages] or configs
+            tuner.cache.clear()
+        yield len(tuners)
+    finally:
+        for key, tuner in tuners.items():
+            tuner.configs = saved[key][0]
+            tuner.cache.clear()
+            tuner.cache.update(saved[key][1])

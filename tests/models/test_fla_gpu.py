@@ -6,7 +6,8 @@
   autotune ``prepare_wy_repr_bwd`` to (fla #984). These are the calls that
   :mod:`deltamatch.models.layers.fla_hopper` lets through fla's #640 guard; a head dim outside the verified set still
   meets fla's refusal.
-- KDA (``chunk_kda``) against fla's token-by-token ``naive_recurrent_kda``.
+- KDA (``chunk_kda``) against fla's token-by-token ``naive_recurrent_kda``, with fla's autotuning narrowed to one or
+  two configs per kernel (a numerics check needs a valid config, not the fastest).
 
 The shapes are the 569M model's (9 heads x 128, values 256) with BF16 inputs, as training calls them, so Triton's
 compiled kernels are shared with the training tests; the first case pays fla's autotuning (minutes on a fresh
@@ -17,12 +18,20 @@ of about 2 (error ~ 0.5 and up). tools/device/profile_step.py's ``verify`` items
 import pytest
 import torch
 
-from deltamatch.models.layers.fla_hopper import refuses_gated_backward, restrict_warps, training_backend
+from deltamatch.models.layers.fla_hopper import (
+    narrow_autotuning,
+    refuses_gated_backward,
+    restrict_warps,
+    training_backend,
+)
 from fla_reference import gdn_errors, kda_errors, gdn_inputs
 
 pytestmark = pytest.mark.gpu
 B, H, K, V = 2, 9, 128, 256
 BF16_TOLERANCE = 5e-2
+# KDA is checked at one or two launch configs per kernel: compiling all of fla's KDA autotuning configs on a fresh
+# machine outlasted the GPU suite's budget (the 2026-12-01 run stopped there)
+KDA_PACKAGES = ("fla.ops.kda", "fla.ops.common", "fla.ops.utils")
 
 
 @pytest.mark.timeout(480)  # the first case compiles and autotunes fla's GDN kernels
@@ -53,9 +62,10 @@ def test_unverified_head_dim_still_meets_flas_refusal():
         o.sum().backward()
 
 
-@pytest.mark.timeout(480)  # compiles and autotunes fla's KDA kernels
+@pytest.mark.timeout(240)  # compiles fla's KDA kernels, one or two configs each (narrow_autotuning)
 @pytest.mark.parametrize("initial_state", [False, True])
 @pytest.mark.parametrize("T", [63, 300])
 def test_fla_kda_chunk_matches_recurrent_reference(T, initial_state):
-    errors = kda_errors(2, T, 2, 128, 256, initial_state)
+    with narrow_autotuning(*KDA_PACKAGES):
+        errors = kda_errors(2, T, 2, 128, 256, initial_state)
     assert max(errors.values()) < 1e-2, errors  # FP32 inputs, TF32 dots

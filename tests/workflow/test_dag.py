@@ -132,8 +132,15 @@ def test_every_schema_key_has_a_description_and_a_default(root):
 
 
 def test_h200_dry_run_plans_every_method_on_the_569m(snakemake, stats, root, tmp_path):
-    done = snakemake("-n", "--configfile", str(root / "config" / "h200.yaml"), "--cores", "16", workdir=tmp_path)
+    done = snakemake("-n", "--configfile", str(root / "config" / "h200.yaml"), "--cores", "16", "--resources",
+                     "gpus=1", workdir=tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
+    # every job that asks SLURM for a GPU also counts against `--resources gpus=N` on one machine (on the H200 four
+    # evaluations once started together on the one GPU)
+    resources = [line for line in done.stdout.splitlines() if line.strip().startswith("resources:")]
+    gpu_jobs = [line for line in resources if "gres=gpu:" in line]
+    assert len(gpu_jobs) >= 12 and all("gpus=1" in line for line in gpu_jobs), gpu_jobs
+    assert all("gpus=" not in line for line in resources if "gres=gpu:" not in line)
     counts = stats(done.stdout)
     h200 = yaml.safe_load((root / "config" / "h200.yaml").read_text())
     runs = _runs(h200)
