@@ -48,7 +48,8 @@ has bench && bench train_569m_h200 ${BENCH_S:-300} h200 ${BENCH_ARGS:-}
 has stability && bench stability_569m_h200 ${STABILITY_S:-560} h200-stability ${STABILITY_ARGS:-}
 has big && bench train_1p67b_h200 ${BIG_S:-300} h200 --size 1.67B ${BIG_ARGS:---micro-batch 2}
 if has pipeline; then
-  timeout "$(budget ${PIPELINE_S:-560})" snakemake --cores all --resources gpus=1 --configfile config/h200.yaml \
+  timeout "$(budget ${PIPELINE_S:-560})" snakemake --cores all --resources gpus=1 --rerun-incomplete \
+    --configfile config/h200.yaml \
     ${PIPELINE_ARGS:-} > "$OUT/pipeline.log" 2>&1
   echo "snakemake exit $?" | tee -a "$LOG"; grep -E "steps|of [0-9]+ steps|Error|error" "$OUT/pipeline.log" | tail -15
   tar czf "$OUT/h200_pipeline.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*/checkpoints/*' \
