@@ -28,6 +28,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_report_header(config):
+    """On a Hopper GPU the tests launch fla's kernels with the recorded configs training uses (fla_autotune.py)."""
+    if _has_sm90():
+        from deltamatch.models.layers.fla_hopper import fla_installed
+
+        if fla_installed():
+            from deltamatch.models.layers.fla_autotune import apply_pins
+
+            return apply_pins()
+    return None
+
+
 @pytest.fixture(autouse=True)
 def poison_empty(monkeypatch):
     """Fill every float ``torch.empty``/``empty_like`` with NaN, so code that forgets to write an output fails a test."""

@@ -39,6 +39,7 @@ import torch
 from deltamatch.models.data.loader import TokenWindows, TrainBatches, val_batches
 from deltamatch.models.data.shards import read_manifest, verify
 from deltamatch.models.train import probes
+from deltamatch.models.layers.fla_autotune import apply_pins
 from deltamatch.models.train.backends import training_backends
 from deltamatch.models.train.checkpoint import Checkpointer, load_model_weights
 from deltamatch.models.train.config import RunConfig
@@ -247,11 +248,15 @@ def _record_backends(config: RunConfig, layout: Layout, model, metrics: MetricsW
     on a GPU, refuse attention that only the reference simulation would run (``train.allow_reference_attention``)."""
     dtype = torch.bfloat16 if layout.device.type == "cuda" and config.train.bf16_autocast else None
     backends = training_backends(getattr(model, "module", model), layout.device, dtype)
-    metrics.write("backends", step=step, backends=backends)  # first: an unwritable run dir fails in one line
+    # fla's recorded launch choices, before the first step, so pinned keys skip autotuning (fla_autotune.py)
+    pins = {"fla_autotuning": apply_pins()} if any(e["backend"] == "fla" for e in backends) else {}
+    metrics.write("backends", step=step, backends=backends, **pins)  # first: an unwritable run dir fails in one line
     if layout.is_main:
         for entry in backends:
             print(f"dm-train: {entry['mixer']} layers {entry['layers']}: {entry['backend']} ({entry['why']})",
                   file=sys.stderr, flush=True)
+        for line in pins.values():
+            print(f"dm-train: {line}", file=sys.stderr, flush=True)
     simulated = [e for e in backends if e["backend"] == "reference"]
     if layout.device.type == "cuda" and simulated and not config.train.allow_reference_attention:
         raise ValueError(f"attention layers {simulated[0]['layers']} would train method "

@@ -100,23 +100,3 @@ def test_restrict_warps_narrows_and_restores_the_autotuner():
         with fla_hopper.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, 3):
             pass
     assert tuner.configs == configs
-
-
-def test_narrow_autotuning_narrows_every_kda_kernel_and_restores_them():
-    from fla.ops.kda import chunk_bwd, chunk_intra
-
-    kernels = [fla_hopper._autotuner(k) for k in (chunk_bwd.chunk_kda_bwd_kernel_wy_dqkg_fused,
-                                                 chunk_intra.chunk_kda_fwd_kernel_inter_solve_fused)]
-    before = [list(t.configs) for t in kernels]
-    assert all(len(c) > 4 for c in before)
-    with fla_hopper.narrow_autotuning("fla.ops.kda", "fla.ops.common") as narrowed:
-        assert narrowed >= 10
-        for tuner, configs in zip(kernels, before):
-            assert 0 < len(tuner.configs) < len(configs) and {c.num_warps for c in tuner.configs} == {4}
-            assert all(c in configs for c in tuner.configs)
-        bwd = kernels[0].configs
-        assert max(c.num_stages for c in bwd) <= 2
-    assert [list(t.configs) for t in kernels] == before
-    with pytest.raises(ValueError, match="no autotuned kernels"):
-        with fla_hopper.narrow_autotuning("fla.utils"):
-            pass

@@ -12,6 +12,7 @@ minutes on a fresh machine). Each item is one of
 - ``kda:T:h0``: fla's KDA chunk kernel against its token-by-token reference.
 
 A watchdog prints every thread's stack every ``--watchdog`` seconds to stderr (what a slow item is doing).
+``--pins FILE`` then records fla's autotuning choices of the process as a pin file (``fla_autotune.py``).
 """
 
 import argparse
@@ -120,6 +121,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--watchdog", type=float, default=0, help="seconds between stack dumps (0: none)")
+    parser.add_argument("--pins", type=Path, help="after the items, write fla's autotuning choices of this process "
+                        "as a pin file (models/layers/fla_pins/<GPU>.json; models/layers/fla_autotune.py)")
     args = parser.parse_args()
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, repeat=True)
@@ -139,7 +142,24 @@ def main() -> int:
     import pandas as pd
 
     print(pd.DataFrame(rows).to_string(index=False))
+    if args.pins:
+        write_pins(args.pins, [r["variant"] for r in rows if "error" not in r], args)
     return 0
+
+
+def write_pins(path: Path, items: list[str], args) -> None:
+    """fla's autotuning choices so far in this process, as the pin file ``fla_autotune.apply_pins`` reads."""
+    import datetime
+
+    from deltamatch.atomic import write_json
+    from deltamatch.models.layers import fla_autotune
+    from deltamatch.provenance import commit
+
+    kernels = fla_autotune.record_choices(fla_autotune.loaded_autotuners(*fla_autotune.PINNED_PACKAGES))
+    write_json(path, {**fla_autotune.versions(), "recorded": datetime.datetime.now(datetime.UTC).isoformat()[:16],
+                      "commit": commit(), "items": items, "size": args.size, "seq_len": args.seq_len,
+                      "kernels": kernels})
+    print(f"{sum(map(len, kernels.values()))} choices of {len(kernels)} kernels -> {path}")
 
 
 if __name__ == "__main__":
