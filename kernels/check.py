@@ -1,8 +1,9 @@
 """Build check without a GPU: compile every Triton kernel ahead of time for sm_90a and read its PTX, SASS and resources.
 
 ``dm-kernel-check [--head-dims 64 128 256] [--causal both|yes|no] [--out FILE.jsonl]`` prints one JSON object per
-(kernel, variant, head dim): every attention kernel causal and non-causal, and every quantisation-pass variant the
-autograd function launches (Q, centred K, V; dO with no, stale or consistent δ). Each row holds
+(kernel, variant, head dim): every attention kernel causal and non-causal (the forward also with its TMA variant,
+``-tma``), and every quantisation-pass variant the autograd function launches (Q, centred K, V; dO with no, stale or
+consistent δ). Each row holds
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
 - ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
@@ -88,10 +89,13 @@ def attention_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     common = dict(HEAD_DIM=head_dim, CAUSAL=causal, ROUND_FP32=False)
     specs = []
     c, o = split({"PAIRED": False, **fwd})
-    specs.append(KernelSpec("attn_fwd", variant, triton_fwd._attn_fwd_kernel,
-                            {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"), **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"),
-                             "o_ptr": "*bf16"}, 2, copies=4 if c.get("PAIRED") else 2,
-                            constexprs={**c, **common}, options=o))
+    for tma in sorted({bool(c.get("TMA")), True}):  # the launched config, and the TMA variant until it is the default
+        specs.append(KernelSpec("attn_fwd", variant + ("-tma" if tma and not c.get("TMA") else ""),
+                                triton_fwd._attn_fwd_kernel,
+                                {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"),
+                                 **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"), "o_ptr": "*bf16"}, 2,
+                                copies=4 if c.get("PAIRED") else 2, constexprs={**c, **common, "TMA": tma},
+                                options=o))
     c, o = split(bwd["delta"])
     specs.append(KernelSpec("attn_bwd_delta_matched", variant, triton_bwd._attn_bwd_delta_matched_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
@@ -139,15 +143,19 @@ def quant_specs(head_dim: int) -> list[KernelSpec]:
 def compile_sm90(spec: KernelSpec):
     """``triton.compile`` for sm_90a with every pointer 16-byte aligned; returns the compiled kernel."""
     signature, attrs = {}, {}
+    constexprs = dict(spec.constexprs)
+    for param in spec.fn.params:  # a constexpr left out takes its default, as at a launch
+        if param.is_constexpr and param.name not in constexprs and param.has_default:
+            constexprs[param.name] = param.default
     for i, name in enumerate(spec.fn.arg_names):
-        if name in spec.constexprs:
+        if name in constexprs:
             signature[name] = "constexpr"
         elif name in spec.pointers:
             signature[name] = spec.pointers[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name in spec.floats else "i32"
-    src = ASTSource(spec.fn, signature, constexprs=spec.constexprs, attrs=attrs)
+    src = ASTSource(spec.fn, signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=SM90, options=spec.options)
 
 

@@ -22,15 +22,35 @@ from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, round_fp32_in_ker
 
 
 @triton.jit
+def _load_k(k_base, start_n, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """K̂ tile [BLOCK_N, D] at key ``start_n``: through a TMA descriptor (``k_base`` is one, rows = keys of this
+    (batch, kv head) in a 3-D view) or through pointers."""
+    if TMA:
+        return k_base.load([0, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        cols = start_n + tl.arange(0, BLOCK_N)
+        return tl.load(k_base + cols.to(tl.int64)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
+
+
+@triton.jit
+def _load_vt(vt_base, start_n, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """V̂ᵀ tile [D, BLOCK_N] (keys contiguous) at key ``start_n``, through a TMA descriptor or pointers."""
+    if TMA:
+        return vt_base.load([0, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
+    else:
+        cols = start_n + tl.arange(0, BLOCK_N)
+        return tl.load(vt_base + tl.arange(0, HEAD_DIM)[:, None] * N_PAD + cols[None, :])
+
+
+@triton.jit
 def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m, qk_scale, N, N_PAD,
                     lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr):
+                    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, TMA: tl.constexpr = False):
     """Online softmax over the key tiles [lo, hi); only MASKED tiles (the diagonal, the ragged end) pay for a mask."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k = tl.load(k_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_N, D]
+        k = _load_k(k_base, start_n, HEAD_DIM, BLOCK_N, TMA)  # [BLOCK_N, D]
         s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
         # matmul 1: S = Q̂ K̂ᵀ, promoted to FP32 with both block scales
         s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # [BLOCK_M, BLOCK_N]
@@ -48,7 +68,7 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
         p_max = tl.math.exp2(m_tile - m_new)
         s_p = tl.where(p_max > 0, p_max * (1.0 / 448.0), 1.0)
         p8 = to_e4m3(p * (1.0 / s_p)[:, None], ROUND_FP32)
-        vt = tl.load(vt_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N], keys contiguous
+        vt = _load_vt(vt_base, start_n, N_PAD, HEAD_DIM, BLOCK_N, TMA)  # [D, BLOCK_N], keys contiguous
         s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
         # matmul 2: O += P̂ V̂
         acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt)) * (s_p * s_v)[:, None]
@@ -58,16 +78,13 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
 
 @triton.jit
 def _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, qk_scale, N_PAD, lo, hi,
-                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_FP32: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_FP32: tl.constexpr,
+                    TMA: tl.constexpr = False):
     """Unmasked key tiles two at a time: one running-max update and one rescale of acc per 128 keys, while each
     64-key group keeps its own P̂ and V̂ scales (two dots, each promoted with its own scales)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, 2 * BLOCK_N):
-        cols_a = start_n + offs_n
-        cols_b = cols_a + BLOCK_N
-        k_a = tl.load(k_base + cols_a.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_N, D]
-        k_b = tl.load(k_base + cols_b.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])
+        k_a = _load_k(k_base, start_n, HEAD_DIM, BLOCK_N, TMA)  # [BLOCK_N, D]
+        k_b = _load_k(k_base, start_n + BLOCK_N, HEAD_DIM, BLOCK_N, TMA)
         s_a = tl.dot(q, tl.trans(k_a)) * (s_q * tl.load(sk_ptr + skv_base + start_n // BLOCK_N) * qk_scale)
         s_b = tl.dot(q, tl.trans(k_b)) * (s_q * tl.load(sk_ptr + skv_base + start_n // BLOCK_N + 1) * qk_scale)
         m_a = tl.max(s_a, 1)
@@ -81,8 +98,8 @@ def _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
         sp_b = tl.math.exp2(m_b - m_new) * (1.0 / 448.0)
         p8_a = to_e4m3(p_a * (1.0 / sp_a)[:, None], ROUND_FP32)
         p8_b = to_e4m3(p_b * (1.0 / sp_b)[:, None], ROUND_FP32)
-        vt_a = tl.load(vt_base + offs_d[:, None] * N_PAD + cols_a[None, :])  # [D, BLOCK_N]
-        vt_b = tl.load(vt_base + offs_d[:, None] * N_PAD + cols_b[None, :])
+        vt_a = _load_vt(vt_base, start_n, N_PAD, HEAD_DIM, BLOCK_N, TMA)  # [D, BLOCK_N]
+        vt_b = _load_vt(vt_base, start_n + BLOCK_N, N_PAD, HEAD_DIM, BLOCK_N, TMA)
         sv_a = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
         sv_b = tl.load(sv_ptr + skv_base + start_n // BLOCK_N + 1)
         acc = (acc * alpha[:, None] + tl.dot(p8_a, tl.trans(vt_a)) * (sp_a * sv_a)[:, None]
@@ -100,7 +117,7 @@ def _attn_fwd_kernel(
     qk_scale,  # softmax scale · log2(e)
     N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, PAIRED: tl.constexpr = False,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, PAIRED: tl.constexpr = False, TMA: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
     tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
@@ -111,11 +128,21 @@ def _attn_fwd_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
-    q_base = q8_ptr + bh.to(tl.int64) * N_PAD * HEAD_DIM
-    q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_M, D] e4m3
+    if TMA:  # Hopper's tensor memory accelerator: one descriptor per operand, 3-D views (batch·head, rows, cols)
+        q_desc = tl.make_tensor_descriptor(q8_ptr, shape=[tl.num_programs(1), N_PAD, HEAD_DIM],
+                                           strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, BLOCK_M, HEAD_DIM])
+        q = q_desc.load([bh, pid_m * BLOCK_M, 0]).reshape(BLOCK_M, HEAD_DIM)
+        k_base = tl.make_tensor_descriptor(k8_ptr + bh_kv.to(tl.int64) * N_PAD * HEAD_DIM, shape=[1, N_PAD, HEAD_DIM],
+                                           strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, BLOCK_N, HEAD_DIM])
+        vt_base = tl.make_tensor_descriptor(v8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD,
+                                            shape=[1, HEAD_DIM, N_PAD], strides=[HEAD_DIM * N_PAD, N_PAD, 1],
+                                            block_shape=[1, HEAD_DIM, BLOCK_N])
+    else:
+        q_base = q8_ptr + bh.to(tl.int64) * N_PAD * HEAD_DIM
+        q = tl.load(q_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :])  # [BLOCK_M, D] e4m3
+        k_base = k8_ptr + bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
+        vt_base = v8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD
     s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    k_base = k8_ptr + bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
-    vt_base = v8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD
     skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -130,16 +157,17 @@ def _attn_fwd_kernel(
     if PAIRED:
         pair_end = (full_end // (2 * BLOCK_N)) * (2 * BLOCK_N)
         acc, l_i, m_i = _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, qk_scale,
-                                        N_PAD, 0, pair_end, HEAD_DIM, BLOCK_N, ROUND_FP32)
+                                        N_PAD, 0, pair_end, HEAD_DIM, BLOCK_N, ROUND_FP32, TMA)
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, pair_end, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32)
+                                        ROUND_FP32, TMA)
     else:
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32)
+                                        ROUND_FP32, TMA)
     acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
-                                    qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32)
+                                    qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32,
+                                    TMA)
 
     o = acc / l_i[:, None]
     o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -148,11 +176,23 @@ def _attn_fwd_kernel(
     tl.store(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, m_i + tl.math.log2(l_i))
 
 
+def _ensure_allocator() -> None:
+    """Device-side TMA descriptors live in a global scratch buffer that Triton asks an allocator for; give it
+    PyTorch's (caching) allocator unless the caller set one. Set per launch: the allocator is a context variable, and
+    autograd may run this from another thread."""
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 def forward_config(head_dim: int) -> dict:
     """Block sizes and warps per head dim (the accumulator is BLOCK_M × D FP32 in registers).
 
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
+    ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) is a variant until the H200 has timed it
+    (kernels/NOTES.md).
     """
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True)
@@ -171,6 +211,8 @@ def attention_forward(q8, k8, v8t, sq, sk, sv, out_shape, out_dtype, causal: boo
     lse2 = torch.empty((b, h, n_pad), device=q8.device, dtype=torch.float32)
     cfg = config or forward_config(d)
     assert BLOCK_Q % cfg["BLOCK_M"] == 0
+    if cfg.get("TMA") and q8.is_cuda:
+        _ensure_allocator()
     grid = (triton.cdiv(n, cfg["BLOCK_M"]), b * h)
     _attn_fwd_kernel[grid](
         q8, k8, v8t, sq, sk, sv, o, lse2, o.stride(0), o.stride(1), o.stride(2),

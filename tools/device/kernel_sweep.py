@@ -17,15 +17,19 @@ SEQ = 8192
 F = lambda bm, w, s, **kw: dict(BLOCK_M=bm, BLOCK_N=64, num_warps=w, num_stages=s, **kw)  # noqa: E731
 KV = lambda bn, w, s, **kw: dict(BLOCK_M=64, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)  # noqa: E731
 SWEEP = {
-    64: dict(fwd=[F(64, 4, 4), F(128, 8, 3), F(64, 4, 4, PAIRED=True), F(128, 8, 3, PAIRED=True)],
+    64: dict(fwd=[F(64, 4, 4), F(128, 8, 3), F(64, 4, 4, PAIRED=True), F(128, 8, 3, PAIRED=True),
+                  F(64, 4, 4, PAIRED=True, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True), F(128, 8, 3, TMA=True)],
              dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True)],
              dq=[F(64, 4, 3), F(128, 8, 3)], delta=[F(128, 8, 3)]),
     128: dict(fwd=[F(64, 4, 4), F(64, 4, 3), F(64, 4, 3, PAIRED=True), F(64, 4, 4, PAIRED=True),
-                   F(128, 8, 3, PAIRED=True), F(128, 8, 2, PAIRED=True)],
+                   F(128, 8, 3, PAIRED=True), F(128, 8, 2, PAIRED=True),
+                   F(64, 4, 4, TMA=True), F(64, 4, 3, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True),
+                   F(128, 8, 3, TMA=True), F(128, 8, 2, PAIRED=True, TMA=True)],
               dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True),
                     KV(64, 4, 2, SEPARATE=True), KV(128, 8, 1, SEPARATE=True, SPLIT=False)],
               dq=[F(64, 4, 3), F(64, 4, 4), F(128, 8, 3)], delta=[F(128, 8, 3), F(64, 4, 3)]),
-    256: dict(fwd=[F(64, 4, 2), F(64, 4, 2, PAIRED=True), F(64, 8, 2, PAIRED=True)],
+    256: dict(fwd=[F(64, 4, 2), F(64, 4, 2, PAIRED=True), F(64, 8, 2, PAIRED=True), F(64, 4, 2, TMA=True),
+                   F(64, 4, 1, TMA=True), F(64, 8, 2, PAIRED=True, TMA=True)],
               dkdv=[KV(64, 8, 1, SPLIT=False), KV(64, 8, 1, SEPARATE=True), KV(64, 4, 1, SEPARATE=True),
                     KV(64, 8, 1, SEPARATE=True, SPLIT=False)],
               dq=[F(64, 4, 1), F(64, 4, 2)], delta=[F(64, 4, 2)]),
