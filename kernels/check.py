@@ -1,9 +1,9 @@
 """Build check without a GPU: compile every Triton kernel ahead of time for sm_90a and read its PTX, SASS and resources.
 
 ``dm-kernel-check [--head-dims 64 128 256] [--causal both|yes|no] [--out FILE.jsonl]`` prints one JSON object per
-(kernel, variant, head dim): every attention kernel causal and non-causal (the forward also with its TMA variant,
-``-tma``), and every quantisation-pass variant the autograd function launches (Q, centred K, V; dO with no, stale or
-consistent δ). Each row holds
+(kernel, variant, head dim): every attention kernel causal and non-causal, each also with its tiles loaded through
+TMA descriptors (variant ``…-tma``), and every quantisation-pass variant the autograd function launches (Q, centred K,
+V; dO with no, stale or consistent δ). Each row holds
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
 - ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import dataclasses
 from dataclasses import dataclass, field
 
 import triton
@@ -76,8 +77,9 @@ def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL) -> list[Kerne
     return [spec for c in causal for spec in attention_specs(head_dim, c)] + quant_specs(head_dim)
 
 
-def attention_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
-    """The forward and backward kernels (matched δ, dK/dV or dK and dV, dQ)."""
+def attention_specs(head_dim: int, causal: bool, tma_variants: bool = True) -> list[KernelSpec]:
+    """The forward and backward kernels (matched δ, dK/dV or dK and dV, dQ), and (``tma_variants``) each with
+    ``TMA=True`` as variant ``<mask>-tma``."""
     fwd = triton_fwd.forward_config(head_dim)
     bwd = triton_bwd.backward_config(head_dim)
     variant = "causal" if causal else "non-causal"
@@ -89,13 +91,10 @@ def attention_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     common = dict(HEAD_DIM=head_dim, CAUSAL=causal, ROUND_FP32=False)
     specs = []
     c, o = split({"PAIRED": False, **fwd})
-    for tma in sorted({bool(c.get("TMA")), True}):  # the launched config, and the TMA variant until it is the default
-        specs.append(KernelSpec("attn_fwd", variant + ("-tma" if tma and not c.get("TMA") else ""),
-                                triton_fwd._attn_fwd_kernel,
-                                {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"),
-                                 **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"), "o_ptr": "*bf16"}, 2,
-                                copies=4 if c.get("PAIRED") else 2, constexprs={**c, **common, "TMA": tma},
-                                options=o))
+    specs.append(KernelSpec("attn_fwd", variant, triton_fwd._attn_fwd_kernel,
+                            {**_fp8("q8_ptr", "k8_ptr", "v8t_ptr"), **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "lse_ptr"),
+                             "o_ptr": "*bf16"}, 2, copies=4 if c.get("PAIRED") else 2,
+                            constexprs={**c, **common}, options=o))
     c, o = split(bwd["delta"])
     specs.append(KernelSpec("attn_bwd_delta_matched", variant, triton_bwd._attn_bwd_delta_matched_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
@@ -117,6 +116,9 @@ def attention_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
                              **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
                              "dq_ptr": "*bf16", "stats_ptr": "*fp32"}, 3, copies=2,
                             constexprs={**c, **common, "DS_STATS": False}, options=o))
+    if tma_variants:  # each kernel also with its tiles loaded through TMA, until that is the launched config
+        specs += [dataclasses.replace(spec, variant=f"{spec.variant}-tma", constexprs={**spec.constexprs, "TMA": True})
+                  for spec in specs if not spec.constexprs.get("TMA")]
     return specs
 
 

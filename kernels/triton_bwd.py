@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deltamatch.kernels.triton_fwd import ensure_allocator, tma_requested
 from deltamatch.kernels.triton_quant import BLOCK_KV, round_fp32_in_kernels, to_e4m3
 
 DS_TILE = 64
@@ -43,13 +44,18 @@ def _tile_scale_rows(x_abs_rowmax, ROWS: tl.constexpr):
 @triton.jit
 def _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m, start_n, N,
                     qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr):
-    """Matmuls 3 and 4 for one [BLOCK_M, BLOCK_N] tile: P (FP32, from lse) and dP̂, as both row-wise passes see them."""
+                    CAUSAL: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0):
+    """Matmuls 3 and 4 for one [BLOCK_M, BLOCK_N] tile: P (FP32, from lse) and dP̂, as both row-wise passes see them.
+    With TMA, ``k8_ptr``/``v8_ptr`` are descriptors of (B·H_kv, N_pad, D) views and ``bh_kv`` picks the head."""
     cols = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
-    v = tl.load(v8_ptr + kv_ptrs)  # [BLOCK_N, D]
+    if TMA:
+        k = k8_ptr.load([bh_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        v = v8_ptr.load([bh_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    else:
+        offs_d = tl.arange(0, HEAD_DIM)
+        kv_ptrs = kv_base + cols.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k8_ptr + kv_ptrs)  # [BLOCK_N, D]
+        v = tl.load(v8_ptr + kv_ptrs)  # [BLOCK_N, D]
     s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
     s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
     s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # matmul 3: [BLOCK_M, BLOCK_N]
@@ -78,6 +84,19 @@ def _load_rows(q8_ptr, do8_ptr, sq_ptr, sdo_ptr, lse_ptr, bh, start_m, offs_m, N
 
 
 @triton.jit
+def _kv_sources(k8_ptr, v8_ptr, kv_heads, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """K̂ and V̂ as the row-wise passes read them: TMA descriptors of (B·H_kv, N_pad, D) views, or the pointers."""
+    if TMA:
+        k_src = tl.make_tensor_descriptor(k8_ptr, shape=[kv_heads, N_PAD, HEAD_DIM],
+                                          strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v8_ptr, shape=[kv_heads, N_PAD, HEAD_DIM],
+                                          strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, BLOCK_N, HEAD_DIM])
+    else:
+        k_src, v_src = k8_ptr, v8_ptr
+    return k_src, v_src
+
+
+@triton.jit
 def _key_ranges(pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """[0, full_end) needs no mask; [full_end, hi) holds the causal diagonal and the ragged end."""
     full_end = (N // BLOCK_N) * BLOCK_N
@@ -94,6 +113,7 @@ def _attn_bwd_delta_matched_kernel(
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
     qk_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_N == 64, "K̂/V̂ scales are per 64 keys")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
@@ -106,14 +126,15 @@ def _attn_bwd_delta_matched_kernel(
     kv_base = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
     skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
     delta = tl.zeros([BLOCK_M], tl.float32)
+    k_src, v_src = _kv_sources(k8_ptr, v8_ptr, tl.num_programs(1) // GROUP, N_PAD, HEAD_DIM, BLOCK_N, TMA)
     full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):
-        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
-                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL)
+        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
+                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, bh_kv)
         delta += tl.sum(p * dp, 1)
     for start_n in range(full_end, hi, BLOCK_N):
-        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
-                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL)
+        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
+                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, bh_kv)
         delta += tl.sum(p * dp, 1)
     tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, delta)
 
@@ -123,9 +144,10 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
                 stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr,
-                DO_DK: tl.constexpr, DO_DV: tl.constexpr):
+                DO_DK: tl.constexpr, DO_DV: tl.constexpr, TMA: tl.constexpr = False):
     """Accumulate dV and (unscaled) dK of one key block over the query tiles [lo, hi) of one query head, skipping
-    from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end)."""
+    from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end).
+    With TMA the four code arguments are descriptors of (B·H, rows, cols) views (``_descriptors``)."""
     offs_d = tl.arange(0, HEAD_DIM)
     row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
     for tile_m in range(lo, hi - (jump_to - jump_from), BLOCK_M):
@@ -133,7 +155,10 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
         offs_m = start_m + tl.arange(0, BLOCK_M)
         # B operands, contraction dim contiguous: Q̂ᵀ/dÔᵀ tiles [D, BLOCK_M] read D-major for matmuls 3/4,
         # token-major (from the transposed copies) for matmuls 5/7.
-        qT = tl.load(q8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+        if TMA:
+            qT = tl.trans(q8_ptr.load([bh, start_m, 0]).reshape(BLOCK_M, HEAD_DIM))
+        else:
+            qT = tl.load(q8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
         s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
         s_do = tl.load(sdo_ptr + bh.to(tl.int64) * (N_PAD // 128) + start_m // 128)
         lse = tl.load(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
@@ -149,10 +174,16 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
             pt_max = tl.max(pT, 1)
             s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
             pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
-            do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+            if TMA:
+                do_tok = do8t_ptr.load([bh, 0, start_m]).reshape(HEAD_DIM, BLOCK_M)
+            else:
+                do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
             dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
         if DO_DK:
-            doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
+            if TMA:
+                doT = tl.trans(do8_ptr.load([bh, start_m, 0]).reshape(BLOCK_M, HEAD_DIM))
+            else:
+                doT = tl.load(do8_ptr + row_base + offs_m.to(tl.int64)[None, :] * HEAD_DIM + offs_d[:, None])
             delta = tl.load(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=0.0)
             dpT = tl.dot(v, doT) * (s_v * s_do)[:, None]  # matmul 4
             dsT = pT * (dpT - delta[None, :])
@@ -163,7 +194,10 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
             # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
             s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
             ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
-            q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
+            if TMA:
+                q_tok = q8t_ptr.load([bh, 0, start_m]).reshape(HEAD_DIM, BLOCK_M)
+            else:
+                q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
             dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
     return dk, dv
 
@@ -178,7 +212,7 @@ def _attn_bwd_dkdv_kernel(
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, SPLIT: tl.constexpr = True,
-    DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True,
+    DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True, TMA: tl.constexpr = False,
 ):
     """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches)."""
     tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
@@ -213,17 +247,29 @@ def _attn_bwd_dkdv_kernel(
         diag_end = lo
         tail = lo
         full_end = lo  # the unmasked range [diag_end, full_end) is empty
+    if TMA:  # Q̂, dÔ and their token-major copies through Hopper's tensor memory accelerator
+        rows = tl.num_programs(1) * GROUP  # B·H query heads
+        q_src = tl.make_tensor_descriptor(q8_ptr, shape=[rows, N_PAD, HEAD_DIM], strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1],
+                                          block_shape=[1, BLOCK_M, HEAD_DIM])
+        do_src = tl.make_tensor_descriptor(do8_ptr, shape=[rows, N_PAD, HEAD_DIM],
+                                           strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1], block_shape=[1, BLOCK_M, HEAD_DIM])
+        qt_src = tl.make_tensor_descriptor(q8t_ptr, shape=[rows, HEAD_DIM, N_PAD],
+                                           strides=[HEAD_DIM * N_PAD, N_PAD, 1], block_shape=[1, HEAD_DIM, BLOCK_M])
+        dot_src = tl.make_tensor_descriptor(do8t_ptr, shape=[rows, HEAD_DIM, N_PAD],
+                                            strides=[HEAD_DIM * N_PAD, N_PAD, 1], block_shape=[1, HEAD_DIM, BLOCK_M])
+    else:
+        q_src, do_src, qt_src, dot_src = q8_ptr, do8_ptr, q8t_ptr, do8t_ptr
     for g in range(0, GROUP):
         bh = b * H + h_kv * GROUP + g
         if SPLIT:
-            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr,
+            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
                                  lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
                                  0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS,
-                                 DO_DK, DO_DV)
+                                 DO_DK, DO_DV, TMA)
         # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
-        dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr,
+        dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
                              delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK, DO_DV)
+                             HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK, DO_DV, TMA)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
@@ -237,11 +283,11 @@ def _attn_bwd_dkdv_kernel(
 def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base,
               skv_base, offs_m, qk_scale, N, N_PAD, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
-              DS_STATS: tl.constexpr):
+              DS_STATS: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0):
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         p, dp, s_k = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base,
-                                     offs_m, start_n, N, qk_scale, HEAD_DIM, BLOCK_N, MASKED, CAUSAL)
+                                     offs_m, start_n, N, qk_scale, HEAD_DIM, BLOCK_N, MASKED, CAUSAL, TMA, bh_kv)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
         if DS_STATS:
             rowsum += tl.sum(ds, 1)
@@ -249,7 +295,10 @@ def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr,
         s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
         ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
         cols = start_n + tl.arange(0, BLOCK_N)
-        k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
+        if TMA:
+            k_tok = k8t_ptr.load([bh_kv, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
+        else:
+            k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
         dq += tl.dot(ds8, tl.trans(k_tok)) * (s_ds * s_k)[:, None]  # matmul 6
     return dq, rowsum, rowabs
 
@@ -263,7 +312,7 @@ def _attn_bwd_dq_kernel(
     stride_qb, stride_qn, stride_qh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False,
+    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, TMA: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_N == 64, "dŜ and K̂ scales are per 64 keys along dQ's contraction")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
@@ -281,12 +330,18 @@ def _attn_bwd_dq_kernel(
     rowsum = tl.zeros([BLOCK_M], tl.float32)
     rowabs = tl.zeros([BLOCK_M], tl.float32)
     full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
-    dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr,
+    k_src, v_src = _kv_sources(k8_ptr, v8_ptr, tl.num_programs(1) // GROUP, N_PAD, HEAD_DIM, BLOCK_N, TMA)
+    if TMA:
+        kt_src = tl.make_tensor_descriptor(k8t_ptr, shape=[tl.num_programs(1) // GROUP, HEAD_DIM, N_PAD],
+                                           strides=[HEAD_DIM * N_PAD, N_PAD, 1], block_shape=[1, HEAD_DIM, BLOCK_N])
+    else:
+        kt_src = k8t_ptr
+    dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k_src, kt_src, v_src, sk_ptr,
                                    sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, 0, full_end, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS)
-    dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr,
+                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv)
+    dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k_src, kt_src, v_src, sk_ptr,
                                    sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, full_end, hi, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS)
+                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv)
     if DS_STATS:
         stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
         tl.store(stats, rowsum, mask=offs_m < N)
@@ -304,22 +359,25 @@ def backward_config(head_dim: int) -> dict:
     at D = 128 and 256 two launches (dK: S, dP, dK; dV: S, dV) spill less and beat the fused dK/dV kernel despite
     recomputing S once more; at D = 64 the fused one wins.
     """
+    tma = {"TMA": True} if tma_requested() else {}
     if head_dim <= 64:
-        dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True)
+        dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True, **tma)
     elif head_dim <= 128:
-        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT=True, SEPARATE=True)
+        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT=True, SEPARATE=True, **tma)
     else:
-        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, SPLIT=True, SEPARATE=True)
+        dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, SPLIT=True, SEPARATE=True, **tma)
     if head_dim <= 128:
-        return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3),
-                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3))
-    return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1),
-                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2))
+        return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3, **tma),
+                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **tma))
+    return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **tma),
+                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **tma))
 
 
 def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
     q8, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
+    if c.get("TMA") and q8.is_cuda:
+        ensure_allocator()
     _attn_bwd_delta_matched_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
         q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, qk_scale, n, n_pad, h, h // k8.shape[1],
         HEAD_DIM=d, CAUSAL=causal, **c,
@@ -333,6 +391,8 @@ def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, 
     h_kv = k8.shape[1]
     c = dict(c)
     parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if c.pop("SEPARATE", False) else [{}]
+    if c.get("TMA") and q8.is_cuda:
+        ensure_allocator()
     for part in parts:
         _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
             q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
@@ -344,6 +404,8 @@ def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, 
 def _launch_dq(saved, do8, sdo, delta, dq, stats, causal, qk_scale, softmax_scale, n, c):
     q8, k8, k8t, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
+    if c.get("TMA") and q8.is_cuda:
+        ensure_allocator()
     _attn_bwd_dq_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
         q8, k8, k8t, v8, do8, sq, sk, sv, sdo, lse2, delta, dq, stats if stats is not None else delta,
         dq.stride(0), dq.stride(1), dq.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // k8.shape[1],

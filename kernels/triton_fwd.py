@@ -13,6 +13,7 @@ domain of S·log2(e) (the backward recomputes P = exp2(S·log2(e) − lse2)).
 """
 
 import math
+import os
 
 import torch
 import triton
@@ -176,7 +177,7 @@ def _attn_fwd_kernel(
     tl.store(lse_ptr + bh.to(tl.int64) * N_PAD + offs_m, m_i + tl.math.log2(l_i))
 
 
-def _ensure_allocator() -> None:
+def ensure_allocator() -> None:
     """Device-side TMA descriptors live in a global scratch buffer that Triton asks an allocator for; give it
     PyTorch's (caching) allocator unless the caller set one. Set per launch: the allocator is a context variable, and
     autograd may run this from another thread."""
@@ -186,19 +187,28 @@ def _ensure_allocator() -> None:
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
+TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
+"""``1``: every kernel loads its FP8 tiles through TMA descriptors (a variant until the H200 has timed it)."""
+
+
+def tma_requested() -> bool:
+    return os.environ.get(TMA_SWITCH, "0") == "1"
+
+
 def forward_config(head_dim: int) -> dict:
     """Block sizes and warps per head dim (the accumulator is BLOCK_M × D FP32 in registers).
 
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
     ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) is a variant until the H200 has timed it
-    (kernels/NOTES.md).
+    (kernels/NOTES.md); ``DELTAMATCH_KERNEL_TMA=1`` turns it on in every kernel.
     """
+    tma = {"TMA": True} if tma_requested() else {}
     if head_dim <= 64:
-        return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True)
+        return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)
     if head_dim <= 128:
-        return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2)
+        return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, **tma)
+    return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **tma)
 
 
 def attention_forward(q8, k8, v8t, sq, sk, sv, out_shape, out_dtype, causal: bool, softmax_scale: float,
@@ -212,7 +222,7 @@ def attention_forward(q8, k8, v8t, sq, sk, sv, out_shape, out_dtype, causal: boo
     cfg = config or forward_config(d)
     assert BLOCK_Q % cfg["BLOCK_M"] == 0
     if cfg.get("TMA") and q8.is_cuda:
-        _ensure_allocator()
+        ensure_allocator()
     grid = (triton.cdiv(n, cfg["BLOCK_M"]), b * h)
     _attn_fwd_kernel[grid](
         q8, k8, v8t, sq, sk, sv, o, lse2, o.stride(0), o.stride(1), o.stride(2),

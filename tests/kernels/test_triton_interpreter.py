@@ -95,24 +95,34 @@ def _measure() -> dict:
 
 
 def _tma_forward(gen) -> list[dict]:
-    """The forward through TMA descriptors against the pointer forward on the same codes (GQA, ragged N, paired)."""
+    """Every kernel through TMA descriptors against the same kernel through pointers, on the same codes (GQA,
+    ragged N, the paired forward tiles, matched's δ pass): the loads change, not the arithmetic."""
     import torch
 
+    from deltamatch.kernels.triton_bwd import attention_backward, backward_config
     from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-    from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_operand
+    from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand
 
     rows = []
-    for causal, n, h, h_kv, d, paired in ((True, 130, 4, 2, 64, True), (False, 80, 2, 2, 128, False)):
-        q, k, v = (torch.randn(1, n, hh, d, generator=gen).to(torch.bfloat16) for hh in (h, h_kv, h_kv))
-        q8, _, sq = quantize_operand(q, BLOCK_Q)
-        k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True)
-        _, v8t, sv = quantize_operand(v, BLOCK_KV)
-        cfg = {**forward_config(d), "PAIRED": paired}
-        outs = [attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d ** -0.5,
-                                  config={**cfg, "TMA": tma}) for tma in (False, True)]
-        rows.append(dict(causal=causal, n=n, d=d, o_equal=bool(torch.equal(outs[0][0], outs[1][0])),
-                         lse_equal=bool(torch.equal(outs[0][1][..., :n], outs[1][1][..., :n])),
-                         finite=bool(torch.isfinite(outs[1][0].float()).all())))
+    for mode, causal, n, h, h_kv, d in (("matched", True, 130, 4, 2, 64), ("stale", False, 80, 2, 2, 128)):
+        q, k, v, do = (torch.randn(1, n, hh, d, generator=gen).to(torch.bfloat16) for hh in (h, h_kv, h_kv, h))
+        q8, q8t, sq = quantize_operand(q, BLOCK_Q)
+        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True)
+        v8, v8t, sv = quantize_operand(v, BLOCK_KV)
+        outs = []
+        for tma in (False, True):
+            o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d ** -0.5,
+                                        config={**forward_config(d), "TMA": tma})
+            saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, v8t=v8t, sq=sq, sk=sk, sv=sv, lse2=lse2)
+            do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode)
+            grads = attention_backward(saved, do8, do8t, sdo, delta, mode, causal, d ** -0.5, n, (q.shape, k.shape),
+                                       (q.dtype, k.dtype),
+                                       config={kind: {**c, "TMA": tma} for kind, c in backward_config(d).items()})
+            outs.append([o, lse2[..., :n], *grads])
+        rows.append(dict(mode=mode, causal=causal, n=n, d=d,
+                         equal={name: bool(torch.equal(a, b)) for name, a, b in zip(("o", "lse", "dq", "dk", "dv"),
+                                                                                     *outs)},
+                         finite=all(bool(torch.isfinite(t.float()).all()) for t in outs[1])))
     return rows
 
 
@@ -135,10 +145,10 @@ def test_quant_pass_matches_reference_quantiser(measured):
         assert m["transposed_equal"] and m["padding_zero"], (rows, m)
 
 
-def test_the_tma_forward_equals_the_pointer_forward(measured):
+def test_tma_loads_give_the_bits_of_pointer_loads(measured):
     assert len(measured["tma"]) == 2
     for row in measured["tma"]:
-        assert row["o_equal"] and row["lse_equal"] and row["finite"], row
+        assert all(row["equal"].values()) and len(row["equal"]) == 5 and row["finite"], row
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
