@@ -1,49 +1,27 @@
-"""The documented commands run as written: every `snakemake` command in a fenced shell block of README.md or docs/*.md
-is run exactly as the page gives it (plus ``-n``), from a folder laid out like a fresh clone."""
+"""The documented commands run as written: every `snakemake` command README.md or docs/*.md give (in a fenced shell
+block or inline, as tests/doc_commands.py extracts them) is run exactly as the page gives it (plus ``-n``), from a
+folder laid out like a fresh clone. The other documented commands: test_doc_commands.py."""
 
 import os
-import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.M | re.S)
-
-
-def shell_commands(text: str) -> list[str]:
-    """The commands of the fenced shell blocks of a Markdown page: continuation lines joined, comments dropped."""
-    commands = []
-    for block in FENCE.findall(text):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words:
-                commands.append(shlex.join(words))
-    return commands
+from doc_commands import clone, documented_commands, shell_commands
 
 
 def documented_snakemake_commands() -> list[tuple[str, str]]:
-    return [(page.name, cmd) for page in PAGES for cmd in shell_commands(page.read_text(encoding="utf-8"))
-            if cmd.startswith("snakemake ")]
+    """The ``snakemake`` commands that plan a run (``--unlock`` is run by test_doc_commands.py)."""
+    return [(pages[0], cmd) for cmd, pages in documented_commands().items()
+            if cmd.startswith("snakemake ") and "--unlock" not in cmd]
 
 
 def test_extraction_joins_continuations_and_drops_comments():
-    page = "```bash\nsnakemake --a x \\\n    --b y   # a comment\n# only a comment\nls  # no\n```\n```python\nsnakemake\n```\n"
-    assert shell_commands(page) == ["snakemake --a x --b y", "ls"]
-
-
-def _clone(tmp_path: Path) -> Path:
-    """A working folder with the repository's files (linked) and no results of its own."""
-    work = tmp_path / "clone"
-    work.mkdir()
-    for entry in ROOT.iterdir():
-        if entry.name not in {".git", ".venv", "results", ".snakemake", ".pytest_cache"}:
-            (work / entry.name).symlink_to(entry)
-    return work
+    page = ("```bash\nsnakemake --a x \\\n    --b y   # a comment\n# only a comment\nls  # no\n"
+            "squeue -u \"$USER\" -o \"%i #%k\"\n```\n```python\nsnakemake\n```\n")
+    assert shell_commands(page) == ["snakemake --a x --b y", "ls", 'squeue -u "$USER" -o "%i #%k"']
 
 
 COMMANDS = documented_snakemake_commands()
@@ -59,7 +37,7 @@ def test_the_pages_document_the_cluster_and_local_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("page,command", COMMANDS, ids=[f"{p}:{i}" for i, (p, _) in enumerate(COMMANDS)])
 def test_documented_snakemake_command_dry_runs(page, command, tmp_path):
-    work = _clone(tmp_path)
+    work = clone(tmp_path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     done = subprocess.run([*shlex.split(command), "-n"], cwd=work, env=env, capture_output=True, text=True,
