@@ -59,7 +59,7 @@ HOW = {
     "dm-publish --checkpoint results/default/runs/base/tiny/matched/s0/final --repo-id me/deltamatch-tiny-matched "
     "--data results/default/data --evals results/default/evals/base/tiny/matched/s0/offline.json --dry-run --out pub/":
         "run: the folder (BF16 weights, card, model code)",
-    "hf auth login": "run: against a stand-in Hub (tests/workflow/fake_hub.py), the token fed on stdin",
+    "hf auth login": "run: with --token (its prompt needs a terminal) against a stand-in Hub (fake_hub.py)",
     "dm-publish --checkpoint results/default/runs/base/tiny/matched/s0/final --repo-id deltamatch-tiny-matched "
     "--data results/default/data --evals results/default/evals/base/tiny/matched/s0/offline.json":
         "run: uploads to a stand-in Hub with the `hf auth login` token; without a token it refuses (exit 2)",
@@ -191,10 +191,11 @@ def test_unlock_command_unlocks_a_locked_clone(work):
         assert not locks.exists() or not any(locks.iterdir())
 
 
-def _run_filled(command: str, filled: str, work: Path, **kw) -> subprocess.CompletedProcess:
+def _run_filled(command: str, filled: str, work: Path, env: dict | None = None,
+                **kw) -> subprocess.CompletedProcess:
     """``filled``: the documented ``command`` with its placeholders (``DIR``, ``...``) filled in, run like :func:`run`."""
     assert command in DOCUMENTED, f"not a documented command: {command}"
-    return subprocess.run(["bash", "-c", filled], cwd=work, env=_env(), capture_output=True, text=True,
+    return subprocess.run(["bash", "-c", filled], cwd=work, env=env or _env(), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, **kw)
 
 
@@ -260,32 +261,51 @@ def test_report_hardware_records_no_hopper(work):
 
 
 @pytest.mark.slow
-def test_publish_dry_run_builds_the_folder(default_results):
+def test_publish_dry_run_then_login_and_upload_to_a_stand_in_hub(default_results):
+    """The README's publishing block in order: the dry run builds the folder; the upload without a token refuses;
+    ``hf auth login`` (its token given with --token: the prompt needs a terminal) stores the token that the upload,
+    run exactly as written, then uses against a stand-in Hub, under the token's own user."""
     from safetensors import safe_open
 
+    from fake_hub import FakeHub
+
     work = default_results
-    command = next(c for c in DOCUMENTED if c.startswith("dm-publish") and "--dry-run" in c)
-    done = run(command, work, timeout=300, HF_HOME=str(work / "hf-home"))
+    hf_home = str(work / "hf-home")
+    dry, upload = (next(c for c in DOCUMENTED if c.startswith("dm-publish") and ("--dry-run" in c) == flag)
+                   for flag in (True, False))
+    done = run(dry, work, timeout=300, HF_HOME=hf_home)
     assert done.returncode == 0, done.stderr[-3000:]
     out = work / "pub"
     assert "me/deltamatch-tiny-matched" in done.stdout
     with safe_open(out / "model.safetensors", "pt") as weights:
-        dtypes = {weights.get_slice(name).get_dtype() for name in weights.keys()}
-    assert dtypes == {"BF16"}
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"BF16"}
     card = (out / "README.md").read_text()
     assert "model-index:" in card and "arxiv.org/abs/2609.37852" in card and "toy" in card.lower()
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_hybrid.")
     assert (out / "modeling_hybrid.py").is_file() and (out / "tokenizer.json").is_file()
 
+    refused = run(upload, work, timeout=300, HF_HOME=hf_home)
+    assert refused.returncode == 2 and "no Hub token" in refused.stderr and "hf auth login" in refused.stderr
 
-@pytest.mark.slow
-def test_publish_without_a_token_refuses_before_uploading(default_results):
-    work = default_results
-    command = next(c for c in DOCUMENTED if c.startswith("dm-publish") and "--dry-run" not in c)
-    done = run(command, work, timeout=300, HF_HOME=str(work / "hf-home"))
-    assert done.returncode == 2
-    assert "no Hub token" in done.stderr and "hf auth login" in done.stderr and "Traceback" not in done.stderr
+    token = "hf_standinStandinStandinStandin0000"
+    with FakeHub(token=token, user="alice") as hub:
+        online = dict(HF_HOME=hf_home, HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0", NO_PROXY="127.0.0.1,localhost",
+                      no_proxy="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
+        login = _run_filled("hf auth login", f"hf auth login --token {token}", work, timeout=120,
+                            env=_env(**online))
+        assert login.returncode == 0, login.stdout + login.stderr
+        done = run(upload, work, timeout=300, **online)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        assert hub.unexpected == [] and hub.repos == ["alice/deltamatch-tiny-matched"]
+        committed = hub.commits["alice/deltamatch-tiny-matched"]
+        (metadata,) = hub.cards
+    results = metadata["model-index"][0]["results"]
+    assert any(m["type"] == "cross_entropy" for r in results for m in r["metrics"]) and metadata["language"] == "en"
+    assert "uploaded to alice/deltamatch-tiny-matched" in done.stdout and token not in done.stdout + done.stderr
+    assert committed["model.safetensors"] == (out / "model.safetensors").read_bytes()  # what the dry run showed
+    assert {"config.json", "modeling_hybrid.py", "tokenizer.json"} <= set(committed)
+    assert b"alice/deltamatch-tiny-matched" in committed["README.md"] and token.encode() not in committed["README.md"]
 
 
 @pytest.mark.slow
