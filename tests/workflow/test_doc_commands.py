@@ -73,8 +73,8 @@ HOW = {
     "benchmarks/train_bench.py h200": "fragment: the preset parses (Hopper GPU)",
     "dm-model-info NAME": "run: NAME = tiny; parse: every size",
     "dm-prepare-data --config config/train/data_offline.yaml": "run: the data folder",
-    "dm-train --config config/train/tiny_cpu.yaml": "run: trains on that data; SIGTERM after the first steps gives "
-                                                    "exit 143 and a checkpoint (the 100 steps take ~2.5 min)",
+    "dm-train --config config/train/tiny_cpu.yaml": "run: trains on that data (records with MFU); SIGTERM after the "
+                                                    "first steps gives exit 143 and a checkpoint (100 steps: ~2.5 min)",
     "torchrun --nproc-per-node 8 -m deltamatch.models.train.cli --config config/train/569m_h200_8k.yaml":
         "parse (8 GPUs): torchrun's parser, the module, dm-train's parser, the config validates",
     "dm-eval --checkpoint DIR --suite offline|commonsense|ruler_8k|ruler_64k --out FILE.json [--data DIR]":
@@ -199,7 +199,7 @@ def _run_filled(command: str, filled: str, work: Path, env: dict | None = None,
                           stdin=subprocess.DEVNULL, **kw)
 
 
-def test_prepare_data_then_train_as_the_readme_gives_them(work):
+def test_prepare_data_then_train_as_the_readme_gives_them_with_mfu_in_the_records(work):
     prepare = run("dm-prepare-data --config config/train/data_offline.yaml", work)
     assert prepare.returncode == 0, prepare.stderr[-2000:]
     data = work / "results" / "default" / "data"
@@ -208,8 +208,10 @@ def test_prepare_data_then_train_as_the_readme_gives_them(work):
     assert (data / "tokenizer" / "tokenizer.json").is_file() and (data / "train" / "00000.bin").stat().st_size > 0
     # The 100 steps take minutes: stop it as SLURM's time limit would, after the first steps are recorded.
     run_dir = work / "results" / "default" / "runs" / "tiny_matched_s0"
-    proc = subprocess.Popen(["bash", "-c", "exec dm-train --config config/train/tiny_cpu.yaml"], cwd=work, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.5  # TFLOP/s: the CPU has no known peak, so MFU is logged only when it is given
+    proc = subprocess.Popen(["bash", "-c", "exec dm-train --config config/train/tiny_cpu.yaml"], cwd=work,
+                            env=_env(DELTAMATCH_PEAK_TFLOPS=str(peak)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     assert "dm-train --config config/train/tiny_cpu.yaml" in DOCUMENTED
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and '"step"' not in _read(run_dir / "metrics.jsonl"):
@@ -217,9 +219,21 @@ def test_prepare_data_then_train_as_the_readme_gives_them(work):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
-    steps = [json.loads(line)["step"] for line in _read(run_dir / "metrics.jsonl").splitlines()
-             if '"kind": "train"' in line or '"kind":"train"' in line]
-    assert steps and all(s >= 1 for s in steps)
+    records = [json.loads(line) for line in _read(run_dir / "metrics.jsonl").splitlines()]
+    train = [r for r in records if r.get("kind") == "train"]
+    assert train and all(r["step"] >= 1 for r in train)
+    # MFU = tokens/s x model FLOPs per token / peak, the FLOPs counted by hand: 6 per matmul parameter (all but the
+    # embedding) and 6 x seq x heads x head_dim per attention layer (the causal half of 12)
+    from deltamatch.models import HybridForCausalLM, get_config
+
+    model = get_config("tiny", vocab_size=8192)
+    embedding = 8192 * model.hidden_size
+    params = sum(p.numel() for p in HybridForCausalLM(model).parameters())
+    attention = sum(kind == "gqa" for kind in model.layer_pattern) * 6 * 128 * model.num_attention_heads * \
+        model.head_dim
+    flops = 6 * (params - embedding) + attention
+    for record in train:
+        assert record["mfu"] == pytest.approx(record["tokens_per_s"] * flops / (peak * 1e12), rel=1e-9), record
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")], "no checkpoint"
 
 
