@@ -537,3 +537,29 @@ def test_the_launch_commands_cluster_md_describes_are_the_ones_dm_launch_builds(
                                      "SLURM_NODEID": "0", "SLURM_PROCID": "0"})
     documented = [fill.get(w, w) for w in _words("torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d")]
     assert "torch.distributed.run" in node and _in_order(_options(documented), _options(node)), node
+
+
+# --- the README's publish-only recipe ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_publish_only_recipe_plans_only_the_publish_jobs(pipeline, snakemake, stats, tmp_path):
+    """"copy the config you ran, change only `publish: {dry_run: false}` ... and rerun the same command with
+    `--configfile=` that copy: only the publish jobs run (`-n` shows it first)"; a config holding nothing but
+    `publish:` plans a different grid (the README's warning)."""
+    import yaml
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "change only `publish: {dry_run: false}`" in readme and "`--configfile=` that copy" in readme
+    # the copy, edited as a person does: one line changed, the rest (key order included) as it was
+    ran = (ROOT / "config" / "test.yaml").read_text()
+    copy = tmp_path / "upload.yaml"
+    copy.write_text(ran.replace("publish: {methods: [matched]}", "publish: {methods: [matched], dry_run: false}"))
+    assert copy.read_text() != ran and yaml.safe_load(copy.read_text())["publish"]["dry_run"] is False
+    plan = snakemake("-n", f"--configfile={copy}", workdir=pipeline)
+    assert plan.returncode == 0, plan.output[-3000:]
+    assert stats(plan.output) == {"publish": 1, "all": 1, "total": 2}, plan.output[-3000:]
+    alone = tmp_path / "publish_only.yaml"
+    alone.write_text(yaml.safe_dump({"publish": {"dry_run": False}}))
+    plan = snakemake("-n", f"--configfile={alone}", workdir=pipeline)
+    assert plan.returncode == 0 and stats(plan.output).get("train", 0) > 0, plan.output[-3000:]
