@@ -130,6 +130,24 @@ def test_the_tests_the_inventory_names_exist():
         assert f"def {match.group(2)}(" in path.read_text(), match.group(0)
 
 
+def test_the_paths_the_pages_name_exist():
+    """Repository paths in inline code or links (``tests/models/test_faults.py``, ``[...](docs/cluster.md)``) exist;
+    ``profiles/default`` is named only to say it must not (Snakemake would layer it over ``profiles/slurm``)."""
+    from doc_commands import ANY_FENCE, INLINE, PAGES
+
+    tops = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    named = set()
+    for page in PAGES:
+        prose = ANY_FENCE.sub("", page.read_text(encoding="utf-8"))
+        for span in [*INLINE.findall(prose), *re.findall(r"\]\(([^)#:]+)\)", prose)]:
+            path = " ".join(span.split())
+            if " " not in path and path.split("/")[0] in tops and "/" in path and not re.search(r"[<{*]|NAME", path):
+                named.add(path)
+    assert len(named) >= 30
+    assert [path for path in named - {"profiles/default"} if not (ROOT / path).exists()] == []
+    assert "profiles/default" in named and not (ROOT / "profiles" / "default").exists()
+
+
 def test_the_pages_document_each_dm_script():
     """Every console script appears in some documented command or as a name in the prose."""
     text = "".join(page.read_text(encoding="utf-8") for page in (ROOT / "docs").glob("*.md")) + \
