@@ -1,5 +1,6 @@
 """The commands README.md and docs/*.md give, read as a user reads them, and a folder laid out like a fresh clone to
-run them in (tests/workflow/test_docs.py, tests/workflow/test_doc_commands.py, tests/cluster/test_doc_commands.py).
+run them in (tests/workflow/test_docs.py, tests/workflow/test_doc_commands.py,
+tests/cluster/test_slurm_doc_commands.py).
 
 Two kinds: the lines of fenced shell blocks (continuation lines joined, comments dropped, quoting kept as written), and
 inline code spans in the prose that start with a program and carry at least one argument (``dm-train --config X``,
@@ -23,7 +24,7 @@ PROGRAM = re.compile(r"^(dm-[\w-]+|snakemake|make|torchrun|python3?|pytest|pip|h
 
 
 def _drop_comment(line: str) -> str:
-    """``line`` without its trailing ``# comment`` (a ``#`` that starts a word outside quotes, as the shell reads it)."""
+    """``line`` without its trailing ``# comment`` (a ``#`` starting a word outside quotes, as the shell reads it)."""
     quote = None
     for i, char in enumerate(line):
         if quote:

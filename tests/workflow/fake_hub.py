@@ -1,6 +1,7 @@
 """A stand-in for the Hugging Face Hub's HTTP API, enough for ``hf auth login --token`` and ``HfApi.upload_folder``:
 ``whoami-v2``, ``repos/create``, ``validate-yaml`` (the card's front matter), ``preupload`` (every file answered
-"regular", so no LFS or Xet transfer) and ``commit`` (the NDJSON body decoded into files). Point ``HF_ENDPOINT`` at :attr:`FakeHub.url`.
+"regular", so no LFS or Xet transfer) and ``commit`` (the NDJSON body decoded into files). Point ``HF_ENDPOINT`` at
+:attr:`FakeHub.url`.
 
 It checks the bearer token on every call and records what it was asked, so a test sees which token was used, which
 repo was created and which files (with their bytes) were committed. Anything else answers 404 and is recorded too.

@@ -1,11 +1,11 @@
 """Every command README.md and docs/*.md give (tests/doc_commands.py extracts them) is tested here, in test_docs.py or
-in tests/cluster/test_doc_commands.py, by one of:
+in tests/cluster/test_slurm_doc_commands.py, by one of:
 
 * **run**: exactly as the page writes it, in a folder laid out like a fresh clone (``.venv`` linked to this
   environment), asserting what it produces; commands that read results get ``results/default`` from the shrunk
   pipeline (config/test.yaml, built once per session), as ``make run`` would have left it;
 * **dry-run**: the ``snakemake`` commands, with ``-n`` (test_docs.py);
-* **cluster**: the SLURM client commands, on the real local SLURM (tests/cluster/test_doc_commands.py);
+* **cluster**: the SLURM client commands, on the real local SLURM (tests/cluster/test_slurm_doc_commands.py);
 * **parse**: what needs a GPU, the network or hours: the program exists and the tool's own argument parser accepts
   the documented arguments (placeholders such as ``DIR`` or ``NAME`` filled in, ``a|b`` alternatives each), plus what
   can be checked offline (a config file validates, a suite or size name is known, a pin matches the lock);
@@ -221,7 +221,7 @@ def test_unlock_command_unlocks_a_locked_clone(work):
 
 def _run_filled(command: str, filled: str, work: Path, env: dict | None = None,
                 **kw) -> subprocess.CompletedProcess:
-    """``filled``: the documented ``command`` with its placeholders (``DIR``, ``...``) filled in, run like :func:`run`."""
+    """``filled``: the documented ``command`` with its placeholders (``DIR``, ``...``) filled in; run as :func:`run`."""
     assert command in DOCUMENTED, f"not a documented command: {command}"
     return subprocess.run(["bash", "-c", filled], cwd=work, env=env or _env(), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, **kw)
@@ -304,8 +304,9 @@ def test_report_hardware_records_no_hopper(work):
 
 @pytest.mark.slow
 def test_publish_dry_run_then_login_and_upload_to_a_stand_in_hub(default_results):
-    """The README's publishing block in order: the dry run builds the folder; ``hf auth login`` (its token given with --token: the prompt needs a terminal) stores the token that the upload,
-    run exactly as written, then uses against a stand-in Hub, under the token's own user."""
+    """The README's publishing block in order: the dry run builds the folder; ``hf auth login`` (its token given with
+    --token: the prompt needs a terminal) stores the token that the upload, run exactly as written, then uses against a
+    stand-in Hub, under the token's own user."""
     from safetensors import safe_open
 
     from fake_hub import FakeHub
