@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hardware", help="record this machine's GPU; --has-hopper exits 1 without an sm90 GPU")
     hw.add_argument("--out", help="JSON file to write")
     hw.add_argument("--has-hopper", action="store_true", help="exit 1 unless an sm90 GPU is present")
+    for choice in sub._choices_actions:  # `dm-report NAME --help` opens with the line `dm-report --help` gives NAME
+        sub.choices[choice.dest].description = choice.help
     return parser
 
 

@@ -118,17 +118,26 @@ def _parsers_of(entry_point, monkeypatch):
 def test_every_cli_option_has_help(monkeypatch):
     import argparse
 
+    import tomllib
+
     scripts = [ep for ep in entry_points(group="console_scripts") if ep.value.startswith("deltamatch.")]
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {ep.name: ep.value for ep in scripts} == declared  # every console script of pyproject, as installed
     missing = []
     for ep in scripts:
         parsers = _parsers_of(ep, monkeypatch)
         assert parsers, f"{ep.name}: no argparse parser seen"
         for parser in parsers:
+            if not (parser.description or "").strip():
+                missing.append(f"{ep.name} ({parser.prog}): no description")
             for action in parser._actions:
-                if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                if isinstance(action, argparse._HelpAction):
                     continue
-                if action.help == argparse.SUPPRESS:
+                if isinstance(action, argparse._SubParsersAction):  # each subcommand's line in the parent's --help
+                    helped = {choice.dest for choice in action._choices_actions if (choice.help or "").strip()}
+                    missing += [f"{ep.name} {name}: no help" for name in action.choices if name not in helped]
                     continue
-                if not (action.help or "").strip():
+                # a hidden option (argparse.SUPPRESS) is an undocumented one too
+                if not (action.help or "").strip() or action.help == argparse.SUPPRESS:
                     missing.append(f"{ep.name} ({parser.prog}): {'/'.join(action.option_strings) or action.dest}")
     assert missing == [], "\n".join(missing)

@@ -155,7 +155,9 @@ def parse_args(argv: list[str] | None) -> tuple[LaunchConfig, bool]:
     parser.add_argument("--gpus-per-node", "--procs-per-node", dest="procs", type=int, default=1,
                         help="training processes per node (one per GPU; gloo processes without a GPU)")
     parser.add_argument("--port", type=int, help="rendezvous port (default: derived from the SLURM job id)")
-    parser.add_argument("--node-task", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--node-task", action="store_true",
+                        help="internal: one node's task of a multi-node launch (the srun that dm-launch starts passes "
+                        "it; not for use by hand)")
     parser.add_argument("train_args", nargs="*", help="after --: further dm-train arguments")
     args = parser.parse_args(argv)
     cfg = LaunchConfig(config=args.config, nodes=args.nodes, procs_per_node=args.procs, port=args.port,

@@ -49,3 +49,14 @@ def stats():
 @pytest.fixture(scope="session")
 def root():
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory):
+    """A scratch folder where config/test.yaml (the embedded default, shrunk) was built end to end, once per session
+    (test_pipeline.py checks it; test_doc_commands.py runs the documented commands on a copy of its results)."""
+    workdir = tmp_path_factory.mktemp("pipeline")
+    done = run_snakemake("--cores", "2", "--configfile", str(ROOT / "config" / "test.yaml"), workdir=workdir,
+                         timeout=900)
+    assert done.returncode == 0, done.output[-6000:]
+    return workdir

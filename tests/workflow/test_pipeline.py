@@ -18,14 +18,6 @@ def config(root):
     return str(root / "config" / "test.yaml")
 
 
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory, snakemake, config):
-    workdir = tmp_path_factory.mktemp("pipeline")
-    done = snakemake("--cores", "2", "--configfile", config, workdir=workdir, timeout=900)
-    assert done.returncode == 0, done.output[-6000:]
-    return workdir
-
-
 def test_every_artefact_is_built(pipeline, snakemake, config):
     report = pipeline / RESULTS / "report"
     for name in ("main_1p67b", "scale", "ablations", "table9_probes", "kernel_latency", "sweep", "gains"):
