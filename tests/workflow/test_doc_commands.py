@@ -73,6 +73,7 @@ HOW = {
     "dm-sweep --spreads -1": "run: exit 2, one line naming --spreads, nothing written",
     "python benchmarks/kernel_bench.py --out benchmarks/results --memory": "parse (Hopper GPU)",
     "benchmarks/train_bench.py h200": "fragment: the preset parses (Hopper GPU)",
+    "tools/device/profile_step.py --pins": "fragment: the option parses (Hopper GPU)",
     "dm-model-info NAME": "run: NAME = tiny; parse: every size",
     "dm-prepare-data --config config/train/data_offline.yaml": "run: the data folder",
     "dm-train --config config/train/tiny_cpu.yaml": "run: trains on that data (records with MFU); SIGTERM after the "
@@ -443,6 +444,8 @@ def test_sweep_and_benchmarks_parse():
     assert args.out == "benchmarks/results" and args.memory is True
     script, *argv = _words("benchmarks/train_bench.py h200")  # a preset named in a sentence; --out is required
     assert parse(script, [*argv, "--out", "x.json"]).preset == "h200"
+    script, *argv = _words("tools/device/profile_step.py --pins")  # an option named in a sentence
+    assert str(parse(script, ["bf16:4", *argv, "pins.json"]).pins) == "pins.json"
 
 
 def test_torchrun_line_parses_and_its_config_validates():

@@ -112,7 +112,7 @@ def run_check(spec: str) -> dict:
             "seconds": time.perf_counter() - start, **errors}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+", help="method:micro_batch[:flag...]")
     parser.add_argument("--size", default="569M")
@@ -123,7 +123,7 @@ def main() -> int:
     parser.add_argument("--watchdog", type=float, default=0, help="seconds between stack dumps (0: none)")
     parser.add_argument("--pins", type=Path, help="after the items, write fla's autotuning choices of this process "
                         "as a pin file (models/layers/fla_pins/<GPU>.json; models/layers/fla_autotune.py)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, repeat=True)
     rows = []
