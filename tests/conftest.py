@@ -34,7 +34,7 @@ def pytest_report_header(config):
         from deltamatch.models.layers.fla_hopper import fla_installed
 
         if fla_installed():
-            from deltamatch.models.layers.fla_autotune import apply_pins
+            from deltamatch.models.train.fla_autotune import apply_pins
 
             return apply_pins()
     return None

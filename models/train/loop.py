@@ -39,7 +39,6 @@ import torch
 from deltamatch.models.data.loader import TokenWindows, TrainBatches, val_batches
 from deltamatch.models.data.shards import read_manifest, verify
 from deltamatch.models.train import probes
-from deltamatch.models.layers.fla_autotune import apply_pins
 from deltamatch.models.train.backends import training_backends
 from deltamatch.models.train.checkpoint import Checkpointer, load_model_weights
 from deltamatch.models.train.config import RunConfig
@@ -47,6 +46,7 @@ from deltamatch.models.train.distributed import (Layout, init_distributed, mean_
                                                  sum_over_ranks)
 from deltamatch.models.train.export import export_hf, write_summary
 from deltamatch.models.train.fingerprint import bind_run, run_meta
+from deltamatch.models.train.fla_autotune import apply_pins
 from deltamatch.models.train.metrics import MetricsWriter, progress_bar
 from deltamatch.models.train.optim import build_optimizers, set_lr
 from deltamatch.models.train.schedule import lr_multiplier

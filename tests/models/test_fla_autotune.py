@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fla")
 
-from deltamatch.models.layers import fla_autotune  # noqa: E402
+from deltamatch.models.train import fla_autotune  # noqa: E402
 from deltamatch.models.layers.fla_hopper import _autotuner  # noqa: E402
 
 
@@ -47,7 +47,7 @@ KERNEL = '''
 import os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch, triton, triton.language as tl
-from deltamatch.models.layers import fla_autotune
+from deltamatch.models.train import fla_autotune
 
 @triton.autotune(configs=[triton.Config({"BLOCK": 16}, num_warps=2), triton.Config({"BLOCK": 32}, num_warps=4,
                  num_stages=2)], key=["n"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deltamatch.models import HybridForCausalLM, get_config
-from deltamatch.models.layers.fla_autotune import narrow_autotuning
+from deltamatch.models.train.fla_autotune import narrow_autotuning
 from deltamatch.models.layers.fla_hopper import training_backend
 from deltamatch.models.layers.gdn import GatedDeltaNet, use_gdn_backend
 

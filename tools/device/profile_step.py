@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--watchdog", type=float, default=0, help="seconds between stack dumps (0: none)")
     parser.add_argument("--pins", type=Path, help="after the items, write fla's autotuning choices of this process "
-                        "as a pin file (models/layers/fla_pins/<GPU>.json; models/layers/fla_autotune.py)")
+                        "as a pin file (models/train/fla_pins/<GPU>.json; models/train/fla_autotune.py)")
     args = parser.parse_args(argv)
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, repeat=True)
@@ -152,7 +152,7 @@ def write_pins(path: Path, items: list[str], args) -> None:
     import datetime
 
     from deltamatch.atomic import write_json
-    from deltamatch.models.layers import fla_autotune
+    from deltamatch.models.train import fla_autotune
     from deltamatch.provenance import commit
 
     kernels = fla_autotune.record_choices(fla_autotune.loaded_autotuners(*fla_autotune.PINNED_PACKAGES))

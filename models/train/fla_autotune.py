@@ -8,7 +8,7 @@ autotuners before the first call, so those keys skip autotuning (one config comp
 that combination launches exactly the configs that were recorded — the configs the GPU tests verified, where the
 tests ran at the recorded keys. Keys not in the file autotune as usual.
 
-Pin files live in ``models/layers/fla_pins/``, named by GPU (``NVIDIA_H200.json``), and are written on the GPU by
+Pin files live in ``models/train/fla_pins/``, named by GPU (``NVIDIA_H200.json``), and are written on the GPU by
 ``tools/device/fla_pins.py`` after training steps at the shapes the harness trains. ``DELTAMATCH_FLA_PINS=0``
 turns them off.
 """
