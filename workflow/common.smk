@@ -295,14 +295,15 @@ def retry_runtime(spec, attempt):
 
 def resources_of(group):
     """Snakemake resources of a rule group; a retried job gets proportionally more time (preemption, time limit).
-    GPUs go in as SLURM gres, which counts per node (the plugin's `gpu` would count per job), and as `gpus`, a
-    counting resource the SLURM plugin ignores: on one machine `--resources gpus=N` runs at most N GPUs' worth of jobs
-    at once (without it Snakemake would start every GPU job together on the same device)."""
+    GPUs go in as SLURM gres, which counts per node (the plugin's `gpu` would count per job), and as `local_gpus`, a
+    counting resource no SLURM plugin reads (the job-step plugin turns `gpus` into `srun --gpus`): on one machine
+    `--resources local_gpus=N` runs at most N GPUs' worth of jobs at once (without it Snakemake would start every GPU
+    job together on the same device)."""
     spec = config["resources"][group]
     resources = {"mem_mb": spec["mem_mb"], "runtime": lambda wildcards, attempt: retry_runtime(spec, attempt)}
     if spec["gpus"]:
         resources["gres"] = f"gpu:{spec['gpus']}"
-        resources["gpus"] = spec["gpus"]
+        resources["local_gpus"] = spec["gpus"]
     return resources
 
 
@@ -327,7 +328,7 @@ def train_rule_resources():
     }
     if _train_resources_uniform("gpus"):
         resources["gres"] = lambda wildcards: f"gpu:{train_resources_of(wildcards.size)['gpus']}"
-        resources["gpus"] = lambda wildcards: (
+        resources["local_gpus"] = lambda wildcards: (
             train_resources_of(wildcards.size)["gpus"] * launch_of(wildcards.size)["nodes"]
         )
     else:

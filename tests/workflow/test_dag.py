@@ -1,6 +1,7 @@
 """The pipeline's DAG through the real snakemake: dry runs of the default and paper configs, lint, config validation,
 and the rendered per-run configs parsed by the trainer's own config classes."""
 
+import re
 from pathlib import Path
 
 import yaml
@@ -133,14 +134,15 @@ def test_every_schema_key_has_a_description_and_a_default(root):
 
 def test_h200_dry_run_plans_every_method_on_the_569m(snakemake, stats, root, tmp_path):
     done = snakemake("-n", "--configfile", str(root / "config" / "h200.yaml"), "--cores", "16", "--resources",
-                     "gpus=1", workdir=tmp_path)
+                     "local_gpus=1", workdir=tmp_path)
     assert done.returncode == 0, done.stderr + done.stdout
-    # every job that asks SLURM for a GPU also counts against `--resources gpus=N` on one machine (on the H200 four
-    # evaluations once started together on the one GPU)
+    # every job that asks SLURM for a GPU also counts against `--resources local_gpus=N` on one machine (on the H200
+    # four evaluations once started together on the one GPU), under a name no SLURM plugin turns into `srun --gpus`
     resources = [line for line in done.stdout.splitlines() if line.strip().startswith("resources:")]
     gpu_jobs = [line for line in resources if "gres=gpu:" in line]
-    assert len(gpu_jobs) >= 12 and all("gpus=1" in line for line in gpu_jobs), gpu_jobs
-    assert all("gpus=" not in line for line in resources if "gres=gpu:" not in line)
+    assert len(gpu_jobs) >= 12 and all("local_gpus=1" in line for line in gpu_jobs), gpu_jobs
+    assert all("local_gpus=" not in line for line in resources if "gres=gpu:" not in line)
+    assert not any(re.search(r"\b(gpus|gpu|nvidia_gpu)=", line.replace("local_gpus=", "")) for line in resources)
     counts = stats(done.stdout)
     h200 = yaml.safe_load((root / "config" / "h200.yaml").read_text())
     runs = _runs(h200)

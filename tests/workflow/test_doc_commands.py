@@ -53,7 +53,7 @@ HOW = {
     "snakemake --profile profiles/slurm --configfile config/paper.yaml --default-resources slurm_account=myproj "
     "slurm_partition=gpu": "dry-run",
     "snakemake -n": "dry-run: test_dag.py::test_default_dry_run plans it (and counts the jobs)",
-    "snakemake --cores all --resources gpus=1 --configfile config/h200.yaml":
+    "snakemake --cores all --resources local_gpus=1 --configfile config/h200.yaml":
         "dry-run: test_dag.py::test_h200_dry_run_plans_every_method_on_the_569m plans it",
     "snakemake --unlock": "fragment: the cluster.md line below runs it",
     "snakemake --profile profiles/slurm ... --unlock": "run: with `...` = `--configfile config/paper.yaml`",

@@ -14,7 +14,8 @@ from doc_commands import clone, documented_commands, shell_commands
 
 # The same plans as test_dag.py's test_default_dry_run and test_h200_dry_run_plans_every_method_on_the_569m (which
 # check their job counts too): not planned twice.
-PLANNED_BY_TEST_DAG = {"snakemake -n", "snakemake --cores all --resources gpus=1 --configfile config/h200.yaml"}
+PLANNED_BY_TEST_DAG = {"snakemake -n",
+                       "snakemake --cores all --resources local_gpus=1 --configfile config/h200.yaml"}
 
 
 def documented_snakemake_commands() -> list[tuple[str, str]]:

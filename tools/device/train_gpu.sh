@@ -7,7 +7,7 @@
 #     bench      benchmarks/train_bench.py h200 (dm-train end to end, bf16 vs matched; BENCH_ARGS adds flags)
 #     stability  benchmarks/train_bench.py h200-stability (200 steps x bf16/stale/consistent/matched)
 #     big        benchmarks/train_bench.py h200 --size 1.67B (BIG_ARGS, default micro-batch 2, bf16 and matched)
-#     pipeline   snakemake --cores all --resources gpus=1 --configfile config/h200.yaml, results packed without
+#     pipeline   snakemake --cores all --resources local_gpus=1 --configfile config/h200.yaml, results packed without
 #                checkpoints into $OUT/h200_pipeline.tgz
 # Every process of a call shares Triton's on-disk cache (tools/device/setup.sh keeps it in .cache/triton, so a later
 # call on the same warm machine reuses it too): only the first pays fla's compile and autotuning (about 4 minutes on a
@@ -48,7 +48,7 @@ has bench && bench train_569m_h200 ${BENCH_S:-300} h200 ${BENCH_ARGS:-}
 has stability && bench stability_569m_h200 ${STABILITY_S:-560} h200-stability ${STABILITY_ARGS:-}
 has big && bench train_1p67b_h200 ${BIG_S:-300} h200 --size 1.67B ${BIG_ARGS:---micro-batch 2}
 if has pipeline; then
-  timeout "$(budget ${PIPELINE_S:-560})" snakemake --cores all --resources gpus=1 --rerun-incomplete \
+  timeout "$(budget ${PIPELINE_S:-560})" snakemake --cores all --resources local_gpus=1 --rerun-incomplete \
     --configfile config/h200.yaml \
     ${PIPELINE_ARGS:-} > "$OUT/pipeline.log" 2>&1
   echo "snakemake exit $?" | tee -a "$LOG"; grep -E "steps|of [0-9]+ steps|Error|error" "$OUT/pipeline.log" | tail -15
