@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
-from deltamatch.atomic import atomic_path
 
-FP8_MODES = ("stale", "consistent", "matched")
-BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", "cudnn_fp8")
+from deltamatch.atomic import atomic_path
+from deltamatch.methods import implemented_by
+
+FP8_MODES = implemented_by("triton")
+BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", *implemented_by("cudnn"))
 
 
 @dataclass
@@ -55,7 +57,7 @@ def _attention(method: str, causal: bool) -> Callable:
         from deltamatch.kernels.triton_attention import triton_attention
 
         return lambda q, k, v: triton_attention(q, k, v, causal, method)
-    if method == "cudnn_fp8":
+    if method in implemented_by("cudnn"):
         from deltamatch.kernels.cudnn_fp8 import cudnn_fp8_attention
 
         return lambda q, k, v: cudnn_fp8_attention(q, k, v, causal)
@@ -117,7 +119,7 @@ def peak_backward_memory(method, n, causal=True, h=16, d=128) -> dict:
 
 
 def _available(method) -> str | None:
-    if method != "cudnn_fp8":
+    if method not in implemented_by("cudnn"):
         return None
     try:
         from deltamatch.kernels.cudnn_fp8 import CudnnFP8Backend

@@ -17,10 +17,10 @@ from tqdm import tqdm
 
 from deltamatch.atomic import atomic_path
 from deltamatch.kernels.measures import dk_colsum_share, relative_error, rowsum_residual
-from deltamatch.kernels.reference import attention_exact, delta_kind, attention_reference, probe_backward
-from deltamatch.kernels.methods import get_method
+from deltamatch.kernels.reference import attention_exact, attention_reference, probe_backward
+from deltamatch.methods import get_method, simulated_methods
 
-SWEEP_METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8_sim")
+SWEEP_METHODS = simulated_methods()
 FAMILIES = ("gaussian", "outlier")
 METRICS = ("rowsum_before_cast", "rowsum_after_cast", "dk_colsum", "relerr_o", "relerr_dq", "relerr_dk", "relerr_dv")
 OUTLIER_CHANNELS, OUTLIER_GAIN, STUDENT_DOF = 4, 20.0, 3
@@ -79,7 +79,7 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o64 = attention_exact(q64, k64, v64, causal)
     o64.backward(do.double())
-    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[delta_kind(get_method(method))]
+    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[get_method(method).delta_kind]
     with torch.no_grad():
         o = attention_reference(q, k, v, causal, method)
     return {
@@ -94,8 +94,8 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
 
 
 def _probe_method(method: str) -> str:
-    # stale, consistent and matched share block quantisation and differ only in δ, which the probe picks.
-    return method if method in ("bf16", "cudnn_fp8_sim") else "matched"
+    # The block-scaled FP8 methods share their quantisation and differ only in δ, which the probe picks.
+    return "matched" if get_method(method).scaling == "block" else method
 
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> pd.DataFrame:

@@ -9,19 +9,18 @@ transformers it needs), its limitations (a ``tiny`` model is a few-million-param
 
 from __future__ import annotations
 
+from deltamatch.methods import METHODS
+
 PAPER_URL = "https://arxiv.org/abs/2609.37852"
 TRANSFORMERS_REQUIREMENT = "transformers>=5.0,<6"
 TOY_SIZES = ("tiny",)
 
-METHOD_TEXT = {
-    "bf16": "BF16 operands with FP32 accumulation: the paper's mixed-precision reference.",
-    "stale": "naive FP8: all seven attention matmuls in FP8 (E4M3, FP32 block scales), the softmax-gradient δ from the "
-             "saved BF16 output and the unquantised dO (FlashAttention's shortcut, stale under FP8).",
-    "consistent": "FP8 attention with δ from the dequantised FP8 dO (the paper's consistent-dO ablation).",
-    "matched": "Delta-Matching: FP8 attention whose δ_i = Σ_j P_ij dP̂_ij is recomputed from the unquantised P and "
-               "the FP32 products of the FP8 operands, so each row of dS sums to zero before its FP8 cast.",
-    "cudnn_fp8": "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",
-}
+
+
+def _method_text(method: str) -> str:
+    """The registry's description of ``method`` (a checkpoint of a method this version no longer knows says so)."""
+    known = METHODS.get(method)
+    return known.description if known else "not a method of this deltamatch version (see deltamatch.methods)."
 
 
 def _architecture(config: dict, params: int) -> str:
@@ -136,7 +135,7 @@ def model_card(repo_id: str, config: dict, params: int, summary: dict | None, ev
         f"A `{size}` Gated-DeltaNet/attention hybrid language model trained with the deltamatch reproduction harness "
         f"of *Delta-Matching: Closing the Final Gap of Native 8-bit Training for LLMs* ([arXiv 2609.37852]({PAPER_URL})).",
         "## Architecture", _architecture(config, params),
-        "## Attention method", f"`{method}`: {METHOD_TEXT.get(method, 'see deltamatch.kernels.METHODS.')}",
+        "## Attention method", f"`{method}`: {_method_text(method)}",
         "## Training data", _data(summary, manifest),
         "## Metrics", _metrics(summary, evals),
         "## Usage", usage,

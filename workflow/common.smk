@@ -28,8 +28,32 @@ wildcard_constraints:
     suite=r"[A-Za-z0-9_]+",
 
 
+def _load_by_path(name, relative):
+    """A standard-library-only module of the package, loaded by its path: no torch import, and no deltamatch needed in
+    Snakemake's own environment."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, Path(workflow.basedir) / relative)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+# The attention methods a config may name: the registry, not a copy of it in the schema.
+METHOD_REGISTRY = _load_by_path("_deltamatch_methods", "deltamatch/methods.py")
+
+
 def _check_config():
-    """What the schema cannot say: cross-references between sections. Errors name the key."""
+    """What the schema cannot say: method names (the registry's), cross-references between sections. Errors name the
+    key."""
+    for i, group in enumerate(config["runs"]):
+        for method in group["methods"]:
+            METHOD_REGISTRY.check_public(method, f"'runs[{i}].methods'")
+    METHOD_REGISTRY.check_public(config["probe"]["method"], "'probe.method'")
+    for method in config["publish"]["methods"]:
+        METHOD_REGISTRY.check_public(method, "'publish.methods'")
     variants = [g["variant"] for g in config["runs"]]
     if len(set(variants)) != len(variants):
         raise ValueError(f"config key 'runs': variant names must be unique, got {variants}")
@@ -119,22 +143,7 @@ def train_resources_of(size):
     return {**config["resources"]["train"], **size_settings(size).get("resources", {})}
 
 
-def _trainer_config_module():
-    """``models/train/config.py``, loaded by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in
-    Snakemake's own environment."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(
-        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
-    )
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-TRAINER_CONFIG = _trainer_config_module()
+TRAINER_CONFIG = _load_by_path("_deltamatch_run_config", "models/train/config.py")  # stdlib and PyYAML only
 # Keys of the dm-train config that change what a run shows, not what it computes (train.progress, ...). They are left
 # out of the rendered run configs, so changing one never reruns a training or eval job; dm-train reads them from the
 # environment (COSMETIC_ENV), which this process sets and its jobs inherit (sbatch passes the environment on).

@@ -143,7 +143,7 @@ class ModelSection:
     size: str = "tiny"
     """Name passed to ``deltamatch.models.get_config`` (tiny, 569M, 1.67B, 5.29B, 2.58B-gqa)."""
     attn_method: str = "bf16"
-    """Attention method (a key of ``deltamatch.kernels.METHODS``)."""
+    """Attention method (a public name of the registry ``deltamatch.methods``; checked before training)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Extra ``HybridConfig`` fields (e.g. a smaller hidden size for tests)."""
     init_from: str | None = None
