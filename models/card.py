@@ -9,6 +9,10 @@ transformers it needs), its limitations (a ``tiny`` model is a few-million-param
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from deltamatch.methods import METHODS
 
 PAPER_URL = "https://arxiv.org/abs/2609.37852"
@@ -62,15 +66,21 @@ def _metrics(summary: dict | None, evals: list[dict]) -> str:
     return "\n".join(lines) or "- none were given to dm-publish"
 
 
-def paper_citation() -> str:
-    """The paper's BibTeX, from reports/paper_reported.yaml (read directly: the reports package needs pandas)."""
-    import importlib.util
-    from pathlib import Path
-
-    import yaml
-
-    folder = importlib.util.find_spec("deltamatch.reports").submodule_search_locations[0]
-    return yaml.safe_load((Path(folder) / "paper_reported.yaml").read_text(encoding="utf-8"))["citation"].strip()
+def read_citation(path: str | Path) -> str:
+    """The paper's BibTeX from ``path``: a ``.bib`` file, or a YAML file with a ``citation`` key (the pipeline passes
+    ``reports/paper_reported.yaml``, the one place the citation is written)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--citation: no file {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(text)
+        if not isinstance(data, dict) or not isinstance(data.get("citation"), str):
+            raise ValueError(f"--citation: {path} has no top-level 'citation' string")
+        text = data["citation"]
+    if not text.strip().startswith("@"):
+        raise ValueError(f"--citation: {path} does not hold a BibTeX entry (starting with '@')")
+    return text.strip()
 
 
 def eval_results(summary: dict | None, evals: list[dict], manifest: dict | None):
@@ -109,12 +119,12 @@ def _limitations(size: str, params: int) -> str:
 
 
 def model_card(repo_id: str, config: dict, params: int, summary: dict | None, evals: list[dict],
-               manifest: dict | None = None, base_model: str | None = None):
-    """The Hub repo's README.md as a ``huggingface_hub.ModelCard`` (``str(card)`` is the file's text)."""
+               manifest: dict | None = None, base_model: str | None = None, citation: str | None = None):
+    """The Hub repo's README.md as a ``huggingface_hub.ModelCard`` (``str(card)`` is the file's text); ``citation``:
+    the paper's BibTeX (``read_citation``), else the card links the paper only."""
     import transformers
     from huggingface_hub import ModelCard, ModelCardData
 
-    citation = paper_citation()
     method = config.get("attn_method", "unknown")
     size = (summary or {}).get("size", "hybrid")
     source = (manifest or {}).get("source") or {}
@@ -140,6 +150,6 @@ def model_card(repo_id: str, config: dict, params: int, summary: dict | None, ev
         "## Metrics", _metrics(summary, evals),
         "## Usage", usage,
         "## Limitations", _limitations(size, params),
-        "## Citation", f"Paper: {PAPER_URL}\n\n```bibtex\n{citation}\n```",
+        "## Citation", f"Paper: {PAPER_URL}" + (f"\n\n```bibtex\n{citation}\n```" if citation else ""),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")

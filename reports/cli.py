@@ -14,7 +14,6 @@
     dm-report render --inputs tables/*.csv figures/* --name NAME --scale-note TEXT --html H --markdown M [--claims C]
     dm-report all --results results/NAME [--recorded DIR] [--figure5-scale-of tiny=569M]
                                                   (every artefact from a finished results folder, without Snakemake)
-    dm-report hardware --out FILE | --has-hopper  (record the GPU; exit status 0 only on Hopper with --has-hopper)
 
 ``--scale-of tiny=1.67B`` says which paper scale each of our sizes stands beside (for Figure 5, whose paper values
 are at 569M and 5.29B, the pipeline passes its own mapping); ``--alias dm_ruler_8k=ruler_8k`` renames our metric
@@ -35,7 +34,7 @@ import pandas as pd
 
 from deltamatch.reports import figures, tables
 from deltamatch.reports.claims import claims_table
-from deltamatch.atomic import atomic_path, write_text
+from deltamatch.atomic import atomic_path
 from deltamatch.reports.inputs import (load_evals, load_metrics, load_probes, load_recorded_kernel, load_summaries,
                                        load_sweep)
 from deltamatch.reports.paper import PAPER_YAML, load_paper
@@ -60,16 +59,6 @@ def pairs(words: list[str] | None, option: str) -> dict[str, str]:
             raise ValueError(f"{option}: expected KEY=VALUE, got {word!r}")
         out[key] = value
     return out
-
-
-def hardware() -> dict:
-    """The accelerator of this machine as the report needs it: is it a Hopper (sm90) GPU?"""
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"hopper": False, "device": None, "capability": None}
-    major, minor = torch.cuda.get_device_capability()
-    return {"hopper": major == 9, "device": torch.cuda.get_device_name(), "capability": f"sm{major}{minor}"}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -133,10 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     whole.add_argument("--recorded", help="folder of recorded dm-kernel-bench files (see table kernel)")
     _common(whole)
     _window(whole)
-
-    hw = sub.add_parser("hardware", help="record this machine's GPU; --has-hopper exits 1 without an sm90 GPU")
-    hw.add_argument("--out", help="JSON file to write")
-    hw.add_argument("--has-hopper", action="store_true", help="exit 1 unless an sm90 GPU is present")
     return parser
 
 
@@ -265,12 +250,6 @@ def build_all(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "hardware":
-            found = hardware()
-            if args.out:
-                write_text(args.out, json.dumps(found, indent=2) + "\n")
-            print(json.dumps(found))
-            return 0 if found["hopper"] or not args.has_hopper else 1
         if args.command == "render":
             render(args.inputs, args.name, args.scale_note, args.html, args.markdown, args.paper, args.claims)
         elif args.command == "all":

@@ -97,6 +97,14 @@ def as_yaml(mapping):
     return yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False)
 
 
+def write_config(path, text, log):
+    """A rendered config file, written by Snakemake itself (no job environment): temp name, then rename."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    Path(log).write_text(f"wrote {path}\n", encoding="utf-8")
+
+
 def run_path(run, leaf=""):
     return str(Path(RESULTS, "runs", run.variant, run.size, run.method, f"s{run.seed}", leaf))
 
