@@ -356,23 +356,86 @@ def launch_args(wildcards):
     )
 
 
+# The report's tables and figures: the registry reports/artefacts.py (standard library, loaded by path).
+ARTEFACTS = _load_by_path("_deltamatch_artefacts", "reports/artefacts.py")
+
+
+def artefact_files(artefact):
+    folder = f"{REPORT}/{artefact.kind}s/{artefact.name}"
+    return [f"{folder}.csv"] if artefact.kind == "table" else [f"{folder}.png", f"{folder}.csv"]
+
+
 def report_parts():
-    """Every table and figure of the report (each one a target of its own)."""
-    tables = ["main_1p67b", "scale", "ablations", "gains"]
-    figures = ["figure1_loss", "figure1_final", "figure4_gain", "figure4_effects", "figure5_scales"]
-    if config["probe"]["enabled"]:
-        tables.append("table9_probes")
-    if config["kernel"]["enabled"]:
-        tables.append("kernel_latency")
-        figures.append("kernel")
-    if config["report"]["context_variant"]:
-        figures.append("context_gap")
-    if config["sweep"]["enabled"]:
-        tables.append("sweep")
-        figures.append("sweep")
-    return [f"{REPORT}/tables/{t}.csv" for t in tables] + [
-        f"{REPORT}/figures/{f}.{ext}" for f in figures for ext in ("png", "csv")
-    ]
+    """Every table and figure of the report this config enables (each one a target of its own)."""
+    return [path for a in ARTEFACTS.ARTEFACTS if ARTEFACTS.enabled(a, config) for path in artefact_files(a)]
+
+
+# The two report rules' input and params functions (workflow/rules/report.smk defines RUN_SETS, PROBED, ...).
+def _artefact(kind, wildcards):
+    return ARTEFACTS.by_stem(kind, getattr(wildcards, kind))
+
+
+def artefact_inputs(kind):
+    """Input function: the files one artefact reads, by input group."""
+
+    def inputs(wildcards):
+        artefact, found = _artefact(kind, wildcards), {}
+        if "runs" in artefact.inputs:
+            found["runs"] = summaries(RUN_SETS[artefact.runs])
+        if "evals" in artefact.inputs:
+            found["evals"] = evals(RUN_SETS[artefact.runs])
+        if "paper" in artefact.inputs:
+            found["paper"] = PAPER
+        if "probes" in artefact.inputs:
+            found["probes"] = f"{RESULTS}/probes/{PROBED.variant}/{PROBED.size}/{PROBED.method}/s{PROBED.seed}.csv"
+        if "kernel" in artefact.inputs:
+            found["check"], found["bench"] = rules.kernel_check.output[0], rules.kernel_bench.output[0]
+            found["recorded"] = [
+                str(RECORDED / f"{name}.{ext}")
+                for name in ("kernel_bench", "kernel_memory")
+                for ext in ("csv", "md")
+                if RECORDED and (RECORDED / f"{name}.{ext}").is_file()
+            ]
+        if "sweep" in artefact.inputs:
+            found["sweep"] = rules.sweep.output[0]
+        if "kernel_table" in artefact.inputs:
+            found["kernel_table"] = KERNEL_TABLE
+        return found
+
+    return inputs
+
+
+def artefact_args(kind):
+    """Params function: dm-report's arguments for one artefact, from its inputs and the registry's options."""
+
+    def args(wildcards, input):
+        artefact = _artefact(kind, wildcards)
+        words = [kind, artefact.cli_name]
+        for group, option in (
+            ("runs", "--runs"),
+            ("evals", "--evals"),
+            ("probes", "--probes"),
+            ("check", "--check"),
+            ("bench", "--bench"),
+            ("sweep", "--sweep"),
+            ("kernel_table", "--kernel-table"),
+            ("paper", "--paper"),
+        ):
+            if group in input.keys():
+                words += [option, *([input[group]] if isinstance(input[group], str) else input[group])]
+        if "probes" in artefact.inputs:
+            words += ["--size", PROBED.size]
+        if "kernel" in artefact.inputs and RECORDED:
+            words += ["--recorded", str(RECORDED)]
+        options = {
+            "mapping": MAPPING,
+            "figure5_mapping": FIGURE5_MAPPING,
+            "window": WINDOW,
+            "alias": f"--alias {key_values(config['report']['metric_alias'])}",
+        }
+        return " ".join(words + [options[o] for o in artefact.options])
+
+    return args
 
 
 def report_targets():

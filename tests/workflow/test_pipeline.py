@@ -64,12 +64,12 @@ def test_regenerating_one_table_reruns_only_its_rule(pipeline, snakemake, stats,
     target_before = target.stat().st_mtime_ns
     plan = snakemake("-n", "-f", f"{RESULTS}/report/tables/main_1p67b.csv", "--configfile", config,
                          workdir=pipeline)
-    assert stats(plan.output) == {"table_main": 1, "total": 1}
+    assert stats(plan.output) == {"report_table": 1, "total": 1}
     target.unlink()
     done = snakemake("--cores", "1", f"{RESULTS}/report/tables/main_1p67b.csv", "--configfile", config,
                          workdir=pipeline)
     assert done.returncode == 0, done.output[-4000:]
-    assert "rule table_main" in done.output and done.output.count("\nrule ") + done.output.count("localrule ") == 1
+    assert "rule report_table" in done.output and done.output.count("\nrule ") + done.output.count("localrule ") == 1
     assert target.is_file() and target.stat().st_mtime_ns > target_before
     changed = [p for p in others if os.path.exists(p) and p.stat().st_mtime_ns != before[p]]
     assert changed == []
