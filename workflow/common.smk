@@ -5,6 +5,11 @@ from pathlib import Path
 
 import yaml
 
+# Registries of the package (torch-free: Snakemake's environment installs deltamatch, `pip install deltamatch[pipeline]`):
+# the attention methods a config may name (not a copy of them in the schema) and the report's tables and figures.
+import deltamatch.methods as METHOD_REGISTRY
+import deltamatch.reports.artefacts as ARTEFACTS
+
 RESULTS = f"results/{config['name']}"
 DATA = f"{RESULTS}/data"
 REPORT = f"{RESULTS}/report"
@@ -29,8 +34,8 @@ wildcard_constraints:
 
 
 def _load_by_path(name, relative):
-    """A standard-library-only module of the package, loaded by its path: no torch import, and no deltamatch needed in
-    Snakemake's own environment."""
+    """A module of the package loaded by its path, where importing its package would load torch (deltamatch.models):
+    it must need only the standard library, PyYAML and deltamatch's ground level (deltamatch/*.py)."""
     import importlib.util
     import sys
 
@@ -39,10 +44,6 @@ def _load_by_path(name, relative):
     sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
     spec.loader.exec_module(loaded)
     return loaded
-
-
-# The attention methods a config may name: the registry, not a copy of it in the schema.
-METHOD_REGISTRY = _load_by_path("_deltamatch_methods", "deltamatch/methods.py")
 
 
 def _check_config():
@@ -151,7 +152,7 @@ def train_resources_of(size):
     return {**config["resources"]["train"], **size_settings(size).get("resources", {})}
 
 
-TRAINER_CONFIG = _load_by_path("_deltamatch_run_config", "models/train/config.py")  # stdlib and PyYAML only
+TRAINER_CONFIG = _load_by_path("_deltamatch_run_config", "models/train/config.py")  # deltamatch.config, no torch
 # Keys of the dm-train config that change what a run shows, not what it computes (train.progress, ...). They are left
 # out of the rendered run configs, so changing one never reruns a training or eval job; dm-train reads them from the
 # environment (COSMETIC_ENV), which this process sets and its jobs inherit (sbatch passes the environment on).
@@ -354,10 +355,6 @@ def launch_args(wildcards):
     return " ".join(
         [f"--nodes {launch['nodes']}", f"--procs-per-node {launch['procs_per_node']}", *launch["extra_args"]]
     )
-
-
-# The report's tables and figures: the registry reports/artefacts.py (standard library, loaded by path).
-ARTEFACTS = _load_by_path("_deltamatch_artefacts", "reports/artefacts.py")
 
 
 def artefact_files(artefact):
