@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["load_yaml", "parse"]
+__all__ = ["load_with_flags", "load_yaml", "parse", "read_yaml"]
 
 
 
@@ -124,6 +124,20 @@ def parse(cls: type, mapping: dict[str, Any] | None, prefix: str = "") -> Any:
 
 def load_yaml(cls: type, path: str | Path) -> Any:
     """Read YAML file ``path`` and validate it into dataclass ``cls``."""
+    return parse(cls, read_yaml(path))
+
+
+def load_with_flags(cls: type, path: str | Path | None, flags: dict[str, Any]) -> Any:
+    """Dataclass ``cls`` from the ``--config`` file ``path`` (if any) with the command-line ``flags`` the user set on
+    top (a flag left at ``None`` keeps the file's value, or the field's default): every ``dm-*`` tool's one CLI style."""
+    mapping = read_yaml(path) if path is not None else {}
+    if not isinstance(mapping, dict):
+        raise ValueError(f"config file {path}: expected a mapping at the top level, got {type(mapping).__name__}")
+    return parse(cls, {**mapping, **{k: v for k, v in flags.items() if v is not None}})
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document of ``path``; a missing, unreadable or malformed file is a ``ValueError`` naming it."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file not found: {path}")
@@ -134,4 +148,4 @@ def load_yaml(cls: type, path: str | Path) -> Any:
         raise ValueError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"config file {path} cannot be read: {err}") from None
-    return parse(cls, mapping)
+    return {} if mapping is None else mapping
