@@ -133,7 +133,11 @@ def load_with_flags(cls: type, path: str | Path | None, flags: dict[str, Any]) -
     mapping = read_yaml(path) if path is not None else {}
     if not isinstance(mapping, dict):
         raise ValueError(f"config file {path}: expected a mapping at the top level, got {type(mapping).__name__}")
-    return parse(cls, {**mapping, **{k: v for k, v in flags.items() if v is not None}})
+    config = parse(cls, mapping)
+    # Flags arrive typed by argparse; the dataclass's own checks (__post_init__) judge them, in the flags' words.
+    given = {k: tuple(v) if isinstance(getattr(config, k), tuple) and isinstance(v, list) else v
+             for k, v in flags.items() if v is not None}
+    return dataclasses.replace(config, **given) if given else config
 
 
 def read_yaml(path: str | Path) -> Any:
