@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deltamatch.config import load_yaml, parse  # noqa: F401 -- the loader, re-exported for the trainer's callers
+from deltamatch.methods import check_public
 
 
 @dataclass
@@ -24,6 +25,9 @@ class ModelSection:
     """Extra ``HybridConfig`` fields (e.g. a smaller hidden size for tests)."""
     init_from: str | None = None
     """HF folder or DCP checkpoint to start from (context extension); ignored once the run has its own checkpoint."""
+
+    def __post_init__(self) -> None:
+        check_public(self.attn_method, "'model.attn_method'")  # the method registry, once when the config is parsed
 
 
 @dataclass
