@@ -20,7 +20,8 @@ are at 569M and 5.29B, the pipeline passes its own mapping); ``--alias dm_ruler_
 names to the paper's. ``--gain-window`` is the number of training steps over which gains are read (the paper's
 Figures 4 and 5: the first 6,000; a shorter run is read at its end, and the numbers say which step). ``--recorded DIR`` names kernel measurements a Hopper GPU recorded earlier (dm-kernel-bench's
 files): the kernel table shows them, labelled with their GPU, date and commit, when this run measured nothing. Every
-output is written atomically.
+output is written atomically. The tables and figures, with their inputs and options, are the registry
+``reports/artefacts.py``; each is built by its function in ``reports/builders.py``.
 """
 
 from __future__ import annotations
