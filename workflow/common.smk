@@ -248,8 +248,8 @@ _check_run_configs()
 
 
 def _registry_names():
-    """Sizes (``CONFIGS`` of models/sizes.py), suites (evals/suites/*.yaml) and the data config's dataclass fields,
-    read from the package's source without importing it (no torch or tokenizers in Snakemake's environment)."""
+    """Sizes (``CONFIGS`` of models/sizes.py), suites (evals/suites/*.yaml) and the data and sweep configs' dataclass
+    fields, read from the package's source without importing it (no torch or tokenizers in Snakemake's environment)."""
     import ast
 
     base = Path(workflow.basedir)
@@ -264,7 +264,13 @@ def _registry_names():
     )
     suites = sorted(p.stem for p in (base / "evals" / "suites").glob("*.yaml"))
     classes = {}
-    for rel in ("models/data/prepare.py", "models/data/corpus.py", "models/data/tokenizer.py", "models/data/hub.py"):
+    for rel in (
+        "models/data/prepare.py",
+        "models/data/corpus.py",
+        "models/data/tokenizer.py",
+        "models/data/hub.py",
+        "kernels/sweep.py",
+    ):
         for node in ast.walk(tree(rel)):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
                 classes[node.name] = {
@@ -291,6 +297,7 @@ def _check_registries():
                 check(value, fields[key], f"{where}{key}.")
 
     check(config["data"], "PrepareConfig", "data.")
+    check(config["sweep"]["config"], "SweepConfig", "sweep.config.")
 
 
 _check_registries()

@@ -107,6 +107,7 @@ def test_registry_names_are_checked_at_the_dry_run(snakemake, tmp_path):
         "name: bad\nruns:\n  - {variant: base, sizes: [tiny, huge]}\n":
             ["config key 'runs[0].sizes': unknown ['huge']", "'1.67B'"],
         "name: bad\ndata: {corpus: {max_byte: 1000}}\n": ["unknown config key 'data.corpus.max_byte'", "max_bytes"],
+        "name: bad\nsweep: {config: {head: 2}}\n": ["unknown config key 'sweep.config.head'", "heads"],
     }
     for text, expected in cases.items():
         done = snakemake("-n", "--configfile", str(_bad(tmp_path, text)), workdir=tmp_path)
