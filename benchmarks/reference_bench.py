@@ -15,9 +15,10 @@ import pandas as pd
 import torch
 
 from deltamatch.kernels.reference import attention_reference
+from deltamatch.methods import simulated_methods
 from deltamatch.provenance import commit
 
-METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8_sim")
+METHODS = simulated_methods()
 
 
 def time_case(method: str, n: int, heads: int, head_dim: int, repeats: int) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from deltamatch.atomic import atomic_path
+from deltamatch.config import load_with_flags
 
 COLUMNS = ["layer", "delta", "before_cast", "after_cast", "dk_colsum"]
 
@@ -79,13 +80,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (dm-train's final/)")
     parser.add_argument("--data", required=True, help="dm-prepare-data folder holding val_docs.jsonl")
     parser.add_argument("--out", required=True, help="CSV to write")
-    parser.add_argument("--batch-size", type=int, default=ProbeConfig.batch_size,
-                        help="held-out sequences in the batch")
-    parser.add_argument("--seq-len", type=int, default=ProbeConfig.seq_len, help="tokens per sequence")
+    parser.add_argument("--config", help="YAML file of ProbeConfig keys (batch_size, seq_len); flags override it")
+    parser.add_argument("--batch-size", type=int,
+                        help=f"held-out sequences in the batch (default {ProbeConfig.batch_size})")
+    parser.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {ProbeConfig.seq_len})")
     args = parser.parse_args(argv)
     try:
+        cfg = load_with_flags(ProbeConfig, args.config, {"batch_size": args.batch_size, "seq_len": args.seq_len})
         model, tokenizer = load_checkpoint(args.checkpoint)
-        batch = heldout_batch(tokenizer, args.data, ProbeConfig(args.batch_size, args.seq_len))
+        batch = heldout_batch(tokenizer, args.data, cfg)
         frame = probe_rows(model, batch)
     except ValueError as err:
         raise SystemExit(f"dm-probe: error: {err}") from err

@@ -16,12 +16,11 @@ beforehand on a machine with network.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from deltamatch.config import load_yaml
 
 SUITES_DIR = Path(__file__).parent / "suites"
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -33,14 +32,20 @@ class SuiteTask:
 
     task: str
     """lm-eval task or group name."""
-    average: str | None = None
-    """Metric that enters the suite average (None: reported only)."""
+    average: str | int | None = None
+    """Metric that enters the suite average (None: reported only); a YAML number such as 8192 becomes its string."""
     report: list[str] = field(default_factory=list)
     """Further metrics to report beside ``average`` (e.g. perplexities)."""
     limit: int | None = None
     """Evaluate at most this many documents per task (None: all); ``--limit`` lowers it further."""
     subtasks: bool = False
     """For a group: also report each subtask's metrics, keyed ``group/subtask``."""
+
+    def __post_init__(self) -> None:
+        if self.average is not None:
+            self.average = str(self.average)  # lm-eval metric names are strings
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"suite task {self.task!r}: limit must be >= 1, got {self.limit}")
 
     @property
     def metrics(self) -> list[str]:
@@ -55,6 +60,10 @@ class SuiteRun:
     """Tasks and groups evaluated together."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Handed to every task (``max_seq_lengths`` for RULER); the checkpoint path is added as ``pretrained``."""
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("a suite run needs a non-empty list of tasks")
 
 
 @dataclass
@@ -84,59 +93,12 @@ class Suite:
     model_args: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the lm-eval model (``max_length``, ``batch_size``, ``dtype``)."""
 
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError(f"suite {self.name!r} needs a non-empty list of runs")
+
     def include_paths(self) -> list[Path]:
         return [TASKS_DIR / d for d in self.task_dirs]
-
-
-def _build(cls, data: Any, where: str):
-    """Dataclass ``cls`` from a YAML mapping; unknown keys, missing required keys and wrong types name the key."""
-    if not isinstance(data, dict):
-        raise ValueError(f"suite key '{where}': expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"suite key '{where}': unknown key(s) {unknown}; allowed: {sorted(fields)}")
-    kwargs = {}
-    for name, f in fields.items():
-        key = f"{where}.{name}" if where else name
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"suite key '{key}' is required")
-            continue
-        kwargs[name] = _value(name, data[name], key)
-    return cls(**kwargs)
-
-
-_SCALARS = {"task": str, "average": (str, int, type(None)), "limit": (int, type(None)), "subtasks": bool, "name": str,
-            "description": str, "include_defaults": bool, "needs_data": bool}
-_STR_LISTS = {"report", "task_dirs", "hub_datasets", "urls", "nltk_data"}
-_MAPPINGS = {"metadata", "model_args"}
-
-
-def _value(name: str, value: Any, key: str):
-    if name == "runs":
-        if not isinstance(value, list) or not value:
-            raise ValueError(f"suite key '{key}': expected a non-empty list of runs")
-        return [_build(SuiteRun, run, f"{key}[{i}]") for i, run in enumerate(value)]
-    if name == "tasks":
-        if not isinstance(value, list) or not value:
-            raise ValueError(f"suite key '{key}': expected a non-empty list of tasks")
-        return [_build(SuiteTask, t, f"{key}[{i}]") for i, t in enumerate(value)]
-    if name in _STR_LISTS:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"suite key '{key}': expected a list of strings, got {value!r}")
-        return list(value)
-    if name in _MAPPINGS:
-        if not isinstance(value, dict):
-            raise ValueError(f"suite key '{key}': expected a mapping, got {value!r}")
-        return dict(value)
-    expected = _SCALARS[name]
-    if isinstance(value, bool) and expected in (int, (int, type(None))) or not isinstance(value, expected):
-        raise ValueError(f"suite key '{key}': expected {expected}, got {type(value).__name__} ({value!r})")
-    if name == "limit" and value is not None and value < 1:
-        raise ValueError(f"suite key '{key}': limit must be >= 1, got {value}")
-    # YAML keys like 8192 arrive as ints; lm-eval metric names are strings.
-    return str(value) if name == "average" and value is not None else value
 
 
 def available_suites() -> list[str]:
@@ -152,7 +114,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
             raise ValueError(f"unknown suite {str(name_or_path)!r}; available: {available_suites()}")
     elif not path.is_file():
         raise ValueError(f"suite file not found: {path}")
-    suite = _build(Suite, yaml.safe_load(path.read_text()), "")
+    suite = load_yaml(Suite, path)
     missing = [str(p) for p in suite.include_paths() if not p.is_dir()]
     if missing:
         raise ValueError(f"suite {suite.name!r}: task_dirs not found: {missing}")

@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
+
 from deltamatch.atomic import atomic_path
+from deltamatch.config import load_with_flags
+from deltamatch.methods import implemented_by
 from deltamatch.provenance import commit
 
-FP8_MODES = ("stale", "consistent", "matched")
-BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", "cudnn_fp8")
+FP8_MODES = implemented_by("triton")
+BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", *implemented_by("cudnn"))
 
 
 @dataclass
@@ -55,7 +58,7 @@ def _attention(method: str, causal: bool) -> Callable:
         from deltamatch.kernels.triton_attention import triton_attention
 
         return lambda q, k, v: triton_attention(q, k, v, causal, method)
-    if method == "cudnn_fp8":
+    if method in implemented_by("cudnn"):
         from deltamatch.kernels.cudnn_fp8 import cudnn_fp8_attention
 
         return lambda q, k, v: cudnn_fp8_attention(q, k, v, causal)
@@ -117,7 +120,7 @@ def peak_backward_memory(method, n, causal=True, h=16, d=128) -> dict:
 
 
 def _available(method) -> str | None:
-    if method != "cudnn_fp8":
+    if method not in implemented_by("cudnn"):
         return None
     try:
         from deltamatch.kernels.cudnn_fp8 import CudnnFP8Backend
@@ -186,9 +189,9 @@ def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Time the FP8 attention kernels against BF16 and FP8 baselines.")
     parser.add_argument("--out", required=True, help="folder for kernel_bench.{csv,md} (and kernel_memory.*)")
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256], help="head dimensions to time")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 4096, 8192, 16384],
-                        help="sequence lengths to time")
+    parser.add_argument("--config", help="YAML file of BenchConfig keys (head_dims, seq_lens, ...); flags override it")
+    parser.add_argument("--head-dims", type=int, nargs="+", help="head dimensions to time (default 64 128 256)")
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths to time (default 2048 ... 16384)")
     parser.add_argument("--methods", nargs="+", default=[*FP8_MODES, *BASELINES],
                         help="FP8 modes and baselines to time")
     parser.add_argument("--causal-only", action="store_true", help="time causal attention only")
@@ -197,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.methods) - set(FP8_MODES) - set(BASELINES)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {FP8_MODES + BASELINES}")
-    cfg = BenchConfig(head_dims=args.head_dims, seq_lens=args.seq_lens,
-                      causal=[True] if args.causal_only else [True, False])
+    cfg = load_with_flags(BenchConfig, args.config, {"head_dims": args.head_dims, "seq_lens": args.seq_lens,
+                                                     "causal": [True] if args.causal_only else None})
     df = run(cfg, args.out, args.methods, args.memory)
     cols = [c for c in ("method", "head_dim", "seq_len", "causal", "fwd_tflops", "fwd_bwd_tflops") if c in df]
     print(df[cols].to_string(index=False, float_format="%.0f"))

@@ -36,6 +36,7 @@ from triton.compiler import ASTSource
 
 from deltamatch.kernels import triton_bwd, triton_fwd, triton_quant
 from deltamatch.atomic import write_text
+from deltamatch.kernels.hardware import hardware
 
 SM90 = GPUTarget("cuda", 90, 32)
 HEAD_DIMS = (64, 128, 256)
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
                         help="which mask settings of the attention kernels to compile")
     parser.add_argument("--out", help="also write the JSON lines to this file")
+    parser.add_argument("--gpu-tests", metavar="DIR", help="then, on a Hopper GPU, run the GPU correctness tests in DIR "
+                        "(pytest -m gpu: the Triton and cuDNN kernels against the reference); skipped elsewhere")
     args = parser.parse_args(argv)
     for d in args.head_dims:
         if d not in HEAD_DIMS:
@@ -244,7 +247,19 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     if args.out:
         write_text(args.out, "".join(json.dumps(r) + "\n" for r in rows))
-    return 0 if all(r["ok"] for r in rows) else 1
+    if not all(r["ok"] for r in rows):
+        return 1
+    return gpu_tests(args.gpu_tests) if args.gpu_tests else 0
+
+
+def gpu_tests(folder: str) -> int:
+    """Run the GPU correctness tests in ``folder`` where a Hopper GPU is present (their exit status); 0 elsewhere."""
+    found = hardware()
+    if not found["hopper"]:
+        print(f"GPU correctness tests not run: no Hopper GPU ({json.dumps(found)})", flush=True)
+        return 0
+    print(f"GPU correctness tests on {found['device']}: pytest -m gpu {folder}", flush=True)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", folder]).returncode
 
 
 if __name__ == "__main__":

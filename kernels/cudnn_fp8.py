@@ -24,6 +24,7 @@ import threading
 import torch
 
 from deltamatch.kernels.inputs import validate_attention_inputs
+from deltamatch.methods import implemented_by
 
 E4M3_MAX = 448.0
 HEAD_DIM = 128
@@ -216,8 +217,8 @@ class CudnnFP8Backend:
         return None
 
     def supports(self, q, k, v, causal, mode) -> str | None:
-        if mode != "cudnn_fp8":
-            return f"runs only mode 'cudnn_fp8', not {mode!r}"
+        if mode not in implemented_by("cudnn"):
+            return f"runs only modes {implemented_by('cudnn')}, not {mode!r}"
         shape = unsupported_shape(q, k)
         if shape is not None:
             return shape

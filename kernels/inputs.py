@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from deltamatch.kernels.methods import METHODS
+from deltamatch.methods import METHODS, public_methods
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256
@@ -12,8 +12,8 @@ MAX_HEAD_DIM = 256
 
 def validate_attention_inputs(q, k, v, mode: str, softmax_scale=None) -> None:
     """Raise ``ValueError`` naming the problem for anything but ``q (B,N,H,D)``, ``k, v (B,N,H_kv,D)``, H % H_kv == 0."""
-    if mode not in METHODS:
-        raise ValueError(f"unknown attention mode {mode!r}; choose one of {sorted(METHODS)}")
+    if mode not in METHODS:  # the registry's names (the public ones, and internal twins such as cudnn_fp8_sim)
+        raise ValueError(f"unknown attention mode {mode!r}; choose one of {list(public_methods())}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

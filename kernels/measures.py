@@ -31,7 +31,7 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """‖x − ref‖ / ‖ref‖ in FP64."""
     if x.shape != ref.shape:
         raise ValueError(f"relative_error: shapes differ {tuple(x.shape)} vs {tuple(ref.shape)}")
-    ref = ref.double()
+    ref = ref.double().to(x.device)
     norm = ref.norm()
     if norm == 0:
         raise ValueError("relative_error: the reference is zero, so the error relative to it is undefined")

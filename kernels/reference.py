@@ -26,7 +26,7 @@ import torch
 
 from deltamatch.kernels import quant
 from deltamatch.kernels.inputs import validate_attention_inputs
-from deltamatch.kernels.methods import AttentionMethod, get_method
+from deltamatch.methods import DELTA_KINDS, AttentionMethod, get_method, reference_twin
 
 Q_ROWS, KV_ROWS, P_GROUP, DS_TILE = 128, 64, 64, 64
 P_FIXED_SCALE = 1.0 / quant.E4M3_MAX  # cuDNN quantises P in [0, 1] with a fixed scale
@@ -155,11 +155,6 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     )
 
 
-def delta_kind(method: AttentionMethod) -> str:
-    """The δ a method's backward subtracts (BF16 uses FlashAttention's, i.e. the stale formula)."""
-    return "stale" if method.delta == "exact" else method.delta
-
-
 @contextlib.contextmanager
 def _fp32_math(device: torch.device) -> Iterator[None]:
     """No autocast and no TF32 inside the reference: its FP32 must be FP32."""
@@ -191,7 +186,7 @@ class _ReferenceAttention(torch.autograd.Function):
         with _fp32_math(q.device):
             parts = _backward(
                 _bhnd(q), _bhnd(k), _bhnd(v), o, lse, _bhnd(do),
-                ctx.causal, ctx.scale, ctx.method, delta_kind(ctx.method),
+                ctx.causal, ctx.scale, ctx.method, ctx.method.delta_kind,
             )  # fmt: skip
         return parts.dq.to(q.dtype), parts.dk.to(k.dtype), parts.dv.to(v.dtype), None, None, None
 
@@ -222,7 +217,7 @@ def attention_exact(q, k, v, causal: bool, softmax_scale: float | None = None) -
 def probe_kinds(method: AttentionMethod) -> tuple[str, ...]:
     """The δ that differ under ``method``'s rounding: consistent is its own δ only under block scales, where stale
     reads the unquantised dO; BF16 and the per-tensor baseline read the dO operand of their backward in both."""
-    return ("stale", "consistent", "matched") if method.scaling == "block" else ("stale", "matched")
+    return DELTA_KINDS if method.scaling == "block" else tuple(k for k in DELTA_KINDS if k != "consistent")
 
 
 def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None = None, method: str = "matched"):
@@ -251,10 +246,11 @@ class ReferenceBackend:
     name = "reference"
 
     def supports(self, q, k, v, causal, mode) -> str | None:
-        if mode == "cudnn_fp8" and q.is_cuda:
-            return "the cuDNN FP8 baseline on CUDA is the 'cudnn' backend; use mode 'cudnn_fp8_sim' for the simulation"
+        twin = reference_twin(mode)
+        if twin != mode and q.is_cuda:
+            return (f"{mode!r} on CUDA runs on the {'/'.join(get_method(mode).backends)} backend; "
+                    f"use mode {twin!r} for the simulation")
         return None
 
     def apply(self, q, k, v, causal, mode, softmax_scale):
-        method = "cudnn_fp8_sim" if mode == "cudnn_fp8" else mode
-        return attention_reference(q, k, v, causal, method, softmax_scale)
+        return attention_reference(q, k, v, causal, reference_twin(mode), softmax_scale)

@@ -7,13 +7,15 @@ BF16 operands and FP32 accumulation, which is what SDPA runs for BF16 inputs.
 import torch
 import torch.nn.functional as F
 
+from deltamatch.methods import implemented_by
+
 
 class SDPABackend:
     name = "sdpa"
 
     def supports(self, q, k, v, causal, mode) -> str | None:
-        if mode != "bf16":
-            return f"SDPA runs only the bf16 method, not {mode!r}"
+        if mode not in implemented_by("sdpa"):
+            return f"SDPA runs only the methods {implemented_by('sdpa')}, not {mode!r}"
         if not q.is_cuda:
             return "inputs are not CUDA tensors (the CPU runs the reference's BF16 numerics)"
         return None

@@ -16,11 +16,12 @@ import torch
 from tqdm import tqdm
 
 from deltamatch.atomic import atomic_path
+from deltamatch.config import load_with_flags
 from deltamatch.kernels.measures import dk_colsum_share, relative_error, rowsum_residual
-from deltamatch.kernels.reference import attention_exact, delta_kind, attention_reference, probe_backward
-from deltamatch.kernels.methods import get_method
+from deltamatch.kernels.reference import attention_exact, attention_reference, probe_backward
+from deltamatch.methods import get_method, simulated_methods
 
-SWEEP_METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8_sim")
+SWEEP_METHODS = simulated_methods()
 FAMILIES = ("gaussian", "outlier")
 METRICS = ("rowsum_before_cast", "rowsum_after_cast", "dk_colsum", "relerr_o", "relerr_dq", "relerr_dk", "relerr_dv")
 OUTLIER_CHANNELS, OUTLIER_GAIN, STUDENT_DOF = 4, 20.0, 3
@@ -79,7 +80,7 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o64 = attention_exact(q64, k64, v64, causal)
     o64.backward(do.double())
-    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[delta_kind(get_method(method))]
+    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[get_method(method).delta_kind]
     with torch.no_grad():
         o = attention_reference(q, k, v, causal, method)
     return {
@@ -94,8 +95,8 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
 
 
 def _probe_method(method: str) -> str:
-    # stale, consistent and matched share block quantisation and differ only in δ, which the probe picks.
-    return method if method in ("bf16", "cudnn_fp8_sim") else "matched"
+    # The block-scaled FP8 methods share their quantisation and differ only in δ, which the probe picks.
+    return "matched" if get_method(method).scaling == "block" else method
 
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> pd.DataFrame:
@@ -120,18 +121,20 @@ def format_table(df: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dm-sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/sweep.csv", help="long CSV to write")
-    parser.add_argument("--seeds", type=int, default=SweepConfig.seeds,
-                        help="seeds per (family, spread); the median is reported")
-    parser.add_argument("--tokens", type=int, default=SweepConfig.tokens, help="sequence length")
-    parser.add_argument("--heads", type=int, default=SweepConfig.heads, help="attention heads per case")
-    parser.add_argument("--head-dim", type=int, default=SweepConfig.head_dim, help="head dimension")
-    parser.add_argument("--spreads", type=float, nargs="+", default=list(SweepConfig.spreads),
-                        help="standard deviations of the scores QK^T/sqrt(d)")
+    parser.add_argument("--config", help="YAML file of SweepConfig keys (heads, tokens, ...); the flags below override it")
+    parser.add_argument("--seeds", type=int, help=f"seeds per (family, spread); the median is reported "
+                        f"(default {SweepConfig.seeds})")
+    parser.add_argument("--tokens", type=int, help=f"sequence length (default {SweepConfig.tokens})")
+    parser.add_argument("--heads", type=int, help=f"attention heads per case (default {SweepConfig.heads})")
+    parser.add_argument("--head-dim", type=int, help=f"head dimension (default {SweepConfig.head_dim})")
+    parser.add_argument("--spreads", type=float, nargs="+",
+                        help=f"standard deviations of the scores QK^T/sqrt(d) (default {list(SweepConfig.spreads)})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:  # every argument is checked before any work or output
-        cfg = SweepConfig(heads=args.heads, tokens=args.tokens, head_dim=args.head_dim, seeds=args.seeds,
-                          spreads=tuple(args.spreads))
+        cfg = load_with_flags(SweepConfig, args.config, {"heads": args.heads, "tokens": args.tokens,
+                                                         "head_dim": args.head_dim, "seeds": args.seeds,
+                                                         "spreads": args.spreads})
     except ValueError as err:
         parser.exit(2, f"dm-sweep: error: {err}\n")
     torch.set_num_threads(max(1, os.cpu_count() or 1))

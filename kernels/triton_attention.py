@@ -12,8 +12,9 @@ from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward
 from deltamatch.kernels.triton_fwd import attention_forward
 from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand
+from deltamatch.methods import implemented_by
 
-MODES = ("stale", "consistent", "matched")
+MODES = implemented_by("triton")
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 

@@ -9,19 +9,22 @@ transformers it needs), its limitations (a ``tiny`` model is a few-million-param
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
+from deltamatch.methods import METHODS
+
 PAPER_URL = "https://arxiv.org/abs/2609.37852"
 TRANSFORMERS_REQUIREMENT = "transformers>=5.0,<6"
 TOY_SIZES = ("tiny",)
 
-METHOD_TEXT = {
-    "bf16": "BF16 operands with FP32 accumulation: the paper's mixed-precision reference.",
-    "stale": "naive FP8: all seven attention matmuls in FP8 (E4M3, FP32 block scales), the softmax-gradient δ from the "
-             "saved BF16 output and the unquantised dO (FlashAttention's shortcut, stale under FP8).",
-    "consistent": "FP8 attention with δ from the dequantised FP8 dO (the paper's consistent-dO ablation).",
-    "matched": "Delta-Matching: FP8 attention whose δ_i = Σ_j P_ij dP̂_ij is recomputed from the unquantised P and "
-               "the FP32 products of the FP8 operands, so each row of dS sums to zero before its FP8 cast.",
-    "cudnn_fp8": "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",
-}
+
+
+def _method_text(method: str) -> str:
+    """The registry's description of ``method`` (a checkpoint of a method this version no longer knows says so)."""
+    known = METHODS.get(method)
+    return known.description if known else "not a method of this deltamatch version (see deltamatch.methods)."
 
 
 def _architecture(config: dict, params: int) -> str:
@@ -63,15 +66,21 @@ def _metrics(summary: dict | None, evals: list[dict]) -> str:
     return "\n".join(lines) or "- none were given to dm-publish"
 
 
-def paper_citation() -> str:
-    """The paper's BibTeX, from reports/paper_reported.yaml (read directly: the reports package needs pandas)."""
-    import importlib.util
-    from pathlib import Path
-
-    import yaml
-
-    folder = importlib.util.find_spec("deltamatch.reports").submodule_search_locations[0]
-    return yaml.safe_load((Path(folder) / "paper_reported.yaml").read_text(encoding="utf-8"))["citation"].strip()
+def read_citation(path: str | Path) -> str:
+    """The paper's BibTeX from ``path``: a ``.bib`` file, or a YAML file with a ``citation`` key (the pipeline passes
+    ``reports/paper_reported.yaml``, the one place the citation is written)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--citation: no file {path}")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(text)
+        if not isinstance(data, dict) or not isinstance(data.get("citation"), str):
+            raise ValueError(f"--citation: {path} has no top-level 'citation' string")
+        text = data["citation"]
+    if not text.strip().startswith("@"):
+        raise ValueError(f"--citation: {path} does not hold a BibTeX entry (starting with '@')")
+    return text.strip()
 
 
 def eval_results(summary: dict | None, evals: list[dict], manifest: dict | None):
@@ -110,12 +119,12 @@ def _limitations(size: str, params: int) -> str:
 
 
 def model_card(repo_id: str, config: dict, params: int, summary: dict | None, evals: list[dict],
-               manifest: dict | None = None, base_model: str | None = None):
-    """The Hub repo's README.md as a ``huggingface_hub.ModelCard`` (``str(card)`` is the file's text)."""
+               manifest: dict | None = None, base_model: str | None = None, citation: str | None = None):
+    """The Hub repo's README.md as a ``huggingface_hub.ModelCard`` (``str(card)`` is the file's text); ``citation``:
+    the paper's BibTeX (``read_citation``), else the card links the paper only."""
     import transformers
     from huggingface_hub import ModelCard, ModelCardData
 
-    citation = paper_citation()
     method = config.get("attn_method", "unknown")
     size = (summary or {}).get("size", "hybrid")
     source = (manifest or {}).get("source") or {}
@@ -136,11 +145,11 @@ def model_card(repo_id: str, config: dict, params: int, summary: dict | None, ev
         f"A `{size}` Gated-DeltaNet/attention hybrid language model trained with the deltamatch reproduction harness "
         f"of *Delta-Matching: Closing the Final Gap of Native 8-bit Training for LLMs* ([arXiv 2609.37852]({PAPER_URL})).",
         "## Architecture", _architecture(config, params),
-        "## Attention method", f"`{method}`: {METHOD_TEXT.get(method, 'see deltamatch.kernels.METHODS.')}",
+        "## Attention method", f"`{method}`: {_method_text(method)}",
         "## Training data", _data(summary, manifest),
         "## Metrics", _metrics(summary, evals),
         "## Usage", usage,
         "## Limitations", _limitations(size, params),
-        "## Citation", f"Paper: {PAPER_URL}\n\n```bibtex\n{citation}\n```",
+        "## Citation", f"Paper: {PAPER_URL}" + (f"\n\n```bibtex\n{citation}\n```" if citation else ""),
     ]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")

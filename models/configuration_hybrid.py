@@ -9,9 +9,13 @@ pattern puts attention at every layer with ``i % attn_every == attn_every - 1`` 
 
 from transformers import PretrainedConfig
 
+try:  # the method registry; a Hub copy of this file runs without deltamatch (the name was checked when exported)
+    from deltamatch.methods import check_public as _check_method
+except ImportError:
+    _check_method = None
+
 LINEAR_MIXERS = ("gdn", "kda", "mamba2")
 ATTENTION_MIXERS = ("gqa", "mla")
-ATTN_METHODS = ("bf16", "stale", "consistent", "matched", "cudnn_fp8", "cudnn_fp8_sim")
 ATTN_INFERENCE = ("sdpa", "method")
 POSITIVE_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim", "gdn_num_heads", "gdn_head_dim", "conv_size", "mla_kv_lora_rank",
@@ -41,7 +45,7 @@ class HybridConfig(PretrainedConfig):
     attn_mixer: str = "gqa"
     """Softmax-attention mixer: ``gqa`` or ``mla``."""
     attn_method: str = "bf16"
-    """Attention core method (``deltamatch.kernels.METHODS``): bf16, stale, consistent, matched, cudnn_fp8."""
+    """Attention core method: a public name of the registry ``deltamatch.methods`` (bf16, matched, ...)."""
     attn_inference: str = "sdpa"
     """Core of eval-mode no-grad forwards: ``sdpa`` (exact; evaluation, generation) or ``method`` (as in training)."""
     num_attention_heads: int = 4
@@ -124,8 +128,8 @@ class HybridConfig(PretrainedConfig):
             if mixer not in LINEAR_MIXERS + ATTENTION_MIXERS:
                 choices = LINEAR_MIXERS + ATTENTION_MIXERS
                 raise ValueError(f"config key layer_pattern: unknown mixer {mixer!r}; choose from {choices}")
-        if self.attn_method not in ATTN_METHODS:
-            raise ValueError(f"config key attn_method: unknown method {self.attn_method!r}; choose from {ATTN_METHODS}")
+        if _check_method is not None:
+            _check_method(self.attn_method)
         if self.attn_inference not in ATTN_INFERENCE:
             raise ValueError(f"config key attn_inference must be one of {ATTN_INFERENCE}, got {self.attn_inference!r}")
         if self.num_attention_heads % self.num_key_value_heads:

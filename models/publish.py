@@ -30,7 +30,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from deltamatch.models.card import model_card
+from deltamatch.models.card import model_card, read_citation
 from deltamatch.models.hub_code import write_model_code
 
 SHIPPED_SUFFIXES = (".safetensors", ".json", ".py", ".txt", ".model", ".jinja")
@@ -223,6 +223,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files for the card")
     parser.add_argument("--data", help="the dm-prepare-data folder (its manifest.json describes the corpus)")
     parser.add_argument("--base-model", help="Hub id of the model this run was initialised from (card metadata)")
+    parser.add_argument("--citation", help="the paper's BibTeX for the card: a .bib file, or a YAML file with a "
+                        "'citation' key (reports/paper_reported.yaml); without it the card links the paper only")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
                         help="dtype of the shipped weights (default bf16: half the size of the FP32 training weights)")
     parser.add_argument("--dry-run", action="store_true", help="build the folder offline; upload nothing")
@@ -249,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         config = _read_json(checkpoint / "config.json")
         manifest = _read_json(Path(args.data) / "manifest.json") if args.data else None
         files = checkpoint_files(checkpoint)
+        citation = read_citation(args.citation) if args.citation else None
         card = str(model_card(repo_id, config, parameter_count(checkpoint), summary, evals, manifest,
-                              base_model=args.base_model))
+                              base_model=args.base_model, citation=citation))
         assert_secret_free(files, token, card)  # before anything is written: a refused folder never exists
         out = Path(args.out) if args.out else None
         if out is not None:

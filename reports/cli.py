@@ -14,37 +14,30 @@
     dm-report render --inputs tables/*.csv figures/* --name NAME --scale-note TEXT --html H --markdown M [--claims C]
     dm-report all --results results/NAME [--recorded DIR] [--figure5-scale-of tiny=569M]
                                                   (every artefact from a finished results folder, without Snakemake)
-    dm-report hardware --out FILE | --has-hopper  (record the GPU; exit status 0 only on Hopper with --has-hopper)
 
 ``--scale-of tiny=1.67B`` says which paper scale each of our sizes stands beside (for Figure 5, whose paper values
 are at 569M and 5.29B, the pipeline passes its own mapping); ``--alias dm_ruler_8k=ruler_8k`` renames our metric
 names to the paper's. ``--gain-window`` is the number of training steps over which gains are read (the paper's
 Figures 4 and 5: the first 6,000; a shorter run is read at its end, and the numbers say which step). ``--recorded DIR`` names kernel measurements a Hopper GPU recorded earlier (dm-kernel-bench's
 files): the kernel table shows them, labelled with their GPU, date and commit, when this run measured nothing. Every
-output is written atomically.
+output is written atomically. The tables and figures, with their inputs and options, are the registry
+``reports/artefacts.py``; each is built by its function in ``reports/builders.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from deltamatch.reports import figures, tables
-from deltamatch.reports.claims import claims_table
-from deltamatch.atomic import atomic_path, write_text
-from deltamatch.reports.inputs import (load_evals, load_metrics, load_probes, load_recorded_kernel, load_summaries,
-                                       load_sweep)
+from deltamatch.atomic import atomic_path
+from deltamatch.reports import artefacts, builders, figures, tables
+from deltamatch.reports.builders import Inputs
+from deltamatch.reports.inputs import load_evals, load_probes, load_summaries, load_sweep
 from deltamatch.reports.paper import PAPER_YAML, load_paper
 from deltamatch.reports.render import render
-
-RUN_TABLES = {"main": tables.main_table, "scale": tables.scale_table, "ablations": tables.ablation_table}
-RUN_FIGURES = {"figure1_loss": figures.figure_loss, "figure4_gain": figures.figure_gain,
-               "figure5_scales": figures.figure_scales}
-METRIC_KINDS = ("train", "gain", "val", "residual")
 
 
 def write_csv(path: str | Path, frame: pd.DataFrame) -> None:
@@ -60,16 +53,6 @@ def pairs(words: list[str] | None, option: str) -> dict[str, str]:
             raise ValueError(f"{option}: expected KEY=VALUE, got {word!r}")
         out[key] = value
     return out
-
-
-def hardware() -> dict:
-    """The accelerator of this machine as the report needs it: is it a Hopper (sm90) GPU?"""
-    import torch
-
-    if not torch.cuda.is_available():
-        return {"hopper": False, "device": None, "capability": None}
-    major, minor = torch.cuda.get_device_capability()
-    return {"hopper": major == 9, "device": torch.cuda.get_device_name(), "capability": f"sm{major}{minor}"}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     table = sub.add_parser("table", help="build one table (CSV)")
-    table.add_argument("name", choices=[*RUN_TABLES, "probes", "kernel", "sweep", "gains"], help="which table")
+    table.add_argument("name", choices=list(artefacts.of_kind("table")), help="which table")
     table.add_argument("--runs", nargs="*", default=[], help="summary.json of each run")
     table.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files")
     table.add_argument("--probes", help="dm-probe CSV (table probes)")
@@ -105,8 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _window(table)
 
     figure = sub.add_parser("figure", help="draw one figure (PNG) and its numbers (CSV)")
-    figure.add_argument("name", choices=[*RUN_FIGURES, "sweep", "kernel", "figure1_final", "context_gap",
-                                         "figure4_effects"], help="which figure")
+    figure.add_argument("name", choices=list(artefacts.of_kind("figure")), help="which figure")
     figure.add_argument("--runs", nargs="*", default=[], help="summary.json of each run (metrics.jsonl beside it)")
     figure.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files (figure figure1_final)")
     figure.add_argument("--sweep", help="dm-sweep CSV (figure sweep)")
@@ -134,131 +116,120 @@ def build_parser() -> argparse.ArgumentParser:
     _common(whole)
     _window(whole)
 
-    hw = sub.add_parser("hardware", help="record this machine's GPU; --has-hopper exits 1 without an sm90 GPU")
-    hw.add_argument("--out", help="JSON file to write")
-    hw.add_argument("--has-hopper", action="store_true", help="exit 1 unless an sm90 GPU is present")
     for choice in sub._choices_actions:  # `dm-report NAME --help` opens with the line `dm-report --help` gives NAME
         sub.choices[choice.dest].description = choice.help
     return parser
 
 
-def build_table(args, paper: pd.DataFrame) -> pd.DataFrame:
-    scale_of, aliases = pairs(args.scale_of, "--scale-of"), pairs(args.alias, "--alias")
-    if args.name in RUN_TABLES:
-        return RUN_TABLES[args.name](load_summaries(args.runs), load_evals(args.evals), paper, scale_of, aliases)
-    if args.name == "probes":
-        if not args.probes or not args.size:
-            raise ValueError("table probes needs --probes and --size")
-        return tables.probe_table(load_probes(args.probes), args.size, paper, scale_of)
-    if args.name == "sweep":
-        if not args.sweep:
-            raise ValueError("table sweep needs --sweep")
-        return tables.sweep_table(load_sweep(args.sweep), paper)
-    if args.name == "gains":
-        return tables.gain_table(figures.records(load_metrics(load_summaries(args.runs)), "gain"), args.gain_window)
-    if not args.check or not args.bench:
-        raise ValueError("table kernel needs --check and --bench")
-    return kernel_from_files(args.check, args.bench, paper, args.recorded)
+# The options that name each input group's files (the first is what an error says is missing).
+NEEDS = {"probes": ("probes", "size"), "kernel": ("check", "bench"), "sweep": ("sweep",), "kernel_table": ("kernel_table",)}
 
 
-def kernel_from_files(check_path: str, bench_dir: str, paper: pd.DataFrame | None = None,
-                      recorded_dir: str | None = None) -> pd.DataFrame:
-    """The kernel table from the pipeline's files; ``recorded_dir``'s measurements stand in where no Hopper GPU ran
-    the bench (labelled as recorded, with their GPU, date and commit)."""
-    bench = Path(bench_dir)
-    if not Path(check_path).is_file():
-        raise ValueError(f"missing input file: {check_path}")
-    if not (bench / "hardware.json").is_file():
-        raise ValueError(f"missing input file: {bench / 'hardware.json'}")
-    check = pd.read_json(check_path, lines=True)
-    optional = {name: pd.read_csv(bench / f"{name}.csv") if (bench / f"{name}.csv").is_file() else None
-                for name in ("kernel_bench", "kernel_memory")}
-    hw = json.loads((bench / "hardware.json").read_text())
-    if recorded_dir is not None and not Path(recorded_dir).is_dir():
-        raise ValueError(f"--recorded: no folder {recorded_dir}")
-    recorded = load_recorded_kernel(recorded_dir) if recorded_dir and optional["kernel_bench"] is None else None
-    return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw, paper, recorded)
+def inputs_from_args(artefact: artefacts.Artefact, args) -> Inputs:
+    """The artefact's inputs, loaded from the files its command line names."""
+    missing = [f"--{name.replace('_', '-')}" for group in artefact.inputs for name in NEEDS.get(group, ())
+               if not getattr(args, name, None)]
+    if missing:
+        raise ValueError(f"{artefact.kind} {artefact.cli_name} needs {' and '.join(missing)}")
+    found = Inputs(scale_of=pairs(args.scale_of, "--scale-of"), aliases=pairs(args.alias, "--alias"),
+                   gain_window=args.gain_window)
+    if "runs" in artefact.inputs:
+        found.runs = load_summaries(args.runs)
+    if "evals" in artefact.inputs:
+        found.evals = load_evals(args.evals)
+    if "probes" in artefact.inputs:
+        found.probes, found.size = load_probes(args.probes), args.size
+    if "kernel" in artefact.inputs:
+        found.check, found.bench, found.recorded = args.check, args.bench, args.recorded
+    if "sweep" in artefact.inputs:
+        found.sweep = load_sweep(args.sweep)
+    if "kernel_table" in artefact.inputs:
+        if not Path(args.kernel_table).is_file():
+            raise ValueError(f"missing input file: {args.kernel_table}")
+        found.kernel_table = pd.read_csv(args.kernel_table)
+    return found
 
 
-def draw_figure(args, paper: pd.DataFrame) -> None:
-    if args.name == "sweep":
-        if not args.sweep:
-            raise ValueError("figure sweep needs --sweep")
-        grid, numbers = figures.figure_sweep(load_sweep(args.sweep))
-    elif args.name == "kernel":
-        if not args.kernel_table or not Path(args.kernel_table).is_file():
-            raise ValueError(f"figure kernel needs --kernel-table (the kernel table CSV), got {args.kernel_table}")
-        grid, numbers = figures.figure_kernel(pd.read_csv(args.kernel_table))
-    elif args.name == "figure4_effects":
-        grid, numbers = figures.figure_effects(load_metrics(load_summaries(args.runs), METRIC_KINDS), args.gain_window)
-    elif args.name == "context_gap":
-        grid, numbers = figures.figure_context_gap(load_metrics(load_summaries(args.runs)))
-    elif args.name == "figure1_final":
-        aliases = pairs(args.alias, "--alias")
-        grid, numbers = figures.figure_final(load_summaries(args.runs), _aliased(load_evals(args.evals), aliases))
+def build(artefact: artefacts.Artefact, found: Inputs, paper: pd.DataFrame):
+    """Run the artefact's builder (``builders.<name>``): a frame for a table, ``(figure, numbers)`` for a figure."""
+    return getattr(builders, artefact.builder)(found, paper)
+
+
+def write_artefact(artefact: artefacts.Artefact, built, out: str | Path, values: str | Path | None = None) -> None:
+    if artefact.kind == "table":
+        write_csv(out, built)
     else:
-        metrics = load_metrics(load_summaries(args.runs))
-        scale_of = pairs(args.scale_of, "--scale-of")
-        if args.name == "figure1_loss":
-            grid, numbers = figures.figure_loss(metrics, paper, scale_of)
-        else:
-            grid, numbers = RUN_FIGURES[args.name](metrics, paper, scale_of, args.gain_window)
-    figures.save_figure(grid, args.out)
-    write_csv(args.values, numbers)
+        figures.save_figure(built[0], str(out))
+        write_csv(values, built[1])
 
 
-def _aliased(evals: pd.DataFrame, aliases: dict[str, str]) -> pd.DataFrame:
-    return evals.assign(metric=evals["metric"].replace(aliases)) if aliases else evals
-
-
-def build_all(args) -> int:
-    """The whole report from a results folder laid out by the pipeline, without Snakemake: the main size is the
-    first size of the ``base`` variant; Figure 5 shows every base size."""
-    root, paper = Path(args.results), load_paper(args.paper)[0]
-    report, outputs = root / "report", []
-    scale_of, aliases = pairs(args.scale_of, "--scale-of"), pairs(args.alias, "--alias")
+def _results_inputs(root: Path, args) -> dict:
+    """What ``dm-report all`` finds in a results folder, per input group and run set (None: not there)."""
     summaries = load_summaries(sorted(str(p) for p in root.glob("runs/*/*/*/s*/summary.json")))
     evals = load_evals(sorted(str(p) for p in root.glob("evals/*/*/*/s*/*.json")))
     base = summaries[summaries["variant"] == "base"]
     if base.empty:
         raise ValueError(f"{root}: no runs/base/<size>/<method>/s<seed>/summary.json")
-    main_size = base["size"].iloc[0]
-    main_runs = base[base["size"] == main_size]
-    main_evals = evals[(evals["variant"] == "base") & (evals["size"] == main_size)]
+    main_size = base["size"].iloc[0]  # the main size is the first size of the base variant; Figure 5 shows every one
+    base_evals = evals[evals["variant"] == "base"]
+    probes = sorted(root.glob("probes/base/*/*/s*.csv"))[:1]
+    kernel = (root / "kernel" / "check.jsonl").is_file() and (root / "kernel" / "bench").is_dir()
+    return {
+        "runs": {"main": (base[base["size"] == main_size], base_evals[base_evals["size"] == main_size]),
+                 "scale": (base, base_evals), "figure5": (base, base_evals), "all": (summaries, evals),
+                 "context": None},
+        "probes": (load_probes(str(probes[0])), probes[0].parent.parent.name) if probes else None,
+        "kernel": (str(root / "kernel" / "check.jsonl"), str(root / "kernel" / "bench"), args.recorded)
+        if kernel else None,
+        "sweep": load_sweep(str(root / "sweep" / "sweep.csv")) if (root / "sweep" / "sweep.csv").is_file() else None,
+    }
 
-    def table(name, frame):
-        outputs.append(str(report / "tables" / f"{name}.csv"))
-        write_csv(outputs[-1], frame)
 
-    def figure(name, drawn):
-        outputs.extend([str(report / "figures" / f"{name}.png"), str(report / "figures" / f"{name}.csv")])
-        figures.save_figure(drawn[0], outputs[-2])
-        write_csv(outputs[-1], drawn[1])
-
-    table("main_1p67b", tables.main_table(main_runs, main_evals, paper, scale_of, aliases))
-    table("scale", tables.scale_table(base, evals[evals["variant"] == "base"], paper, scale_of, aliases))
-    table("ablations", tables.ablation_table(summaries, evals, paper, scale_of, aliases))
-    figure("figure1_loss", figures.figure_loss(load_metrics(main_runs), paper, scale_of))
-    figure("figure1_final", figures.figure_final(main_runs, _aliased(main_evals, aliases)))
-    figure("figure4_gain", figures.figure_gain(load_metrics(main_runs), paper, scale_of, args.gain_window))
-    main_metrics = load_metrics(main_runs, METRIC_KINDS)
-    if "sharpened" in main_metrics:  # runs trained before the instrumentation have no such records
-        figure("figure4_effects", figures.figure_effects(main_metrics, args.gain_window))
-    figure5_scale_of = {**scale_of, **pairs(args.figure5_scale_of, "--figure5-scale-of")}
-    figure("figure5_scales", figures.figure_scales(load_metrics(base), paper, figure5_scale_of, args.gain_window))
-    table("gains", tables.gain_table(figures.records(load_metrics(summaries), "gain"), args.gain_window))
-    for probes in sorted(root.glob("probes/base/*/*/s*.csv"))[:1]:
-        table("table9_probes", tables.probe_table(load_probes(str(probes)), probes.parent.parent.name, paper, scale_of))
-    if (root / "kernel" / "check.jsonl").is_file() and (root / "kernel" / "bench").is_dir():
-        kernel = kernel_from_files(str(root / "kernel" / "check.jsonl"), str(root / "kernel" / "bench"), paper,
-                                   args.recorded)
-        table("kernel_latency", kernel)
-        if (kernel["section"] == "latency").any():
-            figure("kernel", figures.figure_kernel(kernel))
-    if (root / "sweep" / "sweep.csv").is_file():
-        sweep = load_sweep(str(root / "sweep" / "sweep.csv"))
-        table("sweep", tables.sweep_table(sweep, paper))
-        figure("sweep", figures.figure_sweep(sweep))
+def build_all(args) -> int:
+    """The whole report from a results folder laid out by the pipeline, without Snakemake: every registered artefact
+    whose inputs are there, in page order; one that cannot be built from them is left out, saying why on stderr."""
+    root, paper = Path(args.results), load_paper(args.paper)[0]
+    report, outputs = root / "report", []
+    found = _results_inputs(root, args)
+    scale_of, aliases = pairs(args.scale_of, "--scale-of"), pairs(args.alias, "--alias")
+    mappings = {"figure5_mapping": {**scale_of, **pairs(args.figure5_scale_of, "--figure5-scale-of")}}
+    built_tables: dict[str, pd.DataFrame] = {}
+    for artefact in artefacts.ARTEFACTS:
+        mapping = next((mappings[o] for o in artefact.options if o in mappings), scale_of)
+        inputs = Inputs(scale_of=mapping, aliases=aliases, gain_window=args.gain_window)
+        if artefact.runs is not None:
+            if found["runs"][artefact.runs] is None:
+                continue
+            inputs.runs, inputs.evals = found["runs"][artefact.runs]
+        if "probes" in artefact.inputs:
+            if found["probes"] is None:
+                continue
+            inputs.probes, inputs.size = found["probes"]
+        if "kernel" in artefact.inputs:
+            if found["kernel"] is None:
+                continue
+            inputs.check, inputs.bench, inputs.recorded = found["kernel"]
+        if "sweep" in artefact.inputs:
+            if found["sweep"] is None:
+                continue
+            inputs.sweep = found["sweep"]
+        if "kernel_table" in artefact.inputs:
+            if "kernel_latency" not in built_tables:
+                continue
+            inputs.kernel_table = built_tables["kernel_latency"]
+        try:
+            built = build(artefact, inputs, paper)
+        except ValueError as err:
+            print(f"dm-report all: left out {artefact.kind} {artefact.name}: {err}", file=sys.stderr)
+            continue
+        folder = report / ("tables" if artefact.kind == "table" else "figures")
+        if artefact.kind == "table":
+            built_tables[artefact.name] = built
+            outputs.append(str(folder / f"{artefact.name}.csv"))
+            write_artefact(artefact, built, outputs[-1])
+        else:
+            outputs.extend([str(folder / f"{artefact.name}.png"), str(folder / f"{artefact.name}.csv")])
+            write_artefact(artefact, built, outputs[-2], outputs[-1])
     render(outputs, root.name, args.scale_note or "(scale not stated)", str(report / "index.html"),
            str(report / "report.md"), args.paper, str(report / "claims.csv"))
     return 0
@@ -267,22 +238,15 @@ def build_all(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "hardware":
-            found = hardware()
-            if args.out:
-                write_text(args.out, json.dumps(found, indent=2) + "\n")
-            print(json.dumps(found))
-            return 0 if found["hopper"] or not args.has_hopper else 1
         if args.command == "render":
             render(args.inputs, args.name, args.scale_note, args.html, args.markdown, args.paper, args.claims)
         elif args.command == "all":
             return build_all(args)
         else:
             paper, _, _ = load_paper(args.paper)
-            if args.command == "table":
-                write_csv(args.out, build_table(args, paper))
-            else:
-                draw_figure(args, paper)
+            artefact = artefacts.get(args.command, args.name)
+            built = build(artefact, inputs_from_args(artefact, args), paper)
+            write_artefact(artefact, built, args.out, getattr(args, "values", None))
     except ValueError as err:
         print(f"dm-report: error: {err}", file=sys.stderr)
         return 2

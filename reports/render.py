@@ -26,6 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from deltamatch.atomic import atomic_path, write_text
+from deltamatch.reports import artefacts
+from deltamatch.reports.artefacts import parts_of
 from deltamatch.reports.claims import VERDICTS, claims_table
 from deltamatch.reports.paper import FLAGS, load_paper
 from deltamatch.reports.tables import NO_HOPPER, RECORDED
@@ -48,58 +50,11 @@ class Section:
     """Further table/figure stems shown in this section (beyond the section's own name)."""
 
 
-SECTIONS: dict[str, Section] = {
-    "main_1p67b": Section("Main table", "Validation cross-entropy, the evaluation suites and RULER per attention "
-                          "method. Paper: 1.67B hybrid (18 GDN + 6 GQA), 30B Nemotron-CC tokens, two seeds. "
-                          "commonsense_max_task_gap_to_bf16 is derived: the largest |matched − bf16| over the "
-                          "commonsense tasks, in points, beside the paper's \"within one point\".", "main"),
-    "scale": Section("Scale table", "Validation cross-entropy and suite averages at each model size. Paper: 569M, "
-                     "1.67B and 5.29B.", "scale"),
-    "figure1_loss": Section("Figure 1: training loss, final loss and downstream", "Left: training loss per method at "
-                            "the main size. Right: final validation loss and downstream suite averages per method "
-                            "(bars: mean over seeds; dots: seeds). train_loss_rise is the final loss (mean of the last 10% "
-                            "of steps) minus the lowest such 10% mean after the first 10% (how far a loss climbs "
-                            "back; 0 while it still falls).", "figure1",
-                            ("figure1_final",)),
-    "figure4_gain": Section("Figure 4: gain concentration over training", "The last attention layer's largest key "
-                            "RMSNorm gain and the share of the largest channel in Σ_c (g_q,c·g_k,c)², read at the last "
-                            "logged step within the gain window (the paper's first 6,000 steps; a shorter run at its "
-                            "end: the window column says which step). The paper's over 99% is said of its 5.29B runs "
-                            "and is the share of a few channels, a different statistic: ours, one channel's share, "
-                            "can only be smaller. Left and middle (figure4_effects): what the stale δ's error does to a "
-                            "step on each run's own activations: the shares of attention rows it sharpens and "
-                            "flattens, and per QK channel how consistently heads and sequences agree on the direction "
-                            "it pushes the channel's gain (models/instrument.py: delta_error_effects).", "figure4",
-                            ("figure4_effects",)),
-    "figure5_scales": Section("Figure 5: gains and loss at two scales", "Training loss and the largest QK-norm "
-                              "channel gain over training at two model sizes; gain_max is the largest gain within the "
-                              "gain window. Paper: 569M (every gain stays within about 0..1.7, a range: no difference "
-                              "is computed against it) and 5.29B; ours stand beside the paper scale named by the "
-                              "config's report.figure5_scale_of.", "figure5"),
-    "context_gap": Section("Context extension: gap to BF16 over steps", "Each method's validation-loss gap to "
-                           "BF16 over the context-extension phase (the config's report.context_variant). Paper: "
-                           "1.67B, 8K→64K; the stale gap exceeds 0.01 only after about 19,000 steps.",
-                           "context_extension"),
-    "gains": Section("Gains of every run", "For every variant, size and method: the last attention layer's largest "
-                     "key gain and gain concentration at the window's last logged step, and the largest query or key "
-                     "gain of any layer within the window (the paper's Figures 4/5 statistics; its 2.58B pure-GQA "
-                     "and 1.67B Mamba-2 findings are read here).", "gains"),
-    "table9_probes": Section("Table 9: row-sum residual per layer", "Normalised row-sum residual |Σ_j dS_ij| / "
-                             "Σ_j |dS_ij| of each δ on one checkpoint's activations, before and after the dS cast, "
-                             "and the key-gradient column-sum share: one row per real attention layer (last, and "
-                             "layer i for the others) and all_but_last, the paper's summary, where there are two or "
-                             "more layers.", "table9"),
-    "ablations": Section("Ablations", "Validation cross-entropy of each variant and each method's gap to BF16 of "
-                         "the same variant.", "ablations"),
-    "sweep": Section("Random-head sweep", "Distance from the softmax-gradient invariant on random attention heads, "
-                     "against the logit spread. The paper has no such experiment: beside the row-sum residuals stand "
-                     "the orders of magnitude its Table 9 reports for the same measures on a trained 1.67B "
-                     "checkpoint's activations (layers 3-19).", "sweep"),
-    "kernel_latency": Section("Kernel", "Throughput of the attention kernels (TFLOP/s by FlashAttention's FLOP count) "
-                              "against sequence length, the reference shape (head dim 128, N = 8192, causal), "
-                              "backward memory, and the paper's kernel statements beside ours. The full table (build "
-                              "check of every compiled kernel, every shape) is the linked CSV.", "kernel", ("kernel",)),
-}
+def sections() -> dict[str, Section]:
+    """The page's sections in order, from the artefact registry (``artefacts.ARTEFACTS``): one per artefact that heads
+    one, with the stems shown beside it."""
+    return {a.name: Section(a.title, a.about, a.claim_key, parts_of(a.name))
+            for a in artefacts.ARTEFACTS if a.heads_section}
 VERDICT_COLOURS = {"reproduced": "#d4edda", "consistent at smaller scale": "#e2f0d9",
                    "consistent on other hardware": "#e2f0d9", "not seen at smaller scale": "#fff3cd",
                    "contradicted": "#f8d7da", "not comparable": "#e9ecef", "not measured here": "#f1f3f5"}
@@ -241,7 +196,7 @@ def _kernel_blocks(table: pd.DataFrame, numbers: pd.DataFrame | None, path: Path
 
 def _blocks(name, tables, numbers, images, paths, claims):
     """(kind, payload) blocks of one section, in page order."""
-    section = SECTIONS.get(name, Section(name, "", name))
+    section = sections().get(name, Section(name, "", name))
     blocks = [("h2", (name, section.title)), ("p", section.about)]
     for text in claims[claims["artefact"] == section.claim_key]["text"]:
         blocks.append(("claim", text))
@@ -268,8 +223,9 @@ def render(inputs: list[str], name: str, scale_note: str, html_path: str, markdo
         with atomic_path(claims_path) as tmp:
             verdicts.to_csv(tmp, index=False)
     shown = {*tables, *numbers, *images}
-    order = [n for n in SECTIONS if n in shown]
-    owned = {p for s in SECTIONS.values() for p in s.parts}
+    page = sections()
+    order = [n for n in page if n in shown]
+    owned = {p for s in page.values() for p in s.parts}
     order += sorted(shown - set(order) - owned)
     head = [("h1", f"deltamatch report: {name}"), ("note", scale_note.strip())]
     sentence = scale_sentence({**tables, **numbers})
@@ -277,7 +233,7 @@ def render(inputs: list[str], name: str, scale_note: str, html_path: str, markdo
         head.append(("note", sentence))
     head += [("h2", ("claims", "Claims: the paper's statements and ours")), ("p", verdict_summary(verdicts)),
              ("claims", verdicts),
-             ("toc", [(n, SECTIONS.get(n, Section(n, "", n)).title) for n in order]),
+             ("toc", [(n, page.get(n, Section(n, "", n)).title) for n in order]),
              ("p", "Columns: paper = the paper's value (≈ read off a figure, ≤ / ≥ a bound it states); ours = mean "
                    "over our seeds; difference = ours − paper, only where both are the same statistic at the same "
                    "scale; paper_scale / our_scale = the model (or GPU) each side was measured at; seeds = our runs "
@@ -380,7 +336,7 @@ def _claims_html(verdicts: pd.DataFrame) -> str:
     for r in verdicts.itertuples(index=False):
         colour = VERDICT_COLOURS.get(r.verdict, "#fff")
         source = "" if r.source == "paper" else f'<br><span class="src">source: {html.escape(r.source)}</span>'
-        anchor = next((n for n, s in SECTIONS.items() if s.claim_key == r.section), None)
+        anchor = next((n for n, s in sections().items() if s.claim_key == r.section), None)
         where = f' <a href="#{anchor}">§</a>' if anchor else ""
         rows.append(
             f"<tr><td class=\"text\">{html.escape(r.claim)}{source}{where}</td><td class=\"text\">{html.escape(r.paper)}"

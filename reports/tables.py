@@ -17,7 +17,7 @@ import re
 
 import pandas as pd
 
-from deltamatch.kernels.methods import METHODS
+from deltamatch.methods import METHODS
 from deltamatch.reports.inputs import RUN_KEYS
 from deltamatch.reports.paper import FLAGS, paper_values
 

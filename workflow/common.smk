@@ -5,6 +5,11 @@ from pathlib import Path
 
 import yaml
 
+# Registries of the package (torch-free: Snakemake's environment installs deltamatch, `pip install deltamatch[pipeline]`):
+# the attention methods a config may name (not a copy of them in the schema) and the report's tables and figures.
+import deltamatch.methods as METHOD_REGISTRY
+import deltamatch.reports.artefacts as ARTEFACTS
+
 RESULTS = f"results/{config['name']}"
 DATA = f"{RESULTS}/data"
 REPORT = f"{RESULTS}/report"
@@ -28,8 +33,28 @@ wildcard_constraints:
     suite=r"[A-Za-z0-9_]+",
 
 
+def _load_by_path(name, relative):
+    """A module of the package loaded by its path, where importing its package would load torch (deltamatch.models):
+    it must need only the standard library, PyYAML and deltamatch's ground level (deltamatch/*.py)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, Path(workflow.basedir) / relative)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
 def _check_config():
-    """What the schema cannot say: cross-references between sections. Errors name the key."""
+    """What the schema cannot say: method names (the registry's), cross-references between sections. Errors name the
+    key."""
+    for i, group in enumerate(config["runs"]):
+        for method in group["methods"]:
+            METHOD_REGISTRY.check_public(method, f"'runs[{i}].methods'")
+    METHOD_REGISTRY.check_public(config["probe"]["method"], "'probe.method'")
+    for method in config["publish"]["methods"]:
+        METHOD_REGISTRY.check_public(method, "'publish.methods'")
     variants = [g["variant"] for g in config["runs"]]
     if len(set(variants)) != len(variants):
         raise ValueError(f"config key 'runs': variant names must be unique, got {variants}")
@@ -71,6 +96,14 @@ def deep_merge(base, over):
 
 def as_yaml(mapping):
     return yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False)
+
+
+def write_config(path, text, log):
+    """A rendered config file, written by Snakemake itself (no job environment): temp name, then rename."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    Path(log).write_text(f"wrote {path}\n", encoding="utf-8")
 
 
 def run_path(run, leaf=""):
@@ -119,22 +152,7 @@ def train_resources_of(size):
     return {**config["resources"]["train"], **size_settings(size).get("resources", {})}
 
 
-def _trainer_config_module():
-    """``models/train/config.py``, loaded by path (stdlib and PyYAML only): no torch import, and no deltamatch needed in
-    Snakemake's own environment."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(
-        "_deltamatch_run_config", Path(workflow.basedir) / "models" / "train" / "config.py"
-    )
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = loaded  # dataclasses resolve their string annotations through sys.modules
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-TRAINER_CONFIG = _trainer_config_module()
+TRAINER_CONFIG = _load_by_path("_deltamatch_run_config", "models/train/config.py")  # deltamatch.config, no torch
 # Keys of the dm-train config that change what a run shows, not what it computes (train.progress, ...). They are left
 # out of the rendered run configs, so changing one never reruns a training or eval job; dm-train reads them from the
 # environment (COSMETIC_ENV), which this process sets and its jobs inherit (sbatch passes the environment on).
@@ -230,8 +248,8 @@ _check_run_configs()
 
 
 def _registry_names():
-    """Sizes (``CONFIGS`` of models/sizes.py), suites (evals/suites/*.yaml) and the data config's dataclass fields,
-    read from the package's source without importing it (no torch or tokenizers in Snakemake's environment)."""
+    """Sizes (``CONFIGS`` of models/sizes.py), suites (evals/suites/*.yaml) and the data and sweep configs' dataclass
+    fields, read from the package's source without importing it (no torch or tokenizers in Snakemake's environment)."""
     import ast
 
     base = Path(workflow.basedir)
@@ -246,7 +264,13 @@ def _registry_names():
     )
     suites = sorted(p.stem for p in (base / "evals" / "suites").glob("*.yaml"))
     classes = {}
-    for rel in ("models/data/prepare.py", "models/data/corpus.py", "models/data/tokenizer.py", "models/data/hub.py"):
+    for rel in (
+        "models/data/prepare.py",
+        "models/data/corpus.py",
+        "models/data/tokenizer.py",
+        "models/data/hub.py",
+        "kernels/sweep.py",
+    ):
         for node in ast.walk(tree(rel)):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
                 classes[node.name] = {
@@ -273,6 +297,7 @@ def _check_registries():
                 check(value, fields[key], f"{where}{key}.")
 
     check(config["data"], "PrepareConfig", "data.")
+    check(config["sweep"]["config"], "SweepConfig", "sweep.config.")
 
 
 _check_registries()
@@ -346,23 +371,82 @@ def launch_args(wildcards):
     )
 
 
+def artefact_files(artefact):
+    folder = f"{REPORT}/{artefact.kind}s/{artefact.name}"
+    return [f"{folder}.csv"] if artefact.kind == "table" else [f"{folder}.png", f"{folder}.csv"]
+
+
 def report_parts():
-    """Every table and figure of the report (each one a target of its own)."""
-    tables = ["main_1p67b", "scale", "ablations", "gains"]
-    figures = ["figure1_loss", "figure1_final", "figure4_gain", "figure4_effects", "figure5_scales"]
-    if config["probe"]["enabled"]:
-        tables.append("table9_probes")
-    if config["kernel"]["enabled"]:
-        tables.append("kernel_latency")
-        figures.append("kernel")
-    if config["report"]["context_variant"]:
-        figures.append("context_gap")
-    if config["sweep"]["enabled"]:
-        tables.append("sweep")
-        figures.append("sweep")
-    return [f"{REPORT}/tables/{t}.csv" for t in tables] + [
-        f"{REPORT}/figures/{f}.{ext}" for f in figures for ext in ("png", "csv")
-    ]
+    """Every table and figure of the report this config enables (each one a target of its own)."""
+    return [path for a in ARTEFACTS.ARTEFACTS if ARTEFACTS.enabled(a, config) for path in artefact_files(a)]
+
+
+# The two report rules' input and params functions (workflow/rules/report.smk defines RUN_SETS, PROBED, ...).
+def _artefact(kind, wildcards):
+    return ARTEFACTS.by_stem(kind, getattr(wildcards, kind))
+
+
+def artefact_inputs(kind):
+    """Input function: the files one artefact reads, by input group."""
+
+    def inputs(wildcards):
+        artefact, found = _artefact(kind, wildcards), {}
+        if "runs" in artefact.inputs:
+            found["runs"] = summaries(RUN_SETS[artefact.runs])
+        if "evals" in artefact.inputs:
+            found["evals"] = evals(RUN_SETS[artefact.runs])
+        if "paper" in artefact.inputs:
+            found["paper"] = PAPER
+        if "probes" in artefact.inputs:
+            found["probes"] = f"{RESULTS}/probes/{PROBED.variant}/{PROBED.size}/{PROBED.method}/s{PROBED.seed}.csv"
+        if "kernel" in artefact.inputs:
+            found["check"], found["bench"] = rules.kernel_check.output[0], rules.kernel_bench.output[0]
+            found["recorded"] = [
+                str(RECORDED / f"{name}.{ext}")
+                for name in ("kernel_bench", "kernel_memory")
+                for ext in ("csv", "md")
+                if RECORDED and (RECORDED / f"{name}.{ext}").is_file()
+            ]
+        if "sweep" in artefact.inputs:
+            found["sweep"] = rules.sweep.output[0]
+        if "kernel_table" in artefact.inputs:
+            found["kernel_table"] = KERNEL_TABLE
+        return found
+
+    return inputs
+
+
+def artefact_args(kind):
+    """Params function: dm-report's arguments for one artefact, from its inputs and the registry's options."""
+
+    def args(wildcards, input):
+        artefact = _artefact(kind, wildcards)
+        words = [kind, artefact.cli_name]
+        for group, option in (
+            ("runs", "--runs"),
+            ("evals", "--evals"),
+            ("probes", "--probes"),
+            ("check", "--check"),
+            ("bench", "--bench"),
+            ("sweep", "--sweep"),
+            ("kernel_table", "--kernel-table"),
+            ("paper", "--paper"),
+        ):
+            if group in input.keys():
+                words += [option, *([input[group]] if isinstance(input[group], str) else input[group])]
+        if "probes" in artefact.inputs:
+            words += ["--size", PROBED.size]
+        if "kernel" in artefact.inputs and RECORDED:
+            words += ["--recorded", str(RECORDED)]
+        options = {
+            "mapping": MAPPING,
+            "figure5_mapping": FIGURE5_MAPPING,
+            "window": WINDOW,
+            "alias": f"--alias {key_values(config['report']['metric_alias'])}",
+        }
+        return " ".join(words + [options[o] for o in artefact.options])
+
+    return args
 
 
 def report_targets():

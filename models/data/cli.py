@@ -7,7 +7,7 @@ import sys
 import time
 
 from deltamatch.models.data.prepare import PrepareConfig, prepare
-from deltamatch.models.train.config import load_yaml
+from deltamatch.config import load_yaml
 
 
 def main(argv: list[str] | None = None) -> int:

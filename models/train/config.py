@@ -1,139 +1,16 @@
 """Typed trainer configuration, validated from YAML.
 
-Every section is a dataclass with a default and a one-line docstring per field. ``parse(cls, mapping)`` turns a
-YAML mapping into the dataclass and rejects what it cannot place: an unknown key or a value of the wrong type raises
-``ValueError`` naming the dotted key (``optim.lr``), so a typo never silently falls back to a default.
-
-One YAML quirk is absorbed on purpose: PyYAML reads ``3e-4`` (no dot) as a string, so float fields accept strings that
-``float()`` parses. Nothing else is coerced. A float must be finite: ``inf`` or ``nan`` (which YAML reads as ``.inf``,
-``.nan``, and ``float()`` from ``"inf"``) is refused wherever a float is expected.
+Every section is a dataclass with a default and a one-line docstring per field, read through the project's one loader,
+``deltamatch.config`` (``parse``, ``load_yaml``: unknown or ill-typed keys are refused naming the dotted key).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-# --------------------------------------------------------------------------------------------------------------------
-# Generic validation
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Return ``value`` as type ``tp`` or raise ``ValueError`` naming ``key``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, key)
-            except ValueError as err:
-                errors.append(str(err))
-        if len(errors) == 1:  # ``float | None``: the float's own message (e.g. not finite)
-            raise ValueError(errors[0])
-        raise ValueError(f"config key '{key}': expected {_type_name(tp)}, got {type(value).__name__} ({value!r})")
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"config key '{key}': expected one of {list(args)}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ValueError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
-        return parse(tp, value, prefix=key)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"config key '{key}': expected a list, got {type(value).__name__} ({value!r})")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ValueError(f"config key '{key}': expected {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        item = args[0] if args else Any
-        out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(out) if origin is tuple else out
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"config key '{key}': expected a mapping, got {type(value).__name__} ({value!r})")
-        return {str(k): _coerce(v, args[1] if args else Any, f"{key}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"config key '{key}': expected bool, got {type(value).__name__} ({value!r})")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"config key '{key}': expected int, got {type(value).__name__} ({value!r})")
-        return value
-    if tp is float:
-        number = None
-        if isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        if number is None:
-            raise ValueError(f"config key '{key}': expected float, got {type(value).__name__} ({value!r})")
-        if not math.isfinite(number):
-            raise ValueError(f"config key '{key}': expected a finite float, got {value!r}")
-        return number
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"config key '{key}': expected str, got {type(value).__name__} ({value!r})")
-        return value
-    raise TypeError(f"config field '{key}' has unsupported annotation {tp!r}")
-
-
-def parse(cls: type, mapping: dict[str, Any] | None, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from ``mapping``; unknown or ill-typed keys raise ``ValueError`` naming the key."""
-    mapping = {} if mapping is None else mapping
-    if not isinstance(mapping, dict):
-        raise ValueError(f"config section '{prefix or '<root>'}': expected a mapping, got {type(mapping).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in mapping:
-        if key not in names:
-            where = f"{prefix}.{key}" if prefix else str(key)
-            raise ValueError(f"unknown config key '{where}' (known keys: {', '.join(sorted(names))})")
-    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in mapping.items()}
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        where = ", ".join(f"{prefix}.{m}" if prefix else m for m in missing)
-        raise ValueError(f"missing required config key '{where}'")
-    return cls(**kwargs)
-
-
-def load_yaml(cls: type, path: str | Path) -> Any:
-    """Read YAML file ``path`` and validate it into dataclass ``cls``."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file not found: {path}")
-    try:
-        with path.open() as fh:
-            mapping = yaml.safe_load(fh)
-    except yaml.YAMLError as err:
-        raise ValueError(f"config file {path} is not valid YAML: {' '.join(str(err).split())}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"config file {path} cannot be read: {err}") from None
-    return parse(cls, mapping)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Trainer sections
+from deltamatch.config import load_yaml, parse  # noqa: F401 -- the loader, re-exported for the trainer's callers
+from deltamatch.methods import check_public
 
 
 @dataclass
@@ -143,11 +20,14 @@ class ModelSection:
     size: str = "tiny"
     """Name passed to ``deltamatch.models.get_config`` (tiny, 569M, 1.67B, 5.29B, 2.58B-gqa)."""
     attn_method: str = "bf16"
-    """Attention method (a key of ``deltamatch.kernels.METHODS``)."""
+    """Attention method (a public name of the registry ``deltamatch.methods``; checked before training)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Extra ``HybridConfig`` fields (e.g. a smaller hidden size for tests)."""
     init_from: str | None = None
     """HF folder or DCP checkpoint to start from (context extension); ignored once the run has its own checkpoint."""
+
+    def __post_init__(self) -> None:
+        check_public(self.attn_method, "'model.attn_method'")  # the method registry, once when the config is parsed
 
 
 @dataclass
@@ -321,9 +201,7 @@ class RunConfig:
             raise ValueError(f"config key 'schedule.decay_fraction' must be in [0, 1], got {self.schedule.decay_fraction}")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Keys that change what a run shows, never what it computes
-
+# Keys that change what a run shows, never what it computes.
 COSMETIC = ("train.progress", "metrics.tensorboard")
 """The pipeline leaves these out of the run configs it renders (so changing one reruns nothing) and hands their values
 to dm-train through the environment variable :data:`COSMETIC_ENV` instead."""

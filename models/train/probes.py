@@ -21,9 +21,8 @@ import contextlib
 import torch
 from torch import nn
 
+from deltamatch.methods import DELTA_KINDS as DELTAS
 from deltamatch.models.train.distributed import Layout, full_tensor
-
-DELTAS = ("stale", "consistent", "matched")
 
 
 def gain_records(model: nn.Module) -> list[dict]:

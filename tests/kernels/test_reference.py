@@ -5,9 +5,10 @@ import torch
 
 from deltamatch.kernels.measures import relative_error, rowsum_residual
 from deltamatch.kernels.reference import attention_exact, attention_reference, probe_backward, quantization_disabled
+from deltamatch.methods import METHODS, implemented_by
 
-FP8_METHODS = ("stale", "consistent", "matched", "cudnn_fp8_sim")
-ALL_METHODS = ("bf16", *FP8_METHODS)
+ALL_METHODS = implemented_by("reference")
+FP8_METHODS = tuple(m for m in ALL_METHODS if METHODS[m].fp8)
 
 
 def make(b=1, n=130, h=4, hk=2, d=32, spread=2.0, seed=0, dtype=torch.float32):

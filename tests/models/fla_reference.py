@@ -8,12 +8,8 @@ a sigmoid of a positive-biased logit, gates with the layer's own A_log/dt_bias p
 import torch
 import torch.nn.functional as F
 
+from deltamatch.kernels.measures import relative_error
 from deltamatch.models.layers.gdn import chunk_gated_delta_rule, gdn_gate, l2_normalize
-
-
-def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().double(), ref.detach().double().to(x.device)
-    return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
 def gdn_inputs(B, T, H, K, V, initial_state: bool, seed=0, device="cuda", kda=False):
@@ -56,9 +52,9 @@ def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[
         l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
         gdn_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
         initial_state=ref_in.get("initial_state"))
-    errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(hT, hT_ref)}
+    errors = {"o": relative_error(o, o_ref), "final_state": relative_error(hT, hT_ref)}
     grads, grads_ref = _grads((o.float(), hT), fla_in), _grads((o_ref, hT_ref), ref_in)
-    errors.update({f"d{n}": rel_rms(grads[n], grads_ref[n]) for n in fla_in})
+    errors.update({f"d{n}": relative_error(grads[n], grads_ref[n]) for n in fla_in})
     return errors
 
 
@@ -78,7 +74,7 @@ def kda_errors(B, T, H, K, V, initial_state: bool) -> dict[str, float]:
         l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
         kda_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
         initial_state=ref_in.get("initial_state"), output_final_state=True)
-    errors = {"o": rel_rms(o, o_ref), "final_state": rel_rms(hT, hT_ref)}
+    errors = {"o": relative_error(o, o_ref), "final_state": relative_error(hT, hT_ref)}
     grads, grads_ref = _grads((o, hT), inputs), _grads((o_ref, hT_ref), ref_in)
-    errors.update({f"d{n}": rel_rms(grads[n], grads_ref[n]) for n in inputs})
+    errors.update({f"d{n}": relative_error(grads[n], grads_ref[n]) for n in inputs})
     return errors

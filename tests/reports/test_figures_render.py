@@ -186,7 +186,7 @@ def test_kernel_figure_from_the_recorded_bench(tmp_path):
     """The kernel figure is drawn from the kernel table's latency rows; its numbers are the reference shape."""
     import json
 
-    from deltamatch.reports.cli import kernel_from_files
+    from deltamatch.reports.builders import kernel_from_files
 
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "hardware.json").write_text(json.dumps({"hopper": False, "device": None}))

@@ -7,12 +7,10 @@ rule data_config:
     log:
         f"{LOGS}/configs/data.log",
     localrule: True
-    conda:
-        "../../envs/report.yaml"
     params:
         text=as_yaml({**config["data"], "out_dir": DATA}),
-    shell:
-        "(printf '%s' {params.text:q} > {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
+    run:
+        write_config(output[0], params.text, log[0])
 
 
 rule prepare_data:

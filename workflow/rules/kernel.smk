@@ -1,6 +1,7 @@
 # Kernel: the ahead-of-time build check (PTX/SASS of every kernel for sm_90a; runs without a GPU, and on a Hopper GPU
-# also runs the GPU correctness tests) and the latency benchmark. `dm-report hardware` records the machine's GPU in
-# bench/hardware.json; without a Hopper GPU nothing is timed and the report says so. Both take config
+# also runs the GPU correctness tests: dm-kernel-check --gpu-tests) and the latency benchmark.
+# `python -m deltamatch.kernels.hardware` records the machine's GPU in bench/hardware.json; without a Hopper GPU
+# nothing is timed and the report says so. Both take config
 # resources.kernel: on a cluster that group asks for a GPU (gres), which the `light` jobs never get.
 
 
@@ -20,9 +21,7 @@ rule kernel_check:
         extra=" ".join(config["kernel"]["check_args"]),
         gpu_tests=str(Path(workflow.basedir) / "tests" / "kernels"),
     shell:
-        "dm-kernel-check --out {output} {params.extra} > {log} 2>&1"
-        " && if dm-report hardware --has-hopper >> {log} 2>&1;"
-        " then python -m pytest -q -m gpu {params.gpu_tests} >> {log} 2>&1; fi"
+        "dm-kernel-check --out {output} --gpu-tests {params.gpu_tests} {params.extra} > {log} 2>&1"
 
 
 rule kernel_bench:
@@ -40,5 +39,5 @@ rule kernel_bench:
     params:
         extra=" ".join(config["kernel"]["bench_args"]),
     shell:
-        "if dm-report hardware --out {output}/hardware.json --has-hopper > {log} 2>&1;"
+        "if python -m deltamatch.kernels.hardware --out {output}/hardware.json --has-hopper > {log} 2>&1;"
         " then dm-kernel-bench --out {output} {params.extra} >> {log} 2>&1; fi"

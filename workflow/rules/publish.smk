@@ -8,6 +8,7 @@ rule publish:
         summary=f"{RUN}/summary.json",
         data=DATA,
         evals=lambda wildcards: evals([Run(wildcards.variant, wildcards.size, wildcards.method, int(wildcards.seed))]),
+        citation=PAPER,  # the paper's BibTeX lives in the report's paper values (its 'citation' key)
     output:
         directory(f"{RESULTS}/publish/{TAG}"),
     log:
@@ -25,4 +26,5 @@ rule publish:
         dry_run="--dry-run" if config["publish"]["dry_run"] else "",
     shell:
         "dm-publish --checkpoint {input.checkpoint} --repo-id {params.repo_id} --summary {input.summary}"
-        " --data {input.data} --evals {input.evals} {params.dry_run} --out {output} > {log} 2>&1"
+        " --data {input.data} --evals {input.evals} --citation {input.citation} {params.dry_run} --out {output}"
+        " > {log} 2>&1"

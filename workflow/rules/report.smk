@@ -1,6 +1,7 @@
 # Report: every table and figure is its own target (results/<name>/report/tables/<t>.csv, figures/<f>.png + .csv),
 # so `snakemake <that path>` rebuilds one without touching the rest; `render` puts them on one page, HTML and Markdown.
-# All are local rules: seconds of pandas/seaborn each, not worth a cluster job.
+# The artefacts, their inputs and options are the registry reports/artefacts.py (ARTEFACTS, loaded in common.smk): one
+# wildcard rule per kind builds any of them. All are local rules: seconds of pandas/seaborn each, not a cluster job.
 
 MAIN_RUNS = select(variant=config["report"]["main_variant"], size=config["report"]["main_size"])
 SCALE_RUNS = select(variant=config["report"]["main_variant"])
@@ -19,223 +20,52 @@ FIGURE5_MAPPING = (
 WINDOW = f"--gain-window {config['report']['gain_window_steps']}"
 # Recorded Hopper measurements the kernel table falls back to when this run's bench had no Hopper GPU.
 RECORDED = Path(workflow.basedir) / config["kernel"]["recorded"] if config["kernel"]["recorded"] else None
+KERNEL_TABLE = f"{REPORT}/tables/kernel_latency.csv"
+# Which runs each artefact reads (reports/artefacts.py: RUN_SETS).
+RUN_SETS = {
+    "main": MAIN_RUNS,
+    "scale": SCALE_RUNS,
+    "figure5": FIGURE5_RUNS,
+    "all": RUNS,
+    "context": select(variant=config["report"]["context_variant"]),
+}
 
 
-rule table_main:
+rule report_table:
     input:
-        runs=summaries(MAIN_RUNS),
-        evals=evals(MAIN_RUNS),
-        paper=PAPER,
+        unpack(artefact_inputs("table")),
     output:
-        f"{REPORT}/tables/main_1p67b.csv",
+        f"{REPORT}/tables/{{table}}.csv",
     log:
-        f"{LOGS}/report/main_1p67b.log",
+        f"{LOGS}/report/{{table}}.log",
+    wildcard_constraints:
+        table="|".join(a.name for a in ARTEFACTS.ARTEFACTS if a.kind == "table"),
     localrule: True
     conda:
         "../../envs/report.yaml"
     params:
-        mapping=MAPPING,
+        args=artefact_args("table"),
     shell:
-        "dm-report table main --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
-        " --out {output} > {log} 2>&1"
+        "dm-report {params.args} --out {output} > {log} 2>&1"
 
 
-rule table_scale:
+rule report_figure:
     input:
-        runs=summaries(SCALE_RUNS),
-        evals=evals(SCALE_RUNS),
-        paper=PAPER,
-    output:
-        f"{REPORT}/tables/scale.csv",
-    log:
-        f"{LOGS}/report/scale.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    params:
-        mapping=MAPPING,
-    shell:
-        "dm-report table scale --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
-        " --out {output} > {log} 2>&1"
-
-
-rule table_ablations:
-    input:
-        runs=summaries(RUNS),
-        evals=evals(RUNS),
-        paper=PAPER,
-    output:
-        f"{REPORT}/tables/ablations.csv",
-    log:
-        f"{LOGS}/report/ablations.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    params:
-        mapping=MAPPING,
-    shell:
-        "dm-report table ablations --runs {input.runs} --evals {input.evals} --paper {input.paper} {params.mapping}"
-        " --out {output} > {log} 2>&1"
-
-
-rule table_probes:
-    input:
-        probes=f"{RESULTS}/probes/{PROBED.variant}/{PROBED.size}/{PROBED.method}/s{PROBED.seed}.csv",
-        paper=PAPER,
-    output:
-        f"{REPORT}/tables/table9_probes.csv",
-    log:
-        f"{LOGS}/report/table9_probes.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    params:
-        mapping=MAPPING,
-        size=PROBED.size,
-    shell:
-        "dm-report table probes --probes {input.probes} --size {params.size} --paper {input.paper} {params.mapping}"
-        " --out {output} > {log} 2>&1"
-
-
-rule table_kernel:
-    input:
-        check=rules.kernel_check.output[0],
-        bench=rules.kernel_bench.output[0],
-        paper=PAPER,
-        recorded=[
-            str(RECORDED / f"{name}.{ext}")
-            for name in ("kernel_bench", "kernel_memory")
-            for ext in ("csv", "md")
-            if RECORDED and (RECORDED / f"{name}.{ext}").is_file()
-        ],
-    output:
-        f"{REPORT}/tables/kernel_latency.csv",
-    log:
-        f"{LOGS}/report/kernel_latency.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    params:
-        recorded=f"--recorded {RECORDED}" if RECORDED else "",
-    shell:
-        "dm-report table kernel --check {input.check} --bench {input.bench} --paper {input.paper} {params.recorded}"
-        " --out {output} > {log} 2>&1"
-
-
-rule table_sweep:
-    input:
-        sweep=rules.sweep.output[0],
-    output:
-        f"{REPORT}/tables/sweep.csv",
-    log:
-        f"{LOGS}/report/sweep.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    shell:
-        "dm-report table sweep --sweep {input.sweep} --out {output} > {log} 2>&1"
-
-
-rule figure_runs:
-    input:
-        runs=lambda wildcards: summaries(FIGURE5_RUNS if wildcards.figure == "figure5_scales" else MAIN_RUNS),
-        paper=PAPER,
+        unpack(artefact_inputs("figure")),
     output:
         png=f"{REPORT}/figures/{{figure}}.png",
         values=f"{REPORT}/figures/{{figure}}.csv",
     log:
-        f"{LOGS}/report/{{figure}}.log",
+        f"{LOGS}/report/figure_{{figure}}.log",
     wildcard_constraints:
-        figure="figure1_loss|figure4_gain|figure4_effects|figure5_scales",
+        figure="|".join(a.name for a in ARTEFACTS.ARTEFACTS if a.kind == "figure"),
     localrule: True
     conda:
         "../../envs/report.yaml"
     params:
-        mapping=lambda wildcards: FIGURE5_MAPPING if wildcards.figure == "figure5_scales" else MAPPING,
-        window=lambda wildcards: WINDOW if wildcards.figure != "figure1_loss" else "",
+        args=artefact_args("figure"),
     shell:
-        "dm-report figure {wildcards.figure} --runs {input.runs} --paper {input.paper} {params.mapping}"
-        " {params.window} --out {output.png} --values {output.values} > {log} 2>&1"
-
-
-rule figure_final:
-    input:
-        runs=summaries(MAIN_RUNS),
-        evals=evals(MAIN_RUNS),
-    output:
-        png=f"{REPORT}/figures/figure1_final.png",
-        values=f"{REPORT}/figures/figure1_final.csv",
-    log:
-        f"{LOGS}/report/figure1_final.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    params:
-        alias=f"--alias {key_values(config['report']['metric_alias'])}",
-    shell:
-        "dm-report figure figure1_final --runs {input.runs} --evals {input.evals} {params.alias}"
-        " --out {output.png} --values {output.values} > {log} 2>&1"
-
-
-rule table_gains:
-    input:
-        runs=summaries(RUNS),
-    output:
-        f"{REPORT}/tables/gains.csv",
-    log:
-        f"{LOGS}/report/gains.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    params:
-        window=WINDOW,
-    shell:
-        "dm-report table gains --runs {input.runs} {params.window} --out {output} > {log} 2>&1"
-
-
-rule figure_context_gap:
-    input:
-        runs=summaries(select(variant=config["report"]["context_variant"])),
-    output:
-        png=f"{REPORT}/figures/context_gap.png",
-        values=f"{REPORT}/figures/context_gap.csv",
-    log:
-        f"{LOGS}/report/context_gap.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    shell:
-        "dm-report figure context_gap --runs {input.runs} --out {output.png} --values {output.values} > {log} 2>&1"
-
-
-rule figure_kernel:
-    input:
-        table=rules.table_kernel.output[0],
-    output:
-        png=f"{REPORT}/figures/kernel.png",
-        values=f"{REPORT}/figures/kernel.csv",
-    log:
-        f"{LOGS}/report/figure_kernel.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    shell:
-        "dm-report figure kernel --kernel-table {input.table} --out {output.png} --values {output.values} > {log} 2>&1"
-
-
-rule figure_sweep:
-    input:
-        sweep=rules.sweep.output[0],
-    output:
-        png=f"{REPORT}/figures/sweep.png",
-        values=f"{REPORT}/figures/sweep.csv",
-    log:
-        f"{LOGS}/report/figure_sweep.log",
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    shell:
-        "dm-report figure sweep --sweep {input.sweep} --out {output.png} --values {output.values} > {log} 2>&1"
+        "dm-report {params.args} --out {output.png} --values {output.values} > {log} 2>&1"
 
 
 rule render:

@@ -1,7 +1,21 @@
 # The random-head sweep: row-sum residual of each δ on random attention heads across input spreads (dm-sweep).
 
 
+rule sweep_config:
+    output:
+        f"{RESULTS}/configs/sweep.yaml",
+    log:
+        f"{LOGS}/configs/sweep.log",
+    localrule: True
+    params:
+        text=as_yaml(config["sweep"]["config"]),
+    run:
+        write_config(output[0], params.text, log[0])
+
+
 rule sweep:
+    input:
+        config=rules.sweep_config.output[0],
     output:
         f"{RESULTS}/sweep/sweep.csv",
     log:
@@ -13,7 +27,5 @@ rule sweep:
     threads: config["resources"]["light"]["threads"]
     resources:
         **resources_of("light"),
-    params:
-        extra=" ".join(config["sweep"]["args"]),
     shell:
-        "dm-sweep --out {output} {params.extra} > {log} 2>&1"
+        "dm-sweep --config {input.config} --out {output} --no-progress > {log} 2>&1"

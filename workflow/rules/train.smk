@@ -10,12 +10,10 @@ rule train_config:
     log:
         f"{LOGS}/configs/train/{TAG}.log",
     localrule: True
-    conda:
-        "../../envs/report.yaml"
     params:
         text=lambda wildcards: as_yaml(train_config(wildcards)),
-    shell:
-        "(printf '%s' {params.text:q} > {output}.tmp && mv {output}.tmp {output}) > {log} 2>&1"
+    run:
+        write_config(output[0], params.text, log[0])
 
 
 rule train:

@@ -14,6 +14,7 @@ from deltamatch.models.hub_code import bundle_sources
 from deltamatch.models.publish import main
 
 SECRET = "hf_TESTSECRETdoNotLeak1234567890"
+PAPER_YAML = Path(__file__).resolve().parents[2] / "reports" / "paper_reported.yaml"  # the pipeline's --citation
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def publish(monkeypatch, capfd, tmp_path_factory):
         else:
             monkeypatch.delenv("HF_TOKEN", raising=False)
         status = main(["--checkpoint", str(checkpoint["dir"] / "final"), "--repo-id", "someone/deltamatch-tiny-matched",
-                       "--evals", str(checkpoint["dir"] / "offline.json"),
+                       "--evals", str(checkpoint["dir"] / "offline.json"), "--citation", str(PAPER_YAML),
                        *(["--out", str(out)] if out is not None else []), *extra])
         captured = capfd.readouterr()
         return status, captured.out + captured.err
@@ -101,6 +102,23 @@ def test_dry_run_builds_the_exact_folder_and_never_leaks_the_token(checkpoint, t
     assert f"parameters: {checkpoint['params']:,}" in card
     assert "validation cross-entropy: 5.4321" in card and "average 0.2500" in card and "Delta-Matching" in card
     assert "arXiv:2609.37852" in card and "someone/deltamatch-tiny-matched" in card
+    assert "@article{tang2026deltamatching," in card  # the BibTeX came from the --citation file
+
+
+def test_citation_comes_from_the_file_it_is_given(tmp_path):
+    from deltamatch.models.card import read_citation
+
+    bib = tmp_path / "paper.bib"
+    bib.write_text("@misc{x, title = {T}}\n")
+    assert read_citation(bib) == "@misc{x, title = {T}}"
+    assert read_citation(PAPER_YAML).startswith("@article{tang2026deltamatching,")
+    for text, problem in (("values: []\n", "no top-level 'citation'"), ("citation: not bibtex\n", "BibTeX")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=problem):
+            read_citation(bad)
+    with pytest.raises(ValueError, match="no file"):
+        read_citation(tmp_path / "missing.yaml")
 
 
 def test_dry_run_folder_loads_with_transformers(checkpoint, tmp_path):

@@ -144,7 +144,7 @@ def test_a_retrained_init_from_source_restarts_the_extension(data_dir, tmp_path,
 
 
 def test_the_pipeline_train_rule_restarts_changed_runs():
-    rule = (Path(__file__).parents[2] / "workflow" / "rules" / "train.smk").read_text()
+    rule = (Path(__file__).parents[3] / "workflow" / "rules" / "train.smk").read_text()
     shell = rule[rule.index("rule train:"):].split("shell:")[1]
     assert "-- --restart-on-config-change" in shell
 

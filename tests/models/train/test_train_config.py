@@ -87,7 +87,7 @@ def test_muon_takes_hidden_matrices_and_adamw_the_rest():
     assert [type(o) for o in only_adamw] == [torch.optim.AdamW]
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "config" / "train").glob("*.yaml")),
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[3] / "config" / "train").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_example_configs_validate(path):
     from deltamatch.models.data.prepare import PrepareConfig

@@ -4,15 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from numerics import assert_close
+
 from deltamatch.models.layers.gdn import (GatedDeltaNet, chunk_gated_delta_rule, l2_normalize, unit_lower_inverse,
                                           use_gdn_backend)
 
 naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
-
-
-def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().double(), ref.detach().double()
-    return float((x - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("C", [1, 2, 17, 64])
@@ -43,7 +40,7 @@ def test_unit_lower_inverse_is_fp32_accurate_on_correlated_keys(sim, beta, decay
     strict = ((k * b[..., None]) @ k.transpose(-1, -2) * gamma).tril(-1)
     eye = torch.eye(C, dtype=torch.float64).expand_as(strict)
     expected = torch.linalg.solve_triangular(eye + strict, eye, upper=False, unitriangular=True)
-    assert rel_rms(unit_lower_inverse(strict.float()), expected) < 1e-6
+    assert_close(unit_lower_inverse(strict.float()), expected, 1e-6)
 
 
 def test_unit_lower_inverse_gradient_matches_finite_differences():
@@ -82,12 +79,13 @@ def test_chunk_rule_matches_fp64_recurrence_on_correlated_keys(w):
     inputs = [t.requires_grad_() for t in (q, k, v, g, beta, h0)]
     o, hT = chunk_gated_delta_rule(*inputs[:5], initial_state=inputs[5])
     o_ref, hT_ref = recurrent_reference(*inputs)
-    assert rel_rms(o, o_ref) < 1e-5 and rel_rms(hT, hT_ref) < 1e-5
+    assert_close(o, o_ref, 1e-5, "o")
+    assert_close(hT, hT_ref, 1e-5, "final state")
     do, dh = torch.randn_like(o), torch.randn_like(hT)
     grads = torch.autograd.grad((o * do).sum() + (hT * dh).sum(), inputs)
     grads_ref = torch.autograd.grad((o_ref * do).sum() + (hT_ref * dh).sum(), inputs)
     for name, a, b in zip("q k v g beta h0".split(), grads, grads_ref):
-        assert rel_rms(a, b) < 1e-4, name
+        assert_close(a, b, 1e-4, name)
 
 
 def _inputs(B, T, H, K, V, seed=0):
@@ -106,13 +104,14 @@ def test_chunk_rule_matches_naive_recurrent(T, chunk):
     q, k, v, g, beta, h0 = _inputs(2, T, 3, 16, 24)
     o, hT = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, chunk_size=chunk)
     o_ref, hT_ref = naive.naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
-    assert rel_rms(o, o_ref) < 1e-5 and rel_rms(hT, hT_ref) < 1e-5
+    assert_close(o, o_ref, 1e-5, "o")
+    assert_close(hT, hT_ref, 1e-5, "final state")
 
     do, dh = torch.randn_like(o), torch.randn_like(hT)
     grads = torch.autograd.grad((o * do).sum() + (hT * dh).sum(), (q, k, v, g, beta, h0))
     grads_ref = torch.autograd.grad((o_ref * do).sum() + (hT_ref * dh).sum(), (q, k, v, g, beta, h0))
     for name, a, b in zip("q k v g beta h0".split(), grads, grads_ref):
-        assert rel_rms(a, b) < 1e-4, name
+        assert_close(a, b, 1e-4, name)
 
 
 def _reference_layer(layer: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
@@ -146,12 +145,12 @@ def test_layer_matches_naive_composition_with_all_parameter_gradients():
     with use_gdn_backend("torch"):
         y = layer(x)
     y_ref = _reference_layer(layer, x)
-    assert rel_rms(y, y_ref) < 1e-4
+    assert_close(y, y_ref, 1e-4)
     dy = torch.randn_like(y)
     params = [x, *layer.parameters()]
     names = ["x", *(n for n, _ in layer.named_parameters())]
     for name, a, b in zip(names, torch.autograd.grad(y, params, dy), torch.autograd.grad(y_ref, params, dy)):
-        assert rel_rms(a, b) < 1e-3, name
+        assert_close(a, b, 1e-3, name)
 
 
 def test_parameter_names_and_shapes_match_fla_layer():
@@ -179,7 +178,7 @@ def test_cached_decoding_equals_full_sequence():
         cache = DynamicCache(config=config)
         parts = [layer(x[:, :6], cache=cache)]  # prefill, then one token at a time
         parts += [layer(x[:, t : t + 1], cache=cache) for t in range(6, 21)]
-    assert rel_rms(torch.cat(parts, 1), full) < 1e-5
+    assert_close(torch.cat(parts, 1), full, 1e-5)
 
 
 def test_chunk_rule_stays_fp32_under_bf16_autocast():

@@ -1,0 +1,129 @@
+"""The attention methods the paper compares, as data: the one registry every method list in the project derives from.
+
+Ground level (standard library only), so every stage may import it: the kernels (numerics and backends), the models
+(config validation, model cards), the workflow (a config's ``methods`` are checked against it), the reports (row
+order, labels) and the benchmarks. Nothing else spells out the list of methods.
+
+A method is its numerics (FP8 or not, which δ its backward subtracts, how operands are scaled), its names (config name,
+table label, one sentence for a model card), which ``dm_attn_func`` backends implement it, and whether a user may ask
+for it. A method whose backends do not include ``reference`` names the reference method that simulates its numerics
+(``simulated_by``): ``cudnn_fp8`` runs on cuDNN on Hopper and as ``cudnn_fp8_sim`` everywhere else.
+
+Adding a method: one entry below; a method the reference runs needs nothing else unless its numerics are new (then the
+reference, ``kernels/reference.py``, learns them). ``tests/test_methods.py`` checks that every consumer sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DELTA_KINDS = ("stale", "consistent", "matched")
+"""The δ a backward can subtract (BF16's exact δ is computed by the stale formula on unquantised numbers)."""
+BACKENDS = ("triton", "cudnn", "sdpa", "reference")
+"""``dm_attn_func`` backends (``deltamatch.kernels.backends`` registers them under these names)."""
+
+
+@dataclass(frozen=True)
+class AttentionMethod:
+    name: str
+    """Config name (``attn_method``, ``runs[].methods``, ``dm_attn_func(mode=...)``)."""
+    fp8: bool
+    """Whether the seven attention matmuls run on FP8 operands."""
+    delta: str
+    """Which δ the backward subtracts: ``exact`` (Σ dO·O on BF16 numbers), ``stale`` (Σ dO·O from the dO and O the
+    backward receives: the input dO and BF16 O under block scales; the FP8 dÔ and E4M3 Ô under per-tensor scales, as
+    cuDNN's FP8 backward forms it), ``consistent`` (Σ dÔ·O) or ``matched`` (Σ_j P dP̂)."""
+    scaling: str
+    """``block`` (the paper's Appendix B.6 block scales), ``tensor`` (per-tensor, cuDNN/TE) or ``none`` (BF16)."""
+    label: str
+    """Name used in tables and figures."""
+    description: str
+    """One or two sentences for a model card: what the method is."""
+    backends: tuple[str, ...]
+    """The ``dm_attn_func`` backends that implement it (names of ``BACKENDS``)."""
+    public: bool = True
+    """Whether a config or a user may name it (False: an internal numerics twin, e.g. a simulation)."""
+    simulated_by: str | None = None
+    """For a method the reference does not run itself: the reference method with its numerics."""
+
+    def __post_init__(self) -> None:
+        if self.delta not in ("exact", *DELTA_KINDS):
+            raise ValueError(f"method {self.name!r}: unknown delta {self.delta!r}")
+        if self.scaling not in ("block", "tensor", "none"):
+            raise ValueError(f"method {self.name!r}: unknown scaling {self.scaling!r}")
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown or not self.backends:
+            raise ValueError(f"method {self.name!r}: backends {list(self.backends)} must be some of {BACKENDS}")
+        if ("reference" in self.backends) == (self.simulated_by is not None):
+            raise ValueError(f"method {self.name!r}: exactly one of 'reference' in backends or simulated_by")
+
+    @property
+    def delta_kind(self) -> str:
+        """The δ formula its backward uses (BF16's exact δ is FlashAttention's, i.e. the stale formula)."""
+        return "stale" if self.delta == "exact" else self.delta
+
+
+_BLOCK_FP8 = ("triton", "reference")
+
+METHODS: dict[str, AttentionMethod] = {
+    m.name: m
+    for m in (
+        AttentionMethod("bf16", False, "exact", "none", "BF16/FP32",
+                        "BF16 operands with FP32 accumulation: the paper's mixed-precision reference.",
+                        ("sdpa", "reference")),
+        AttentionMethod("stale", True, "stale", "block", "naive FP8 (stale δ)",
+                        "naive FP8: all seven attention matmuls in FP8 (E4M3, FP32 block scales), the softmax-gradient "
+                        "δ from the saved BF16 output and the unquantised dO (FlashAttention's shortcut, stale under "
+                        "FP8).", _BLOCK_FP8),
+        AttentionMethod("consistent", True, "consistent", "block", "consistent-dO",
+                        "FP8 attention with δ from the dequantised FP8 dO (the paper's consistent-dO ablation).",
+                        _BLOCK_FP8),
+        AttentionMethod("matched", True, "matched", "block", "Delta-Matching",
+                        "Delta-Matching: FP8 attention whose δ_i = Σ_j P_ij dP̂_ij is recomputed from the unquantised P "
+                        "and the FP32 products of the FP8 operands, so each row of dS sums to zero before its FP8 "
+                        "cast.", _BLOCK_FP8),
+        AttentionMethod("cudnn_fp8", True, "stale", "tensor", "cuDNN/TE FP8",
+                        "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",
+                        ("cudnn",), simulated_by="cudnn_fp8_sim"),
+        AttentionMethod("cudnn_fp8_sim", True, "stale", "tensor", "cuDNN/TE FP8 (simulated)",
+                        "the reference simulation of the cuDNN / Transformer Engine FP8 baseline's numerics.",
+                        ("reference",), public=False),
+    )
+}
+
+
+def public_methods() -> tuple[str, ...]:
+    """Names a config or ``dm_attn_func`` user may ask for, in registry order."""
+    return tuple(name for name, m in METHODS.items() if m.public)
+
+
+def implemented_by(backend: str) -> tuple[str, ...]:
+    """Names of the methods ``backend`` runs, in registry order."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    return tuple(name for name, m in METHODS.items() if backend in m.backends)
+
+
+def reference_twin(name: str) -> str:
+    """The method whose numerics the reference runs for ``name`` (itself, or its ``simulated_by``)."""
+    method = get_method(name)
+    return method.simulated_by or method.name
+
+
+def simulated_methods() -> tuple[str, ...]:
+    """Every public method's reference twin: what a CPU experiment compares (the sweep, the reference benchmark)."""
+    return tuple(dict.fromkeys(reference_twin(name) for name in public_methods()))
+
+
+def get_method(name: str) -> AttentionMethod:
+    """The method called ``name`` (any, public or not); ``ValueError`` naming the choices otherwise."""
+    if name not in METHODS:
+        raise ValueError(f"unknown attention method {name!r}; choose one of {sorted(METHODS)}")
+    return METHODS[name]
+
+
+def check_public(name: object, key: str = "attn_method") -> str:
+    """``name`` if a config may name it, else ``ValueError`` naming the config ``key`` and the choices."""
+    if not isinstance(name, str) or name not in METHODS or not METHODS[name].public:
+        raise ValueError(f"config key {key}: unknown attention method {name!r}; choose one of {list(public_methods())}")
+    return name
