@@ -58,12 +58,14 @@ HOW = {
     "snakemake --unlock": "fragment: the cluster.md line below runs it",
     "snakemake --profile profiles/slurm ... --unlock": "run: with `...` = `--configfile config/paper.yaml`",
     "dm-publish --checkpoint results/default/runs/base/tiny/matched/s0/final --repo-id me/deltamatch-tiny-matched "
-    "--data results/default/data --evals results/default/evals/base/tiny/matched/s0/offline.json --dry-run --out pub/":
+    "--data results/default/data --evals results/default/evals/base/tiny/matched/s0/offline.json "
+    "--citation reports/paper_reported.yaml --dry-run --out pub/":
         "run: the folder (BF16 weights, card, model code)",
     "hf auth login": "run: with --token (its prompt needs a terminal) against a stand-in Hub (fake_hub.py)",
     "dm-publish --checkpoint results/default/runs/base/tiny/matched/s0/final --repo-id deltamatch-tiny-matched "
-    "--data results/default/data --evals results/default/evals/base/tiny/matched/s0/offline.json":
-        "run: uploads to a stand-in Hub with the `hf auth login` token (without one: tests/reports/test_publish.py::"
+    "--data results/default/data --evals results/default/evals/base/tiny/matched/s0/offline.json "
+    "--citation reports/paper_reported.yaml":
+        "run: uploads to a stand-in Hub with the `hf auth login` token (without one: tests/models/test_publish.py::"
         "test_a_real_upload_without_hf_token_fails_fast)",
     "pip install deltamatch": "parse: the core install is tests/test_packaging.py::"
                               "test_models_and_kernels_work_with_core_dependencies_only (network here)",
@@ -91,7 +93,10 @@ HOW = {
     "dm-report table main ...": "parse: the subcommand and the table name",
     "dm-report figure figure1_loss ...": "parse: the subcommand and the figure name",
     "dm-report all --results results/default": "run: the page, self-contained",
-    "dm-report hardware": "run: exit 0, records that this machine has no Hopper GPU",
+    "python -m deltamatch.kernels.hardware": "run: exit 0, records that this machine has no Hopper GPU",
+    "dm-kernel-check --gpu-tests": "fragment: dm-kernel-check's parser",
+    "dm-publish --citation": "fragment: dm-publish's parser",
+    "dm-sweep --config": "fragment: dm-sweep's parser",
     "pytest -m gpu tests/kernels tests/models": "parse: registered marker, marked tests there (they need an sm90 GPU)",
     ".venv/bin/pytest -m cluster tests/cluster": "parse: registered marker, marked tests there (the suite runs them)",
     "tests/cluster/slurm.sh install": "cluster",
@@ -298,7 +303,7 @@ def test_sweep_with_a_negative_spread_is_refused_in_one_line(work):
 
 
 def test_report_hardware_records_no_hopper(work):
-    done = run("dm-report hardware", work, timeout=120)
+    done = run("python -m deltamatch.kernels.hardware", work, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["hopper"] is False
 
@@ -314,7 +319,7 @@ def test_publish_dry_run_then_login_and_upload_to_a_stand_in_hub(default_results
 
     work = default_results
     hf_home = str(work / "hf-home")
-    dry, upload = (next(c for c in DOCUMENTED if c.startswith("dm-publish") and ("--dry-run" in c) == flag)
+    dry, upload = (next(c for c in DOCUMENTED if c.startswith("dm-publish --checkpoint") and ("--dry-run" in c) == flag)
                    for flag in (True, False))
     done = run(dry, work, timeout=300, HF_HOME=hf_home)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -446,6 +451,14 @@ def test_sweep_and_benchmarks_parse():
     assert parse(script, [*argv, "--out", "x.json"]).preset == "h200"
     script, *argv = _words("tools/device/profile_step.py --pins")  # an option named in a sentence
     assert str(parse(script, ["bf16:4", *argv, "pins.json"]).pins) == "pins.json"
+
+
+def test_options_named_in_sentences_parse(tmp_path):
+    assert parse("dm-sweep", [*_words("dm-sweep --config")[1:], "sweep.yaml"]).config == "sweep.yaml"
+    assert parse("dm-kernel-check", [*_words("dm-kernel-check --gpu-tests")[1:], "tests/kernels"]).gpu_tests
+    args = parse("dm-publish", ["--checkpoint", "ckpt", "--repo-id", "me/x", *_words("dm-publish --citation")[1:],
+                                "reports/paper_reported.yaml", "--dry-run", "--out", str(tmp_path)])
+    assert args.citation == "reports/paper_reported.yaml"
 
 
 def test_torchrun_line_parses_and_its_config_validates():
