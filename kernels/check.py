@@ -1,9 +1,9 @@
 """Build check without a GPU: compile every Triton kernel ahead of time for sm_90a and read its PTX, SASS and resources.
 
 ``dm-kernel-check [--head-dims 64 128 256] [--causal both|yes|no] [--out FILE.jsonl]`` prints one JSON object per
-(kernel, variant, head dim): every attention kernel causal and non-causal, each also with its tiles loaded through
-TMA descriptors (variant ``…-tma``), and every quantisation-pass variant the autograd function launches (Q, centred K,
-V; dO with no, stale or consistent δ). Each row holds
+(kernel, variant, head dim): every attention kernel causal and non-causal (``--tma-variants``: each also with its tiles
+loaded through TMA descriptors, variant ``…-tma``), and every quantisation-pass variant the autograd function launches
+(Q, centred K, V; dO with no, stale or consistent δ). Each row holds
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
 - ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
@@ -72,13 +72,13 @@ def _fp32(*names):
 CAUSAL = (True, False)
 
 
-def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL) -> list[KernelSpec]:
+def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL, tma_variants: bool = False) -> list[KernelSpec]:
     """Every kernel at its launch configuration for ``head_dim``: the attention kernels once per setting in
-    ``causal``, then the quantisation passes (they have no mask)."""
-    return [spec for c in causal for spec in attention_specs(head_dim, c)] + quant_specs(head_dim)
+    ``causal`` (and with ``tma_variants`` their TMA variants), then the quantisation passes (they have no mask)."""
+    return [spec for c in causal for spec in attention_specs(head_dim, c, tma_variants)] + quant_specs(head_dim)
 
 
-def attention_specs(head_dim: int, causal: bool, tma_variants: bool = True) -> list[KernelSpec]:
+def attention_specs(head_dim: int, causal: bool, tma_variants: bool = False) -> list[KernelSpec]:
     """The forward and backward kernels (matched δ, dK/dV or dK and dV, dQ), and (``tma_variants``) each with
     ``TMA=True`` as variant ``<mask>-tma``."""
     fwd = triton_fwd.forward_config(head_dim)
@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
                         help="which mask settings of the attention kernels to compile")
     parser.add_argument("--out", help="also write the JSON lines to this file")
+    parser.add_argument("--tma-variants", action="store_true",
+                        help="also compile each attention kernel with its tiles loaded through TMA (variant '<mask>-tma')")
     parser.add_argument("--gpu-tests", metavar="DIR", help="then, on a Hopper GPU, run the GPU correctness tests in DIR "
                         "(pytest -m gpu: the Triton and cuDNN kernels against the reference); skipped elsewhere")
     args = parser.parse_args(argv)
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[args.causal]
     rows = []
     for d in args.head_dims:
-        for spec in kernel_specs(d, causal):
+        for spec in kernel_specs(d, causal, args.tma_variants):
             row = analyse(spec, d)
             print(json.dumps(row), flush=True)
             rows.append(row)
