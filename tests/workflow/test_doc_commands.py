@@ -70,7 +70,7 @@ HOW = {
     "pip install deltamatch": "parse: the core install is tests/test_packaging.py::"
                               "test_models_and_kernels_work_with_core_dependencies_only (network here)",
     "pip install --no-deps nvidia-cudnn-frontend==1.32.0": "parse: the pin is envs/pip-gpu.lock.txt's (network)",
-    "pip install tensorboard": "parse: pip exists; tests/models/test_train_display.py covers its absence (network)",
+    "pip install tensorboard": "parse: pip exists; tests/models/train/test_train_display.py covers its absence (network)",
     "dm-sweep --out sweep.csv": "parse (the full sweep takes minutes on 2 cores; the pipeline runs it reduced)",
     "dm-sweep --spreads -1": "run: exit 2, one line naming --spreads, nothing written",
     "python benchmarks/kernel_bench.py --out benchmarks/results --memory": "parse (Hopper GPU)",
@@ -137,7 +137,7 @@ def test_the_tests_the_inventory_names_exist():
 
 
 def test_the_paths_the_pages_name_exist():
-    """Repository paths in inline code or links (``tests/models/test_faults.py``, ``[...](docs/cluster.md)``) exist;
+    """Repository paths in inline code or links (``tests/models/train/test_faults.py``, ``[...](docs/cluster.md)``) exist;
     ``profiles/default`` is named only to say it must not (Snakemake would layer it over ``profiles/slurm``)."""
     from doc_commands import ANY_FENCE, INLINE, PAGES
 
@@ -512,7 +512,7 @@ def test_report_subcommands_take_the_documented_names():
 
 def _captured_parser(main) -> argparse.ArgumentParser:
     with _stop_after_parsing(), pytest.raises(_Parsed) as parsed:
-        main(["hardware"])
+        main(["all", "--results", "results/default"])
     return parsed.value.parser
 
 
@@ -522,7 +522,7 @@ def test_pip_lines_match_the_locks():
     assert f"# no-deps: {words[-1]}" in lock
     assert (BIN / "pip").exists()
     _words("pip install tensorboard")
-    display = (ROOT / "tests/models/test_train_display.py").read_text()
+    display = (ROOT / "tests/models/train/test_train_display.py").read_text()
     assert "def test_tensorboard_without_the_package_fails_before_training" in display
     _words("pip install deltamatch")
     packaging = (ROOT / "tests/test_packaging.py").read_text()
