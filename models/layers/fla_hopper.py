@@ -131,29 +131,3 @@ def enable_verified_backward() -> None:
                 return triton_impl(*args, **kwargs)
 
     register("common")(VerifiedHopperBackward)
-
-
-def _autotuner(kernel):
-    """The autotuner inside a (heuristics-wrapped) fla kernel."""
-    while not hasattr(kernel, "configs"):
-        kernel = kernel.fn
-    return kernel
-
-
-@contextlib.contextmanager
-def restrict_warps(kernel, num_warps: int):
-    """Autotune ``kernel`` over its configs with ``num_warps`` warps only (forgetting earlier choices) inside the
-    block: the tests check each warp count a kernel may be tuned to."""
-    tuner = _autotuner(kernel)
-    saved = tuner.configs, dict(tuner.cache)
-    tuner.configs = [c for c in saved[0] if c.num_warps == num_warps]
-    if not tuner.configs:
-        tuner.configs = saved[0]
-        raise ValueError(f"{getattr(tuner, 'kernel_name', kernel)} has no config with {num_warps} warps")
-    tuner.cache.clear()
-    try:
-        yield
-    finally:
-        tuner.configs = saved[0]
-        tuner.cache.clear()
-        tuner.cache.update(saved[1])

@@ -29,8 +29,8 @@ ENV_SWITCH = "DELTAMATCH_FLA_PINS"
 PINNED_PACKAGES = ("fla.ops", "fla.modules")
 
 
-def _tuner_of(value):
-    """The Triton autotuner inside ``value`` (through ``heuristics`` wrappers), or None."""
+def autotuner_of(value):
+    """The Triton autotuner inside ``value`` (through ``heuristics`` wrappers), or None if it holds none."""
     while value is not None and not hasattr(value, "configs") and hasattr(value, "fn"):
         value = value.fn
     return value if hasattr(value, "configs") and hasattr(value, "cache") else None
@@ -46,11 +46,39 @@ def loaded_autotuners(*packages: str) -> dict[str, object]:
         if module is None or not any(name == p or name.startswith(f"{p}.") for p in packages):
             continue
         for value in list(vars(module).values()):
-            tuner = _tuner_of(value)
+            tuner = autotuner_of(value)
             if tuner is not None:
                 fn = tuner.base_fn  # named where it is defined, however many modules re-export it
                 found[f"{fn.__module__}:{fn.__name__}"] = tuner
     return dict(sorted(found.items()))
+
+
+@contextlib.contextmanager
+def _narrowed(tuners: list, choose):
+    """Inside the block each autotuner tries only ``choose(its configs)``, with its earlier choices forgotten; both
+    are restored after."""
+    saved = [(t.configs, dict(t.cache)) for t in tuners]
+    try:
+        for tuner in tuners:
+            tuner.configs = choose(tuner.configs)
+            tuner.cache.clear()
+        yield
+    finally:
+        for tuner, (configs, cache) in zip(tuners, saved):
+            tuner.configs = configs
+            tuner.cache.clear()
+            tuner.cache.update(cache)
+
+
+@contextlib.contextmanager
+def restrict_warps(kernel, num_warps: int):
+    """Autotune ``kernel`` over its configs with ``num_warps`` warps only inside the block: the tests check each warp
+    count a kernel may be tuned to."""
+    tuner = autotuner_of(kernel)
+    if not any(c.num_warps == num_warps for c in tuner.configs):
+        raise ValueError(f"{getattr(tuner, 'kernel_name', kernel)} has no config with {num_warps} warps")
+    with _narrowed([tuner], lambda configs: [c for c in configs if c.num_warps == num_warps]):
+        yield
 
 
 @contextlib.contextmanager
@@ -65,18 +93,13 @@ def narrow_autotuning(*packages: str, num_warps: int = 4, max_stages: int = 2):
     tuners = list(loaded_autotuners(*packages).values())
     if not tuners:
         raise ValueError(f"no autotuned kernels loaded in {', '.join(packages)}")
-    saved = [(t.configs, dict(t.cache)) for t in tuners]
-    try:
-        for tuner in tuners:
-            configs = [c for c in tuner.configs if c.num_warps == num_warps] or tuner.configs
-            tuner.configs = [c for c in configs if c.num_stages <= max_stages] or configs
-            tuner.cache.clear()
+
+    def choose(configs):
+        configs = [c for c in configs if c.num_warps == num_warps] or configs
+        return [c for c in configs if c.num_stages <= max_stages] or configs
+
+    with _narrowed(tuners, choose):
         yield len(tuners)
-    finally:
-        for tuner, (configs, cache) in zip(tuners, saved):
-            tuner.configs = configs
-            tuner.cache.clear()
-            tuner.cache.update(cache)
 
 
 def _config_record(config) -> dict:

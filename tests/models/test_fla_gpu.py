@@ -18,8 +18,8 @@ of about 2 (error ~ 0.5 and up). tools/device/profile_step.py's ``verify`` items
 import pytest
 import torch
 
-from deltamatch.models.train.fla_autotune import narrow_autotuning
-from deltamatch.models.layers.fla_hopper import refuses_gated_backward, restrict_warps, training_backend
+from deltamatch.models.train.fla_autotune import narrow_autotuning, restrict_warps
+from deltamatch.models.layers.fla_hopper import refuses_gated_backward, training_backend
 from fla_reference import gdn_errors, kda_errors, gdn_inputs
 
 pytestmark = pytest.mark.gpu

@@ -95,6 +95,7 @@ def run_check(spec: str) -> dict:
     from fla_reference import gdn_errors, kda_errors
 
     from deltamatch.models.layers import fla_hopper
+    from deltamatch.models.train.fla_autotune import restrict_warps
 
     kind, *fields = spec.split(":")
     start = time.perf_counter()
@@ -103,7 +104,7 @@ def run_check(spec: str) -> dict:
 
         K, T, h0, warps = map(int, fields[:4])
         dtype = torch.bfloat16 if fields[4:] == ["bf16"] else torch.float32
-        with fla_hopper._guard_lifted(), fla_hopper.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, warps):
+        with fla_hopper._guard_lifted(), restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, warps):
             errors = gdn_errors(2, T, 2, K, 2 * K, bool(h0), dtype=dtype)
     else:
         T, h0 = map(int, fields)

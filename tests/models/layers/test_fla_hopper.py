@@ -85,18 +85,3 @@ def test_guard_is_lifted_only_inside_the_call():
     with fla_hopper._guard_lifted():
         assert chunk_o.TRITON_ABOVE_3_7_1 is True
     assert chunk_o.TRITON_ABOVE_3_7_1 == before
-
-
-def test_restrict_warps_narrows_and_restores_the_autotuner():
-    from fla.ops.gated_delta_rule import wy_fast
-
-    tuner = fla_hopper._autotuner(wy_fast.prepare_wy_repr_bwd_kernel)
-    configs = list(tuner.configs)
-    assert {c.num_warps for c in configs} >= {2}
-    with fla_hopper.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, 2):
-        assert tuner.configs and {c.num_warps for c in tuner.configs} == {2}
-    assert tuner.configs == configs
-    with pytest.raises(ValueError, match="no config with 3 warps"):
-        with fla_hopper.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, 3):
-            pass
-    assert tuner.configs == configs

@@ -12,13 +12,13 @@ import pytest
 pytest.importorskip("fla")
 
 from deltamatch.models.train import fla_autotune  # noqa: E402
-from deltamatch.models.layers.fla_hopper import _autotuner  # noqa: E402
+from deltamatch.models.train.fla_autotune import autotuner_of  # noqa: E402
 
 
 def test_narrow_autotuning_narrows_every_kda_kernel_and_restores_them():
     from fla.ops.kda import chunk_bwd, chunk_intra
 
-    kernels = [_autotuner(k) for k in (chunk_bwd.chunk_kda_bwd_kernel_wy_dqkg_fused,
+    kernels = [autotuner_of(k) for k in (chunk_bwd.chunk_kda_bwd_kernel_wy_dqkg_fused,
                                        chunk_intra.chunk_kda_fwd_kernel_inter_solve_fused)]
     before = [list(t.configs) for t in kernels]
     assert all(len(c) > 4 for c in before)
@@ -40,7 +40,22 @@ def test_every_fla_kernel_is_found_once_under_the_module_that_defines_it():
     tuners = fla_autotune.loaded_autotuners(*fla_autotune.PINNED_PACKAGES)
     assert len(tuners) > 100 and len({id(t) for t in tuners.values()}) == len(tuners)
     name = "fla.ops.gated_delta_rule.wy_fast:prepare_wy_repr_bwd_kernel"
-    assert tuners[name] is _autotuner(wy_fast.prepare_wy_repr_bwd_kernel)
+    assert tuners[name] is autotuner_of(wy_fast.prepare_wy_repr_bwd_kernel)
+
+
+def test_restrict_warps_narrows_and_restores_the_autotuner():
+    from fla.ops.gated_delta_rule import wy_fast
+
+    tuner = fla_autotune.autotuner_of(wy_fast.prepare_wy_repr_bwd_kernel)
+    configs = list(tuner.configs)
+    assert {c.num_warps for c in configs} >= {2}
+    with fla_autotune.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, 2):
+        assert tuner.configs and {c.num_warps for c in tuner.configs} == {2}
+    assert tuner.configs == configs
+    with pytest.raises(ValueError, match="no config with 3 warps"):
+        with fla_autotune.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, 3):
+            pass
+    assert tuner.configs == configs
 
 
 KERNEL = '''
