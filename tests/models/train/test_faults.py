@@ -28,18 +28,9 @@ from deltamatch.models.train.config import RunConfig, parse
 from deltamatch.models.train.fingerprint import ConfigChangedError
 from deltamatch.models.train.loop import train
 from deltamatch.models.train.metrics import read_metrics
-from test_train_run import ENV, cli_command, losses, run_config, write_config
+from test_train_run import ENV, cli_command, data_dir, losses, run_config, write_config  # noqa: F401 (fixture)
 
 QUIET = {"probe_every": 0, "val_every": 0}
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fault_data")
-    cfg = root / "data.yaml"
-    cfg.write_text(yaml.safe_dump({"out_dir": str(root / "data"), "corpus": {"max_bytes": 1_000_000}}))
-    assert data_cli.main(["--config", str(cfg)]) == 0
-    return root / "data"
 
 
 def short(data_dir, run_dir, steps=4, **sections):
