@@ -13,6 +13,13 @@ One module fixture starts four Snakemake sessions side by side, each in its own 
   killed by SLURM's time limit; Snakemake retries it with 2 minutes and it resumes from its checkpoint. So that the limit hits
   whatever the machine's speed, the test pauses (SIGSTOP) the first attempt's trainer once it has written a checkpoint:
   SLURM then sends SIGCONT, SIGTERM and SIGKILL at the limit, as to any job that overran.
+* ``sigterm``: a plain ``sbatch`` of ``dm-train`` that cannot finish (100,000 steps) under a 1-minute limit. At the
+  limit slurmstepd sends SIGTERM, then SIGKILL ``KillWait`` seconds later; the trainer must finish its step, write a
+  complete checkpoint at that step and exit 143 (models/train/signals.py), so the retry the pipeline's ``retries``
+  submits loses no step. (The ``timeout`` scenario's frozen trainer is killed before a handler could run: that scenario
+  checks the resume, this one the handler.) It runs at ``nice 19``, so its busy minute slows the others little.
+
+Every scenario waits on SLURM's one-minute granularity; side by side they cost that minute once.
 """
 
 from __future__ import annotations
@@ -22,12 +29,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+
+from deltamatch.models.train.checkpoint import complete_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
@@ -191,13 +201,43 @@ class Runs:
 
     def __init__(self, root: Path):
         self.root, self.started = root, time.strftime("%Y-%m-%dT%H:%M:%S")
-        self.work = {name: root / name for name in ("requeue", "timeout", "pipeline_slurm", "pipeline_local")}
+        self.work = {name: root / name for name in ("requeue", "timeout", "pipeline_slurm", "pipeline_local",
+                                                    "sigterm")}
         self.rc: dict[str, int] = {}
         self.logs: dict[str, Path] = {}
         self.requeued: str | None = None
+        self.sigterm_job: str | None = None
 
     def assert_ok(self, name: str) -> None:
         assert self.rc[name] == 0, f"{name}: snakemake exit {self.rc[name]}\n" + self.logs[name].read_text()[-4000:]
+
+
+def _submit_sigterm(slurm, work: Path) -> str:
+    """Prepare a small data folder, then submit a dm-train that cannot finish under a 1-minute limit."""
+    work.mkdir()
+    (work / "data.yaml").write_text(yaml.safe_dump({"out_dir": str(work / "data"), "corpus": {"max_bytes": 500_000}}))
+    subprocess.run([sys.executable, "-m", "deltamatch.models.data.cli", "--config", str(work / "data.yaml")],
+                   check=True, capture_output=True)
+    (work / "run.yaml").write_text(yaml.safe_dump({
+        "run_dir": str(work / "run"), "model": {"size": "tiny", "attn_method": "bf16"},
+        "data": {"dir": str(work / "data"), "seq_len": 64},
+        "train": {"steps": 100_000, "micro_batch": 2, "device": "cpu", "threads": 1, "progress": False},
+        "metrics": {"probe_every": 0, "val_every": 0, "val_batches": 1},
+        "checkpoint": {"every": 100_000, "keep": 1}}))
+    job = slurm.run("sbatch", "--parsable", "-t", "1", "-A", slurm.account, "-p", slurm.partition,
+                    "-o", str(work / "job.out"), "--wrap",
+                    f"exec nice -n 19 {sys.executable} -m deltamatch.models.train.cli --config {work / 'run.yaml'}")
+    return job.strip().split(";")[0]
+
+
+def _sigterm_state(slurm, job: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while (state := slurm.run("sacct", "-X", "-n", "-P", "-j", job, "--format=State").strip()) not in (
+            "TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"):
+        if time.monotonic() > deadline:
+            return f"still {state!r} after {timeout:.0f} s"
+        time.sleep(2)
+    return state
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +245,7 @@ def runs(slurm, tmp_path_factory):
     runs = Runs(tmp_path_factory.mktemp("cluster"))
     procs = {}
     try:
+        runs.sigterm_job = _submit_sigterm(slurm, runs.work["sigterm"])
         for variant in ("requeue", "timeout"):
             procs[variant], runs.logs[variant] = _snakemake(slurm, runs.work[variant], variant)
         for name, on_slurm in (("pipeline_slurm", True), ("pipeline_local", False)):
@@ -213,6 +254,7 @@ def runs(slurm, tmp_path_factory):
         deadline = time.monotonic() + 480
         for name, proc in procs.items():
             runs.rc[name] = _wait(proc, deadline - time.monotonic())
+        runs.rc["sigterm"] = _sigterm_state(slurm, runs.sigterm_job, max(deadline - time.monotonic(), 60))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -256,3 +298,15 @@ def test_pipeline_through_slurm_builds_the_same_report(runs, slurm):
     out = slurm.run("sacct", "-X", "-n", "-P", "--format=JobID,State,Comment", "-S", runs.started)
     done = {line.split("|")[2] for line in out.splitlines() if line.split("|")[1] == "COMPLETED"}
     assert "rule_train_wildcards_base_tiny_bf16_0" in done, out
+
+
+def test_time_limit_sigterm_checkpoints_the_step_reached(runs):
+    log = (runs.work["sigterm"] / "job.out").read_text()
+    assert runs.rc["sigterm"] == "TIMEOUT", log[-2000:]
+    match = re.search(r"dm-train: SIGTERM received: stopped after step (\d+) with checkpoint (\S+);", log)
+    assert match, log[-2000:]
+    step = int(match.group(1))
+    assert step > 0 and Path(match.group(2)).name == f"step_{step:08d}"
+    # the only checkpoint is the one SIGTERM wrote, and it is complete (every file its metadata names)
+    assert [s for s, _ in complete_checkpoints(runs.work["sigterm"] / "run" / "checkpoints")] == [step]
+    assert "Traceback" not in log

@@ -1,5 +1,6 @@
-"""Only result-affecting keys trigger reruns: a display-only key (train.progress, metrics.tensorboard) changes no rendered
-run config and so no training or eval job, yet still reaches dm-train (through the environment)."""
+"""Only result-affecting keys trigger reruns: a display-only key (train.progress, metrics.tensorboard) or the order of
+a config's keys changes no rendered run config and so no training or eval job; a display key still reaches dm-train
+(through the environment)."""
 
 import json
 
@@ -19,6 +20,13 @@ def _config(root, tmp_path, name, **train):
     return path
 
 
+def _reversed(value):
+    """``value`` with the keys of every mapping in reverse order (the same config, written another way)."""
+    if isinstance(value, dict):
+        return {key: _reversed(value[key]) for key in reversed(list(value))}
+    return [_reversed(v) for v in value] if isinstance(value, list) else value
+
+
 def test_a_cosmetic_key_reruns_nothing_a_result_key_does(snakemake, root, tmp_path):
     quiet = _config(root, tmp_path, "quiet.yaml", train={"progress": False})
     done = snakemake(TARGET, "--cores", "1", f"--configfile={quiet}", workdir=tmp_path)
@@ -31,6 +39,11 @@ def test_a_cosmetic_key_reruns_nothing_a_result_key_does(snakemake, root, tmp_pa
                       f"--configfile={loud}", workdir=tmp_path)
     assert again.returncode == 0, again.output
     assert "rule train_config" not in again.output  # the run's config (the train job's input) stays as it was
+
+    shuffled = tmp_path / "shuffled.yaml"
+    shuffled.write_text(yaml.safe_dump(_reversed(yaml.safe_load(quiet.read_text())), sort_keys=False))
+    same = snakemake("-n", TARGET, "--cores", "1", f"--configfile={shuffled}", workdir=tmp_path)
+    assert same.returncode == 0 and "rule train_config" not in same.output, same.output
 
     faster = _config(root, tmp_path, "faster.yaml", optim={"lr": 1e-2})
     changed = snakemake("-n", TARGET, "--cores", "1", f"--configfile={faster}", workdir=tmp_path)
