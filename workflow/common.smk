@@ -95,7 +95,9 @@ def deep_merge(base, over):
 
 
 def as_yaml(mapping):
-    return yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False)
+    """A rendered config's text: keys sorted, so that the same config written in another key order renders (and so
+    plans) the same jobs; Snakemake reruns a job whose params text changed."""
+    return yaml.safe_dump(mapping, sort_keys=True, default_flow_style=False)
 
 
 def write_config(path, text, log):
