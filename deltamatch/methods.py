@@ -45,6 +45,13 @@ class AttentionMethod:
     """Whether a config or a user may name it (False: an internal numerics twin, e.g. a simulation)."""
     simulated_by: str | None = None
     """For a method the reference does not run itself: the reference method with its numerics."""
+    dp_operands: str = "fp8"
+    """Operands of dP = dO Vᵀ: ``fp8`` (dÔ and V̂, as the other six matmuls) or ``bf16`` (dO and V rounded to BF16,
+    the paper's Appendix C.4 "BF16 dP" alternative: one matmul in BF16)."""
+    p_encoding: str = "block"
+    """How the forward's P is cast for O = P̂V̂: ``block`` (one scale per row and 64 keys) or ``row_max`` (the max-shift
+    encoding of Appendix C.4: P / max_j P_ij, whose row maximum is 1, cast with the fixed scale that maps 1 to E4M3's
+    448, and the row's max multiplied back onto O in FP32; dV's P̂ᵀ keeps its block scales)."""
 
     def __post_init__(self) -> None:
         if self.delta not in ("exact", *DELTA_KINDS):
@@ -56,6 +63,12 @@ class AttentionMethod:
             raise ValueError(f"method {self.name!r}: backends {list(self.backends)} must be some of {BACKENDS}")
         if ("reference" in self.backends) == (self.simulated_by is not None):
             raise ValueError(f"method {self.name!r}: exactly one of 'reference' in backends or simulated_by")
+        if self.dp_operands not in ("fp8", "bf16") or self.p_encoding not in ("block", "row_max"):
+            raise ValueError(f"method {self.name!r}: dp_operands {self.dp_operands!r} must be fp8 or bf16, "
+                             f"p_encoding {self.p_encoding!r} block or row_max")
+        if (self.dp_operands, self.p_encoding) != ("fp8", "block") and self.scaling != "block":
+            raise ValueError(f"method {self.name!r}: dp_operands and p_encoding vary the block-scaled FP8 numerics "
+                             f"only (scaling {self.scaling!r})")
 
     @property
     def delta_kind(self) -> str:
@@ -82,6 +95,14 @@ METHODS: dict[str, AttentionMethod] = {
                         "Delta-Matching: FP8 attention whose δ_i = Σ_j P_ij dP̂_ij is recomputed from the unquantised P "
                         "and the FP32 products of the FP8 operands, so each row of dS sums to zero before its FP8 "
                         "cast.", _BLOCK_FP8),
+        AttentionMethod("bf16_dp", True, "stale", "block", "BF16 dP (stale δ)",
+                        "FP8 attention whose dP = dO Vᵀ runs on BF16 operands (the paper's Appendix C.4 alternative, "
+                        "as this harness reads it): dP and the stale δ both see the unquantised dO, at the cost of "
+                        "one BF16 matmul; the other six matmuls are FP8.", ("reference",), dp_operands="bf16"),
+        AttentionMethod("maxshift", True, "stale", "block", "max-shift P (stale δ)",
+                        "FP8 attention whose forward encodes P by its row maximum (the max-shift encoding of the "
+                        "paper's Appendix C.4, as this harness reads it: P / max_j P_ij in E4M3 at a fixed scale, the "
+                        "max multiplied back in FP32), with the stale δ.", ("reference",), p_encoding="row_max"),
         AttentionMethod("cudnn_fp8", True, "stale", "tensor", "cuDNN/TE FP8",
                         "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",
                         ("cudnn",), simulated_by="cudnn_fp8_sim"),

@@ -9,7 +9,9 @@ cuDNN baseline). Backward recomputes S and P from Q̂, K̂ and the saved lse, th
 
     dP̂ = dÔ V̂ᵀ,   dS = P ⊙ (dP̂ − δ),   dV = P̂ᵀ dÔ,   dQ = dŜ K̂·scale,   dK = dŜᵀ Q̂·scale,
 
-with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). The stale δ reads dO and O as the
+with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). Two methods vary the operands
+instead (the paper's Appendix C.4 alternatives, as ``deltamatch/methods.py`` defines them): ``bf16_dp`` forms dP from
+dO and V rounded to BF16, ``maxshift`` casts the forward's P by its row maximum (``p_encoding``). The stale δ reads dO and O as the
 backward receives them: the input dO and the BF16-stored O under block scales, but under the cuDNN baseline's per-tensor
 scales the FP8 dÔ and the E4M3-stored Ô, since cuDNN's FP8 backward gets both as FP8 tensors and forms δ from them.
 There, and for BF16 (whose dO operand is the rounded dO the stale δ reads), consistent is the same number as stale.
@@ -102,6 +104,22 @@ def _cast_ds(ds, method: AttentionMethod) -> torch.Tensor:
     return quant.quantize_tiles(ds, DS_TILE, DS_TILE)[0]
 
 
+def _pv(p, vh, method: AttentionMethod) -> torch.Tensor:
+    """O = P̂V̂ in FP32. Under the max-shift encoding P/max_j P (row max 1) is cast with the scale that maps 1 to 448
+    and the row's max is multiplied back after the matmul, as a kernel would from its running max."""
+    if method.p_encoding == "row_max":
+        row_max = p.amax(-1, keepdim=True)
+        return (quant.quantize_fixed(p / row_max, 1.0 / quant.E4M3_MAX) @ vh) * row_max
+    return _cast_p(p, method, for_dv=False) @ vh
+
+
+def _dp(do, do_hat, vh, method: AttentionMethod) -> torch.Tensor:
+    """dP = dO Vᵀ: FP32 products of the FP8 operands, or of BF16 ones under ``dp_operands="bf16"``."""
+    if method.dp_operands == "bf16":
+        return quant.round_bf16(do) @ quant.round_bf16(vh).transpose(-1, -2)
+    return do_hat @ vh.transpose(-1, -2)
+
+
 def _store_o(o, method: AttentionMethod) -> torch.Tensor:
     if method.scaling == "tensor":
         return quant.quantize_tensor(o)[0]
@@ -122,8 +140,7 @@ def _forward(q, k, v, causal: bool, scale: float, method: AttentionMethod):
     group = q.shape[1] // k.shape[1]
     qh, kh, vh = _operands(q, k, v, method)
     p, lse = _probabilities(qh, _expand(kh, group), None, causal, scale)
-    o = _cast_p(p, method, for_dv=False) @ _expand(vh, group)
-    return _store_o(o, method), lse
+    return _store_o(_pv(p, _expand(vh, group), method), method), lse
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: AttentionMethod, delta_kind: str) -> Probe:
@@ -133,7 +150,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     kh, vh = _expand(kh, group), _expand(vh, group)
     do_hat = _grad_operand(do, method)
     p, _ = _probabilities(qh, kh, lse, causal, scale)
-    dp = do_hat @ vh.transpose(-1, -2)  # FP32 products of the FP8 operands
+    dp = _dp(do, do_hat, _expand(v, group) if method.dp_operands == "bf16" else vh, method)
     if delta_kind == "matched":
         delta = (p * dp).sum(-1)
     elif delta_kind == "consistent" or method.scaling == "tensor":  # cuDNN's stale δ: its FP8 dÔ against Ô

@@ -80,7 +80,7 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o64 = attention_exact(q64, k64, v64, causal)
     o64.backward(do.double())
-    probe = probe_backward(q, k, v, do, causal=causal, method=_probe_method(method))[get_method(method).delta_kind]
+    probe = probe_backward(q, k, v, do, causal=causal, method=method)[get_method(method).delta_kind]
     with torch.no_grad():
         o = attention_reference(q, k, v, causal, method)
     return {
@@ -92,11 +92,6 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
         "relerr_dk": relative_error(probe.dk, k64.grad),
         "relerr_dv": relative_error(probe.dv, v64.grad),
     }
-
-
-def _probe_method(method: str) -> str:
-    # The block-scaled FP8 methods share their quantisation and differ only in δ, which the probe picks.
-    return "matched" if get_method(method).scaling == "block" else method
 
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> pd.DataFrame:

@@ -196,3 +196,66 @@ def test_oversized_head_dim_and_unknown_method():
         attention_reference(big, big, big, True, "matched")
     with pytest.raises(ValueError, match="unknown attention mode 'fp4'"):
         attention_reference(q, k, v, True, "fp4")
+
+
+def _fp64_e4m3(y: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest E4M3 value (clamped to ±448, ties to the even code), in FP64 from the code table."""
+    grid = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    a = y.double().abs().clamp(max=448.0)
+    hi = torch.searchsorted(grid, a.contiguous()).clamp(max=126)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = a - grid[lo], grid[hi] - a
+    return torch.copysign(grid[torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)], y.double())
+
+
+def test_maxshift_casts_p_by_its_row_max_and_multiplies_the_max_back():
+    """Appendix C.4's max-shift encoding, rebuilt in FP64: O = max_j P · (E4M3(448 · P / max_j P) / 448) V̂, on the
+    operands the block-scaled methods share; the per-64-key block encoding (matched's forward) is measurably another."""
+    from deltamatch.kernels.reference import _operands
+    from deltamatch.methods import get_method
+
+    q, k, v, _ = make(n=130, h=2, hk=2, spread=4.0)
+    qh, kh, vh = (t.double() for t in _operands(*(t.transpose(1, 2) for t in (q, k, v)), get_method("maxshift")))
+    s = (qh @ kh.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    s = s.masked_fill(torch.ones(130, 130, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    row_max = p.amax(-1, keepdim=True)
+    expected = ((_fp64_e4m3(448 * p / row_max) / 448) @ vh * row_max).transpose(1, 2)
+    expected = expected.to(torch.bfloat16).double()  # O is stored in BF16
+    ours = attention_reference(q, k, v, True, "maxshift").double()
+    block = attention_reference(q, k, v, True, "matched").double()
+    assert relative_error(ours, expected) < 1e-3 < relative_error(block, expected)
+
+
+def test_bf16_dp_forms_dp_from_bf16_dO_and_V():
+    """Appendix C.4's BF16 dP: the probe's dS = P (dP - δ) gives back dP = dO_bf16 V_bf16ᵀ (checked in FP64 where P
+    is not tiny), while the FP8 methods' dP̂ is measurably another."""
+    q, k, v, do = make(n=96, h=2, hk=2)
+    bf16 = lambda t: t.to(torch.bfloat16).double().transpose(1, 2)  # noqa: E731
+    expected = bf16(do) @ bf16(v).transpose(-1, -2)
+    for method, close in (("bf16_dp", True), ("stale", False)):
+        probe = probe_backward(q, k, v, do, method=method)["stale"]
+        p = attention_probabilities(q, k, method)
+        keep = p > 1e-2
+        dp = probe.ds_before_cast.double() / p + probe.delta.double()[..., None]
+        error = ((dp - expected)[keep].norm() / expected[keep].norm()).item()
+        assert (error < 1e-5) if close else (error > 1e-3), (method, error)
+
+
+def attention_probabilities(q, k, method):
+    """P as the reference's backward recomputes it (its operands, FP32), for reading dP back out of dS."""
+    from deltamatch.kernels.reference import _operands, _probabilities
+    from deltamatch.methods import get_method
+
+    qh, kh, _ = _operands(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), get_method(method))
+    p, _ = _probabilities(qh, kh, None, True, 1 / q.shape[-1] ** 0.5)
+    return p.double()
+
+
+def test_the_alternatives_vary_block_scaled_numerics_only():
+    from deltamatch.methods import AttentionMethod
+
+    with pytest.raises(ValueError, match="block-scaled FP8 numerics only"):
+        AttentionMethod("x", True, "stale", "tensor", "x", "x", ("reference",), dp_operands="bf16")
+    with pytest.raises(ValueError, match="p_encoding 'rows' block or row_max"):
+        AttentionMethod("x", True, "stale", "block", "x", "x", ("reference",), p_encoding="rows")
