@@ -45,6 +45,15 @@ class BenchConfig:
     """``do_bench`` warm-up (ms)."""
     rep_ms: int = 200
     """``do_bench`` repetitions (ms)."""
+    methods: list[str] = field(default_factory=lambda: [*FP8_MODES, *BASELINES])
+    """FP8 modes and baselines to time."""
+    memory: bool = False
+    """Also measure the peak backward memory (``memory_seq_lens``)."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.methods) - set(FP8_MODES) - set(BASELINES))
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; choose from {[*FP8_MODES, *BASELINES]}")
 
 
 def flops(b, h, n, d, causal, bwd: bool) -> float:
@@ -138,19 +147,19 @@ def _write(df: pd.DataFrame, path: str, header: str) -> None:
             tmp.write_text(header + "\n\n" + df.to_markdown(index=False, floatfmt=".3f") + "\n")
 
 
-def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
+def run(cfg: BenchConfig, out_dir: str) -> pd.DataFrame:
     from tqdm import tqdm
 
     if not torch.cuda.is_available():
         raise ValueError("dm-kernel-bench needs a CUDA GPU (sm90 for the FP8 kernels)")
     os.makedirs(out_dir, exist_ok=True)
-    skipped = {m: r for m in methods if (r := _available(m)) is not None}
+    skipped = {m: r for m in cfg.methods if (r := _available(m)) is not None}
     cases = [(d, n, c) for d in cfg.head_dims for n in cfg.seq_lens for c in cfg.causal if c or d == 128]
     rows = []
     for d, n, causal in tqdm(cases, desc="shapes"):
         h = max(1, 2048 // d)
         b = max(1, cfg.batch_heads // h)
-        for method in methods:
+        for method in cfg.methods:
             if method in skipped:
                 continue
             try:
@@ -165,10 +174,10 @@ def run(cfg: BenchConfig, out_dir: str, methods, memory: bool) -> pd.DataFrame:
               + "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items()))
     _write(df, os.path.join(out_dir, "kernel_bench.csv"), header)
     _write(df, os.path.join(out_dir, "kernel_bench.md"), header)
-    if memory:
+    if cfg.memory:
         mem = []
         for n in cfg.memory_seq_lens:
-            for method in methods:
+            for method in cfg.methods:
                 if method in skipped:
                     continue
                 try:
@@ -192,17 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML file of BenchConfig keys (head_dims, seq_lens, ...); flags override it")
     parser.add_argument("--head-dims", type=int, nargs="+", help="head dimensions to time (default 64 128 256)")
     parser.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths to time (default 2048 ... 16384)")
-    parser.add_argument("--methods", nargs="+", default=[*FP8_MODES, *BASELINES],
-                        help="FP8 modes and baselines to time")
+    parser.add_argument("--methods", nargs="+",
+                        help=f"FP8 modes and baselines to time (default {' '.join([*FP8_MODES, *BASELINES])})")
     parser.add_argument("--causal-only", action="store_true", help="time causal attention only")
     parser.add_argument("--memory", action="store_true", help="also measure peak backward memory (16K, 64K)")
     args = parser.parse_args(argv)
-    unknown = set(args.methods) - set(FP8_MODES) - set(BASELINES)
-    if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {FP8_MODES + BASELINES}")
-    cfg = load_with_flags(BenchConfig, args.config, {"head_dims": args.head_dims, "seq_lens": args.seq_lens,
-                                                     "causal": [True] if args.causal_only else None})
-    df = run(cfg, args.out, args.methods, args.memory)
+    try:
+        cfg = load_with_flags(BenchConfig, args.config, {
+            "head_dims": args.head_dims, "seq_lens": args.seq_lens, "methods": args.methods,
+            "causal": [True] if args.causal_only else None, "memory": True if args.memory else None})
+    except ValueError as err:
+        parser.exit(2, f"dm-kernel-bench: error: {err}\n")
+    df = run(cfg, args.out)
     cols = [c for c in ("method", "head_dim", "seq_len", "causal", "fwd_tflops", "fwd_bwd_tflops") if c in df]
     print(df[cols].to_string(index=False, float_format="%.0f"))
     return 0

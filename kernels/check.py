@@ -36,6 +36,7 @@ from triton.compiler import ASTSource
 
 from deltamatch.kernels import triton_bwd, triton_fwd, triton_quant
 from deltamatch.atomic import write_text
+from deltamatch.config import load_with_flags
 from deltamatch.kernels.hardware import hardware
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -226,24 +227,48 @@ def problems(row: dict) -> list[str]:
     return found
 
 
+@dataclass
+class CheckConfig:
+    """Which kernels the build check compiles (the pipeline writes it from config key ``kernel.check``)."""
+
+    head_dims: list[int] = field(default_factory=lambda: list(HEAD_DIMS))
+    """Head dimensions to compile."""
+    causal: str = "both"
+    """Mask settings of the attention kernels: ``both``, ``yes`` or ``no``."""
+    tma_variants: bool = False
+    """Also compile each attention kernel with its tiles loaded through TMA (variant ``<mask>-tma``)."""
+
+    def __post_init__(self) -> None:
+        bad = [d for d in self.head_dims if d not in HEAD_DIMS]
+        if bad or not self.head_dims:
+            raise ValueError(f"head_dims {self.head_dims}: each must be one of {list(HEAD_DIMS)}")
+        if self.causal not in ("both", "yes", "no"):
+            raise ValueError(f"causal {self.causal!r} must be both, yes or no")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS), help="head dimensions to compile")
-    parser.add_argument("--causal", choices=("both", "yes", "no"), default="both",
-                        help="which mask settings of the attention kernels to compile")
+    parser.add_argument("--config", help="YAML file of CheckConfig keys (head_dims, causal, tma_variants); flags "
+                        "override it")
+    parser.add_argument("--head-dims", type=int, nargs="+",
+                        help=f"head dimensions to compile (default {' '.join(map(str, HEAD_DIMS))})")
+    parser.add_argument("--causal", choices=("both", "yes", "no"),
+                        help="which mask settings of the attention kernels to compile (default both)")
     parser.add_argument("--out", help="also write the JSON lines to this file")
     parser.add_argument("--tma-variants", action="store_true",
                         help="also compile each attention kernel with its tiles loaded through TMA (variant '<mask>-tma')")
     parser.add_argument("--gpu-tests", metavar="DIR", help="then, on a Hopper GPU, run the GPU correctness tests in DIR "
                         "(pytest -m gpu: the Triton and cuDNN kernels against the reference); skipped elsewhere")
     args = parser.parse_args(argv)
-    for d in args.head_dims:
-        if d not in HEAD_DIMS:
-            raise ValueError(f"head dim {d} is not one of {HEAD_DIMS}")
-    causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[args.causal]
+    try:
+        cfg = load_with_flags(CheckConfig, args.config, {"head_dims": args.head_dims, "causal": args.causal,
+                                                         "tma_variants": True if args.tma_variants else None})
+    except ValueError as err:
+        parser.exit(2, f"dm-kernel-check: error: {err}\n")
+    causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[cfg.causal]
     rows = []
-    for d in args.head_dims:
-        for spec in kernel_specs(d, causal, args.tma_variants):
+    for d in cfg.head_dims:
+        for spec in kernel_specs(d, causal, cfg.tma_variants):
             row = analyse(spec, d)
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -272,6 +272,9 @@ def _registry_names():
         "models/data/tokenizer.py",
         "models/data/hub.py",
         "kernels/sweep.py",
+        "kernels/check.py",
+        "kernels/bench.py",
+        "evals/probe.py",
     ):
         for node in ast.walk(tree(rel)):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
@@ -299,10 +302,35 @@ def _check_registries():
                 check(value, fields[key], f"{where}{key}.")
 
     check(config["data"], "PrepareConfig", "data.")
-    check(config["sweep"]["config"], "SweepConfig", "sweep.config.")
+    for section, cls in TOOL_CONFIGS.values():
+        check(tool_config_of(section), cls, f"{section}.")
+    check(config["probe"]["config"], "ProbeConfig", "probe.config.")
+
+
+TOOL_CONFIGS = {
+    "sweep": ("sweep.config", "SweepConfig"),
+    "kernel_check": ("kernel.check", "CheckConfig"),
+    "kernel_bench": ("kernel.bench", "BenchConfig"),
+}
+"""``results/<name>/configs/<file>.yaml``: the config key that is a console script's whole ``--config`` file, and the
+dataclass its keys are checked against (rule tool_config writes them)."""
+
+
+def tool_config_of(section):
+    """The mapping under a dotted config key of ``TOOL_CONFIGS``."""
+    top, key = section.split(".")
+    return config[top][key]
 
 
 _check_registries()
+
+
+def probe_config(wildcards):
+    """dm-probe's config for one run: config key probe.config, its seq_len following the run's trained length."""
+    cfg = dict(config["probe"]["config"])
+    if cfg.get("seq_len") is None:
+        cfg["seq_len"] = TRAINER_CONFIG.parse(TRAINER_CONFIG.RunConfig, train_config(wildcards)).data.seq_len
+    return cfg
 
 
 def init_checkpoint(wildcards):

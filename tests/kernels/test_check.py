@@ -122,6 +122,12 @@ def test_cli_prints_one_json_object_per_kernel(capsys, tmp_path, monkeypatch):
     assert seen[-1] == (False,)
 
 
-def test_cli_rejects_unknown_head_dim():
-    with pytest.raises(ValueError, match="head dim 96"):
+def test_cli_rejects_unknown_head_dim(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
         check.main(["--head-dims", "96"])
+    assert exit_.value.code == 2 and "head_dims [96]" in capsys.readouterr().err
+    config = tmp_path / "check.yaml"  # what the pipeline writes from kernel.check
+    config.write_text("head_dims: [64]\ncausal: sometimes\n")
+    with pytest.raises(SystemExit):
+        check.main(["--config", str(config)])
+    assert "causal 'sometimes'" in capsys.readouterr().err

@@ -13,12 +13,28 @@ def test_flop_convention_is_flashattention_s():
     assert bench.flops(2, 3, 1024, 128, causal=False, bwd=True) == 3.5 * fwd  # backward 2.5× forward
 
 
-def test_unknown_method_is_named(tmp_path):
-    with pytest.raises(ValueError, match="flashinfer"):
+def test_unknown_method_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
         bench.main(["--out", str(tmp_path), "--methods", "matched", "flashinfer"])
+    assert exit_.value.code == 2 and "unknown methods ['flashinfer']" in capsys.readouterr().err
+
+
+def test_the_config_file_carries_every_choice_and_flags_override_it(tmp_path):
+    """What the pipeline writes from config key kernel.bench (workflow/rules/kernel.smk) is a BenchConfig file."""
+    from deltamatch.config import load_with_flags
+
+    path = tmp_path / "bench.yaml"
+    path.write_text("head_dims: [128]\nseq_lens: [8192]\ncausal: [true]\nmethods: [matched, sdpa_cudnn_bf16]\n"
+                    "memory: true\n")
+    cfg = load_with_flags(bench.BenchConfig, path, {"seq_lens": [4096]})
+    assert (cfg.head_dims, cfg.seq_lens, cfg.causal, cfg.methods, cfg.memory) == (
+        [128], [4096], [True], ["matched", "sdpa_cudnn_bf16"], True)
+    path.write_text("memroy: true\n")
+    with pytest.raises(ValueError, match="memroy"):
+        load_with_flags(bench.BenchConfig, path, {})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_refuses_to_run_without_cuda(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):
-        bench.run(bench.BenchConfig(), str(tmp_path), ["matched"], memory=False)
+        bench.run(bench.BenchConfig(methods=["matched"]), str(tmp_path))

@@ -68,6 +68,28 @@ def test_rendered_configs_are_valid_trainer_and_data_configs(snakemake, root, tm
     assert big.model.size == "5.29B" and big.train.steps == 28610
 
 
+def test_tool_configs_are_the_typed_sections_and_the_probe_follows_the_trained_length(snakemake, root, tmp_path):
+    """Each console script's --config file is written from its typed config section (no free argument lists), and
+    dm-probe's length follows the probed run's trained length unless probe.config sets it."""
+    from deltamatch.config import read_yaml
+
+    test = yaml.safe_load((root / "config" / "test.yaml").read_text())
+    test["kernel"] = {"check": {"head_dims": [64], "causal": "yes"}, "bench": {"seq_lens": [4096], "memory": True}}
+    config = tmp_path / "tools.yaml"
+    config.write_text(yaml.safe_dump(test))
+    targets = ["results/test/configs/kernel_check.yaml", "results/test/configs/kernel_bench.yaml",
+               "results/test/configs/probe/base/tiny/bf16/s0.yaml"]
+    done = snakemake(*targets, "--cores", "1", "--configfile", str(config), workdir=tmp_path)
+    assert done.returncode == 0, done.output[-3000:]
+    check, bench, probe = (read_yaml(tmp_path / t) for t in targets)
+    assert check == {"head_dims": [64], "causal": "yes"} and bench == {"seq_lens": [4096], "memory": True}
+    assert probe == {"seq_len": test["train"]["data"]["seq_len"]}
+    test["probe"]["config"] = {"seq_len": 48, "batch_size": 1}
+    config.write_text(yaml.safe_dump(test))
+    done = snakemake(targets[2], "--cores", "1", "--configfile", str(config), workdir=tmp_path)
+    assert done.returncode == 0 and read_yaml(tmp_path / targets[2]) == {"batch_size": 1, "seq_len": 48}
+
+
 def test_lint_is_clean(snakemake, tmp_path):
     done = snakemake("--lint", workdir=tmp_path)
     assert "Lints for" not in done.stdout + done.stderr, done.stdout + done.stderr
@@ -109,6 +131,10 @@ def test_registry_names_are_checked_at_the_dry_run(snakemake, tmp_path):
             ["config key 'runs[0].sizes': unknown ['huge']", "'1.67B'"],
         "name: bad\ndata: {corpus: {max_byte: 1000}}\n": ["unknown config key 'data.corpus.max_byte'", "max_bytes"],
         "name: bad\nsweep: {config: {head: 2}}\n": ["unknown config key 'sweep.config.head'", "heads"],
+        "name: bad\nkernel: {bench: {memroy: true}}\n": ["unknown config key 'kernel.bench.memroy'", "memory"],
+        "name: bad\nkernel: {check: {head_dim: [64]}}\n": ["unknown config key 'kernel.check.head_dim'", "head_dims"],
+        "name: bad\nprobe: {config: {seqlen: 64}}\n": ["unknown config key 'probe.config.seqlen'", "seq_len"],
+        "name: bad\nevals: {extra_args: [--limit, '1']}\n": ["extra_args"],
     }
     for text, expected in cases.items():
         done = snakemake("-n", "--configfile", str(_bad(tmp_path, text)), workdir=tmp_path)

@@ -34,7 +34,10 @@ rule eval:
     resources:
         **resources_of("eval"),
     params:
-        extra=" ".join(["--online"] * config["evals"]["online"] + config["evals"]["extra_args"]),
+        extra=" ".join(
+            ["--online"] * config["evals"]["online"]
+            + ([f"--limit {config['evals']['limit']}"] if config["evals"]["limit"] else [])
+        ),
     shell:
         "dm-eval --checkpoint {input.checkpoint} --suite {wildcards.suite} --data {input.data} --out {output}"
         " {params.extra} > {log} 2>&1"

@@ -1,21 +1,9 @@
 # The random-head sweep: row-sum residual of each δ on random attention heads across input spreads (dm-sweep).
 
 
-rule sweep_config:
-    output:
-        f"{RESULTS}/configs/sweep.yaml",
-    log:
-        f"{LOGS}/configs/sweep.log",
-    localrule: True
-    params:
-        text=as_yaml(config["sweep"]["config"]),
-    run:
-        write_config(output[0], params.text, log[0])
-
-
 rule sweep:
     input:
-        config=rules.sweep_config.output[0],
+        config=f"{RESULTS}/configs/sweep.yaml",
     output:
         f"{RESULTS}/sweep/sweep.csv",
     log:
