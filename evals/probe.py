@@ -19,6 +19,9 @@ import pandas as pd
 import torch
 from deltamatch.atomic import atomic_path
 from deltamatch.config import load_with_flags
+from deltamatch.evals.offline_tasks import read_val_docs
+from deltamatch.kernels.measures import residual_summary
+from deltamatch.models.instrument import capture_attention_io
 
 COLUMNS = ["layer", "delta", "before_cast", "after_cast", "dk_colsum"]
 
@@ -35,8 +38,6 @@ class ProbeConfig:
 
 def heldout_batch(tokenizer, data_dir: str | Path, cfg: ProbeConfig) -> torch.Tensor:
     """The first ``batch_size x seq_len`` tokens of the held-out documents, joined by EOS, as ``(B, N)``."""
-    from deltamatch.evals.offline_tasks import read_val_docs
-
     need = cfg.batch_size * cfg.seq_len
     ids: list[int] = []
     for doc in read_val_docs(data_dir):
@@ -48,9 +49,6 @@ def heldout_batch(tokenizer, data_dir: str | Path, cfg: ProbeConfig) -> torch.Te
 
 def probe_rows(model, input_ids: torch.Tensor) -> pd.DataFrame:
     """Table 9 rows for ``model`` on ``input_ids`` (labels = inputs, HF shift convention)."""
-    from deltamatch.kernels.measures import residual_summary
-    from deltamatch.models.instrument import capture_attention_io
-
     io = capture_attention_io(model, input_ids, input_ids)
     rows = [{"layer": layer, "delta": kind, **values}
             for layer, (q, k, v, do) in io.items()

@@ -11,6 +11,8 @@
 import torch
 from torch import nn
 
+from deltamatch.kernels.reference import probe_backward
+
 
 def gain_concentration(q_gain: torch.Tensor, k_gain: torch.Tensor, top_k: int = 5) -> tuple[float, list[int]]:
     """Share of the largest channel in ``sum_c (g_q,c g_k,c)^2`` and the ``top_k`` channels by that product.
@@ -85,8 +87,6 @@ def delta_error_effects(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
     pushes the channel the same way), and its median over channels. ``q, k, v, do`` as ``capture_attention_io``
     returns them (B, N, H, D), k/v may have fewer heads (GQA).
     """
-    from deltamatch.kernels.reference import probe_backward
-
     probes = probe_backward(q, k, v, do, causal=True, softmax_scale=softmax_scale)
     reference = probes["matched"]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

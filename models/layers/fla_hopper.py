@@ -8,7 +8,7 @@ K by ``min(next_pow2(K), 128)``, so the paper's 128-dim GDN heads run one ``BK =
 Hopper but not the gated one) concerns the same backward.
 
 So this module enables fla's backward narrowly: for the key head dims in :data:`VERIFIED_HEAD_DIMS` only, which
-``tests/models/test_fla_gpu.py`` checks on the H200 against the twin in FP64 (output, final state and the gradient of
+``tests/models/layers/test_fla_gpu.py`` checks on the H200 against the twin in FP64 (output, final state and the gradient of
 every input: q, k, v, gate, beta, A_log, dt_bias, initial state; T = 63, 300 and 8192, B = 2, with and without an
 initial state, for each warp count ``prepare_wy_repr_bwd`` may autotune to). Measured on 2026-12-01 at T = 8192 with
 an initial state (2 warps, FP32 inputs): every relative error <= 3.8e-3 (benchmarks/results/h200_train_2026-12-01). Everywhere else fla's own behaviour
@@ -82,7 +82,7 @@ def training_backend(device: torch.device, head_k_dim: int, mixer: str = "gdn") 
     enable_verified_backward()
     return "fla", (f"fla's Triton chunk kernels; its gated backward, refused by fla on Hopper with Triton "
                    f"{_triton_version()} (fla #640), is enabled for head dim {head_k_dim}, verified against FP64 by "
-                   "tests/models/test_fla_gpu.py")
+                   "tests/models/layers/test_fla_gpu.py")
 
 
 @contextlib.contextmanager

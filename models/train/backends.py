@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from deltamatch.kernels.backends import select_backend
 from deltamatch.models.layers.fla_hopper import training_backend
 
 
 def _attention_backend(attn: nn.Module, method: str, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
-    from deltamatch.kernels.backends import select_backend
-
     q = torch.zeros(1, 128, attn.num_heads, attn.head_dim, device=device, dtype=dtype)
     k = torch.zeros(1, 128, attn.num_kv_heads, attn.head_dim, device=device, dtype=dtype)
     backend = select_backend(q, k, k, True, method)

@@ -6,6 +6,7 @@ Every section is a dataclass with a default and a one-line docstring per field, 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -210,8 +211,6 @@ COSMETIC_ENV = "DM_TRAIN_COSMETIC"
 
 def apply_cosmetic(config: RunConfig, encoded: str | None) -> RunConfig:
     """Set the COSMETIC keys named in ``encoded`` (a JSON object ``{"train.progress": false}``) on ``config``."""
-    import json
-
     if not encoded:
         return config
     try:

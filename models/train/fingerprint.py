@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from deltamatch.atomic import write_text
+from deltamatch.models.data.shards import MANIFEST
 from deltamatch.models.train.checkpoint import COMPLETE, Checkpointer, checkpoint_info, complete_checkpoints
 from deltamatch.models.train.config import RunConfig
 from deltamatch.models.train.distributed import Layout, barrier
@@ -88,8 +89,6 @@ def init_from_digest(source: str | Path) -> str | None:
 
 def manifest_digest(data_dir: str | Path) -> str:
     """sha256 of the data folder's ``manifest.json`` bytes (which list every shard's own sha256)."""
-    from deltamatch.models.data.shards import MANIFEST
-
     return hashlib.sha256((Path(data_dir) / MANIFEST).read_bytes()).hexdigest()
 
 

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from deltamatch.methods import DELTA_KINDS as DELTAS
+from deltamatch.kernels.measures import residual_summary
+from deltamatch.models.instrument import capture_attention_io, delta_error_effects, gain_concentration
 from deltamatch.models.train.distributed import Layout, full_tensor
 
 
 def gain_records(model: nn.Module) -> list[dict]:
     """One record per attention layer with QK-norm (gathers the gains from their shards: call on every rank)."""
-    from deltamatch.models.instrument import gain_concentration
-
     records = []
     for layer, attn in model.attention_layers():
         if getattr(attn, "q_norm", None) is None:
@@ -43,9 +43,6 @@ def gain_records(model: nn.Module) -> list[dict]:
 
 def residual_records(model: nn.Module, batch: torch.Tensor, layout: Layout, autocast) -> list[dict]:
     """One record per attention layer x δ kind, from a slice of ``batch`` (call on every rank; rank 0 returns them)."""
-    from deltamatch.kernels.measures import residual_summary
-    from deltamatch.models.instrument import capture_attention_io, delta_error_effects
-
     with autocast():
         io = capture_attention_io(model, batch, batch)
     if not layout.is_main:

@@ -36,7 +36,7 @@ def test_fla_triton_gdn_matches_cpu_path(T):
     dy = torch.randn(2, T, 512)
 
     # fla refuses its own gated backward on Hopper under Triton 3.4-3.7.0 (its issue #640); deltamatch lets it
-    # through for head dim 128 (layers/fla_hopper.py, tests/models/test_fla_gpu.py), so the layers train with fla here
+    # through for head dim 128 (layers/fla_hopper.py, tests/models/layers/test_fla_gpu.py), so the layers train with fla here
     backward = training_backend(torch.device("cuda"), 128)[0] == "fla"
 
     def run(layer, x, backend=None):

@@ -6,7 +6,7 @@ minutes on a fresh machine). Each item is one of
 - ``method:micro_batch[:flags]``: training steps, flags from ``nofused`` (plain-PyTorch norms/SwiGLU/CE instead of
   fla's kernels), ``twin`` (the pure-torch GDN recurrence), ``ckpt`` (activation checkpointing) and ``prof`` (print
   the top CUDA kernels of one step); a row with median step time, tokens/s, MFU, peak memory;
-- ``verify:K:T:h0:warps[:bf16]``: fla's gated delta rule against the FP64 twin (tests/models/fla_reference.py) at key head
+- ``verify:K:T:h0:warps[:bf16]``: fla's gated delta rule against the FP64 twin (tests/models/layers/fla_reference.py) at key head
   dim K (V = 2K), length T, with an initial state when h0 is 1, ``prepare_wy_repr_bwd`` autotuned over ``warps``
   warps only; fla's #640 guard is lifted for the item;
 - ``kda:T:h0``: fla's KDA chunk kernel against its token-by-token reference.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "models" / "layers"))
 
 
 def run_variant(spec: str, size: str, seq_len: int, steps: int, warmup: int) -> dict:

@@ -1,5 +1,5 @@
-"""fla's Gated DeltaNet and KDA chunk kernels against FP64/FP32 references, shared by tests/models/test_fla_gpu.py and
-tools/device/profile_step.py (its ``verify`` and ``kda`` items print the errors on the H200).
+"""fla's Gated DeltaNet and KDA chunk kernels against FP64/FP32 references, shared by
+tests/models/layers/test_fla_gpu.py and tools/device/profile_step.py (its ``verify`` and ``kda`` items print the errors on the H200).
 
 Inputs are like training's rather than random: keys pulled toward a shared direction (cosines near 0.5), beta from
 a sigmoid of a positive-biased logit, gates with the layer's own A_log/dt_bias parametrisation.

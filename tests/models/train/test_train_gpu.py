@@ -1,6 +1,6 @@
 """The trainer on Hopper GPUs: bf16 autocast, the Triton FP8 attention inside a training step, NCCL + FSDP2.
 
-Run on the H200: ``.venv/bin/pytest -q -m gpu tests/models/test_train_gpu.py`` (skipped without an sm90 GPU).
+Run on the H200: ``.venv/bin/pytest -q -m gpu tests/models/train/test_train_gpu.py`` (skipped without an sm90 GPU).
 """
 
 import json
