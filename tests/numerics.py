@@ -1,12 +1,15 @@
-"""The test suite's one relative-error helper: ‖x − ref‖ / ‖ref‖ in FP64 (``deltamatch.kernels.measures``'s, the measure
-dm-sweep reports, so a test's tolerance and a reported error mean the same thing), and ``assert_close`` on top of it.
+"""The test suite's numerical oracles. The one relative-error helper: ‖x − ref‖ / ‖ref‖ in FP64 (``deltamatch.kernels.measures``'s, the measure
+dm-sweep reports, so a test's tolerance and a reported error mean the same thing), and ``assert_close`` on top of it; and ``rne_e4m3_fp64``, E4M3 rounding built in FP64 from the code table, independent
+of the quantiser it checks.
 
 Import it as ``from numerics import assert_close, relative_error`` (tests/ is on the path through tests/conftest.py).
 """
 
+import torch
+
 from deltamatch.kernels.measures import relative_error
 
-__all__ = ["assert_close", "relative_error"]
+__all__ = ["assert_close", "relative_error", "rne_e4m3_fp64"]
 
 
 def assert_close(actual, expected, tol: float, what: str = "") -> float:
@@ -14,3 +17,18 @@ def assert_close(actual, expected, tol: float, what: str = "") -> float:
     error = relative_error(actual.detach(), expected.detach())
     assert error < tol, f"{what or 'value'}: relative error {error:.3g} is not below {tol:g}"
     return error
+
+
+def rne_e4m3_fp64(y: torch.Tensor) -> torch.Tensor:
+    """The E4M3 value nearest to ``y`` clamped to ±448, ties to the even code, built in FP64 from the code table.
+
+    Positive codes 0…126 are the finite non-negative E4M3 values in increasing order, so a tie between two
+    neighbours goes to the one whose index is even (mantissa LSB 0).
+    """
+    grid = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    a = y.double().abs().clamp(max=448.0)
+    hi = torch.searchsorted(grid, a).clamp(max=126)  # first grid value >= a
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = a - grid[lo], grid[hi] - a
+    pick = torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)
+    return torch.copysign(grid[pick], y.double())

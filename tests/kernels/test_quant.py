@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from deltamatch.kernels import quant
+from numerics import rne_e4m3_fp64
 
 
 def _all_e4m3_values() -> torch.Tensor:
@@ -22,22 +23,7 @@ def test_roundings_equal_torch_cast_and_an_fp64_oracle_bit_for_bit():
     ours = quant.round_e4m3_fp32(x)
     theirs = x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))  # bits, so -0.0 and +0.0 differ
-    assert torch.equal(quant.round_e4m3(x).view(torch.int32), _rne_e4m3_fp64(x).float().view(torch.int32))
-
-
-def _rne_e4m3_fp64(y: torch.Tensor) -> torch.Tensor:
-    """The E4M3 value nearest to ``y`` clamped to ±448, ties to the even code, built in FP64 from the code table.
-
-    Positive codes 0…126 are the finite non-negative E4M3 values in increasing order, so a tie between two
-    neighbours goes to the one whose index is even (mantissa LSB 0).
-    """
-    grid = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
-    a = y.double().abs().clamp(max=448.0)
-    hi = torch.searchsorted(grid, a).clamp(max=126)  # first grid value >= a
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = a - grid[lo], grid[hi] - a
-    pick = torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)
-    return torch.copysign(grid[pick], y.double())
+    assert torch.equal(quant.round_e4m3(x).view(torch.int32), rne_e4m3_fp64(x).float().view(torch.int32))
 
 
 def _code_values(scale: float) -> torch.Tensor:
@@ -68,10 +54,10 @@ def test_tile_codes_equal_an_independent_nearest_even_rounding_bit_for_bit():
     assert torch.equal(s[: len(body), 0], pow2) and len(above) == 8
     assert (x[len(body):].abs().amax(1) / s[len(body):, 0] > 448).all()
     # every row, bit for bit: FP32 x / s (the spec's quotient) rounded by the FP64 oracle, times s in FP32
-    expect = _rne_e4m3_fp64(x / s).float() * s
+    expect = rne_e4m3_fp64(x / s).float() * s
     assert torch.equal(deq.view(torch.int32), expect.view(torch.int32))
     # and the codes themselves, which the power-of-two rows give back exactly
-    codes, ref = deq[: len(body)] / s[: len(body)], _rne_e4m3_fp64(x[: len(body)] / s[: len(body)]).float()
+    codes, ref = deq[: len(body)] / s[: len(body)], rne_e4m3_fp64(x[: len(body)] / s[: len(body)]).float()
     assert torch.equal(codes.view(torch.int32), ref.view(torch.int32))
     assert (codes == 0).sum() > 3 and ((codes.abs() > 0) & (codes.abs() < 2.0**-6)).any()  # zeros and subnormals
 

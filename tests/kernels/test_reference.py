@@ -6,6 +6,7 @@ import torch
 from deltamatch.kernels.measures import relative_error, rowsum_residual
 from deltamatch.kernels.reference import attention_exact, attention_reference, probe_backward, quantization_disabled
 from deltamatch.methods import METHODS, implemented_by
+from numerics import rne_e4m3_fp64
 
 ALL_METHODS = implemented_by("reference")
 FP8_METHODS = tuple(m for m in ALL_METHODS if METHODS[m].fp8)
@@ -198,16 +199,6 @@ def test_oversized_head_dim_and_unknown_method():
         attention_reference(q, k, v, True, "fp4")
 
 
-def _fp64_e4m3(y: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest E4M3 value (clamped to ±448, ties to the even code), in FP64 from the code table."""
-    grid = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
-    a = y.double().abs().clamp(max=448.0)
-    hi = torch.searchsorted(grid, a.contiguous()).clamp(max=126)
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = a - grid[lo], grid[hi] - a
-    return torch.copysign(grid[torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)], y.double())
-
-
 def test_maxshift_casts_p_by_its_row_max_and_multiplies_the_max_back():
     """Appendix C.4's max-shift encoding, rebuilt in FP64: O = max_j P · (E4M3(448 · P / max_j P) / 448) V̂, on the
     operands the block-scaled methods share; the per-64-key block encoding (matched's forward) is measurably another."""
@@ -220,7 +211,7 @@ def test_maxshift_casts_p_by_its_row_max_and_multiplies_the_max_back():
     s = s.masked_fill(torch.ones(130, 130, dtype=torch.bool).triu(1), float("-inf"))
     p = torch.softmax(s, dim=-1)
     row_max = p.amax(-1, keepdim=True)
-    expected = ((_fp64_e4m3(448 * p / row_max) / 448) @ vh * row_max).transpose(1, 2)
+    expected = ((rne_e4m3_fp64(448 * p / row_max) / 448) @ vh * row_max).transpose(1, 2)
     expected = expected.to(torch.bfloat16).double()  # O is stored in BF16
     ours = attention_reference(q, k, v, True, "maxshift").double()
     block = attention_reference(q, k, v, True, "matched").double()
