@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, help="Hugging Face model folder (dm-train's final/)")
     parser.add_argument("--suite", required=True, help=f"suite name ({', '.join(available_suites())}) or YAML path")
     parser.add_argument("--out", required=True, help="result JSON to write")
-    parser.add_argument("--config", help="YAML file of EvalConfig keys (limit, online, cache, device); flags override it")
+    parser.add_argument("--config",
+                        help="YAML file of EvalConfig keys (limit, online, cache, device); flags override it")
     parser.add_argument("--limit", type=int, default=None, help="at most N documents per task (below the suite's)")
     parser.add_argument("--data", default=None, help="dm-prepare-data folder (val_docs.jsonl) for local tasks")
     parser.add_argument("--online", action="store_true", help="allow Hub and web downloads (default: offline)")

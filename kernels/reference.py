@@ -9,12 +9,13 @@ cuDNN baseline). Backward recomputes S and P from Q̂, K̂ and the saved lse, th
 
     dP̂ = dÔ V̂ᵀ,   dS = P ⊙ (dP̂ − δ),   dV = P̂ᵀ dÔ,   dQ = dŜ K̂·scale,   dK = dŜᵀ Q̂·scale,
 
-with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). Two methods vary the operands
-instead (the paper's Appendix C.4 alternatives, as ``deltamatch/methods.py`` defines them): ``bf16_dp`` forms dP from
-dO and V rounded to BF16, ``maxshift`` casts the forward's P by its row maximum (``p_encoding``). The stale δ reads dO and O as the
-backward receives them: the input dO and the BF16-stored O under block scales, but under the cuDNN baseline's per-tensor
-scales the FP8 dÔ and the E4M3-stored Ô, since cuDNN's FP8 backward gets both as FP8 tensors and forms δ from them.
-There, and for BF16 (whose dO operand is the rounded dO the stale δ reads), consistent is the same number as stale.
+with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). Two methods vary the operands instead
+(the paper's Appendix C.4 alternatives, as ``deltamatch/methods.py`` defines them): ``bf16_dp`` forms dP from dO and V
+rounded to BF16, ``maxshift`` casts the forward's P by its row maximum (``p_encoding``). The stale δ reads dO and O as
+the backward receives them: the input dO and the BF16-stored O under block scales, but under the cuDNN baseline's
+per-tensor scales the FP8 dÔ and the E4M3-stored Ô, since cuDNN's FP8 backward gets both as FP8 tensors and forms δ from
+them. There, and for BF16 (whose dO operand is the rounded dO the stale δ reads), consistent is the same number as
+stale.
 ``probe_backward`` returns the backward's intermediates for each δ that differs on the same activations, which is what
 the paper's Table 9 measures.
 """
@@ -113,10 +114,11 @@ def _pv(p, vh, method: AttentionMethod) -> torch.Tensor:
     return _cast_p(p, method, for_dv=False) @ vh
 
 
-def _dp(do, do_hat, vh, method: AttentionMethod) -> torch.Tensor:
-    """dP = dO Vᵀ: FP32 products of the FP8 operands, or of BF16 ones under ``dp_operands="bf16"``."""
+def _dp(do, do_hat, v, vh, group: int, method: AttentionMethod) -> torch.Tensor:
+    """dP = dO Vᵀ: FP32 products of the FP8 operands dÔ, V̂ (``vh``, already expanded to the query heads), or under
+    ``dp_operands="bf16"`` of the incoming dO and V (``v``, H_kv heads) rounded to BF16."""
     if method.dp_operands == "bf16":
-        return quant.round_bf16(do) @ quant.round_bf16(vh).transpose(-1, -2)
+        return quant.round_bf16(do) @ quant.round_bf16(_expand(v, group)).transpose(-1, -2)
     return do_hat @ vh.transpose(-1, -2)
 
 
@@ -150,7 +152,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     kh, vh = _expand(kh, group), _expand(vh, group)
     do_hat = _grad_operand(do, method)
     p, _ = _probabilities(qh, kh, lse, causal, scale)
-    dp = _dp(do, do_hat, _expand(v, group) if method.dp_operands == "bf16" else vh, method)
+    dp = _dp(do, do_hat, v, vh, group, method)
     if delta_kind == "matched":
         delta = (p * dp).sum(-1)
     elif delta_kind == "consistent" or method.scaling == "tensor":  # cuDNN's stale δ: its FP8 dÔ against Ô

@@ -8,9 +8,9 @@ K by ``min(next_pow2(K), 128)``, so the paper's 128-dim GDN heads run one ``BK =
 Hopper but not the gated one) concerns the same backward.
 
 So this module enables fla's backward narrowly: for the key head dims in :data:`VERIFIED_HEAD_DIMS` only, which
-``tests/models/layers/test_fla_gpu.py`` checks on the H200 against the twin in FP64 (output, final state and the gradient of
-every input: q, k, v, gate, beta, A_log, dt_bias, initial state; T = 63, 300 and 8192, B = 2, with and without an
-initial state, for each warp count ``prepare_wy_repr_bwd`` may autotune to). Measured on 2026-12-01 at T = 8192 with
+``tests/models/layers/test_fla_gpu.py`` checks on the H200 against the twin in FP64 (output, final state and the
+gradient of every input: q, k, v, gate, beta, A_log, dt_bias, initial state; T = 63, 300 and 8192, B = 2, with and
+without an initial state, for each warp count ``prepare_wy_repr_bwd`` may autotune to). Measured on 2026-12-01 at T = 8192 with
 an initial state (2 warps, FP32 inputs): every relative error <= 3.8e-3 (benchmarks/results/h200_train_2026-12-01). Everywhere else fla's own behaviour
 stands: Triton >= 3.7.1 or TileLang enables the backward by itself, and other head dims train with the pure-torch twin
 (:func:`deltamatch.models.layers.gdn.chunk_gated_delta_rule`). The mechanism is fla's own backend registry
