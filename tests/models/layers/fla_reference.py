@@ -37,6 +37,16 @@ def _grads(outputs, inputs: dict, seed=1):
     return dict(zip(inputs, torch.autograd.grad(loss, list(inputs.values()))))
 
 
+def _errors(outputs, inputs: dict, ref_outputs, ref_inputs: dict) -> dict[str, float]:
+    """Relative errors of the output, the final state and every input's gradient (same random cotangents) against
+    the reference's."""
+    (o, h_t), (o_ref, h_t_ref) = outputs, ref_outputs
+    errors = {"o": relative_error(o, o_ref), "final_state": relative_error(h_t, h_t_ref)}
+    grads, grads_ref = _grads(outputs, inputs), _grads(ref_outputs, ref_inputs)
+    errors.update({f"d{n}": relative_error(grads[n], grads_ref[n]) for n in inputs})
+    return errors
+
+
 def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[str, float]:
     """Relative RMS error of fla's ``chunk_gated_delta_rule`` (gate, beta sigmoid and q/k L2 norm in the kernel, as
     the layer calls it) against the pure-torch twin in FP64, for the output, the final state and every gradient."""
@@ -52,10 +62,7 @@ def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[
         l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
         gdn_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
         initial_state=ref_in.get("initial_state"))
-    errors = {"o": relative_error(o, o_ref), "final_state": relative_error(hT, hT_ref)}
-    grads, grads_ref = _grads((o.float(), hT), fla_in), _grads((o_ref, hT_ref), ref_in)
-    errors.update({f"d{n}": relative_error(grads[n], grads_ref[n]) for n in fla_in})
-    return errors
+    return _errors((o.float(), hT), fla_in, (o_ref, hT_ref), ref_in)
 
 
 def kda_errors(B, T, H, K, V, initial_state: bool) -> dict[str, float]:
@@ -74,7 +81,4 @@ def kda_errors(B, T, H, K, V, initial_state: bool) -> dict[str, float]:
         l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
         kda_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
         initial_state=ref_in.get("initial_state"), output_final_state=True)
-    errors = {"o": relative_error(o, o_ref), "final_state": relative_error(hT, hT_ref)}
-    grads, grads_ref = _grads((o, hT), inputs), _grads((o_ref, hT_ref), ref_in)
-    errors.update({f"d{n}": relative_error(grads[n], grads_ref[n]) for n in inputs})
-    return errors
+    return _errors((o, hT), inputs, (o_ref, hT_ref), ref_in)
