@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("table", "figure")
-INPUTS = ("runs", "evals", "paper", "probes", "kernel", "sweep", "kernel_table")
+INPUTS = ("runs", "evals", "paper", "probes", "kernel", "sweep", "kernel_table", "recorded_run")
 """Input groups: run summaries, dm-eval results, the paper's values, a dm-probe CSV, the kernel check and bench
-(with recorded measurements), the sweep CSV, and the kernel table (for the kernel figure)."""
+(with recorded measurements), the sweep CSV, the kernel table (for the kernel figure), and a pipeline run recorded
+earlier on a GPU (a folder under benchmarks/results with its provenance.json)."""
 RUN_SETS = ("main", "scale", "figure5", "all", "context")
 """Which runs an artefact reads: the main variant at the main size, the main variant at every size, its Figure 5
 sizes, every run, the context-extension variant."""
@@ -127,6 +128,14 @@ ARTEFACTS: tuple[Artefact, ...] = (
     Artefact("ablations", "table", "ablation_table", ("runs", "evals", "paper"), "all", ("mapping",),
              title="Ablations", claim_key="ablations",
              about="Validation cross-entropy of each variant and each method's gap to BF16 of the same variant."),
+    Artefact("runs", "table", "run_table", ("runs",), "all",
+             title="Runs: backends, throughput, memory",
+             about="Every run of this pipeline: the implementation that trained each kind of mixer (fla's kernels or "
+                   "the pure-torch twin for Gated DeltaNet; SDPA, the Triton FP8 kernels, cuDNN FP8 or the reference "
+                   "simulation for attention, as the run's summary.json records), steps and tokens, the final "
+                   "training loss (mean of the last 10% of steps) and validation CE, median tokens/s and MFU after "
+                   "the first 10 steps (which compile the kernels), peak memory (the CUDA allocator's on a GPU, the "
+                   "process's resident set on a CPU), the trainer's wall time, and the last attention layer's largest key gain and gain concentration."),
     Artefact("sweep", "table", "sweep_table", ("sweep", "paper"), enabled_by="sweep.enabled",
              title="Random-head sweep", claim_key="sweep",
              about="Distance from the softmax-gradient invariant on random attention heads, against the logit spread. "
@@ -143,6 +152,17 @@ ARTEFACTS: tuple[Artefact, ...] = (
                    "is the linked CSV."),
     Artefact("kernel", "figure", "figure_kernel", ("kernel_table",), enabled_by="kernel.enabled",
              section="kernel_latency"),
+    Artefact("recorded_run", "table", "recorded_run_table", ("recorded_run", "paper"), enabled_by="report.recorded_run",
+             title="Recorded GPU run (not measured by this run)",
+             about="The GPU pipeline run named by the config's report.recorded_run, recorded earlier with its own "
+                   "config and kept under benchmarks/results/: nothing in this section was measured by this run, and "
+                   "its model and steps are that run's. Per method, the columns of the runs table above; below, "
+                   "Table 9 on its probed checkpoint beside the paper's 1.67B values; the figure: its training loss "
+                   "per method and its row-sum residuals per attention layer."),
+    Artefact("recorded_run_probes", "table", "recorded_probe_table", ("recorded_run", "paper"),
+             enabled_by="report.recorded_run", command="recorded_probes", section="recorded_run"),
+    Artefact("recorded_run", "figure", "figure_recorded_run", ("recorded_run",), enabled_by="report.recorded_run",
+             section="recorded_run"),
 )
 
 

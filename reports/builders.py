@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from deltamatch.reports import figures, tables
-from deltamatch.reports.inputs import load_metrics, load_recorded_kernel
+from deltamatch.reports.inputs import RecordedRun, load_metrics, load_recorded_kernel
 
 METRIC_KINDS = ("train", "gain", "val", "residual")
 
@@ -40,6 +40,8 @@ class Inputs:
     """dm-sweep rows (``load_sweep``)."""
     kernel_table: pd.DataFrame | None = None
     """The kernel table (for the kernel figure)."""
+    recorded_run: RecordedRun | None = None
+    """A pipeline run recorded earlier on a GPU (``load_recorded_run``), shown in its own section."""
     scale_of: dict[str, str] = field(default_factory=dict)
     """Which paper scale each of our sizes stands beside."""
     aliases: dict[str, str] = field(default_factory=dict)
@@ -126,3 +128,29 @@ def kernel_from_files(check_path: str, bench_dir: str, paper: pd.DataFrame | Non
         raise ValueError(f"--recorded: no folder {recorded_dir}")
     recorded = load_recorded_kernel(recorded_dir) if recorded_dir and optional["kernel_bench"] is None else None
     return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw, paper, recorded)
+
+
+def run_table(i: Inputs, paper: pd.DataFrame) -> pd.DataFrame:
+    return tables.run_table(i.runs, load_metrics(i.runs, ("train", "gain")))
+
+
+def recorded_run_table(i: Inputs, paper: pd.DataFrame) -> pd.DataFrame:
+    """The run table of a recorded GPU run, every row labelled with where and when it was recorded."""
+    run = i.recorded_run
+    table = tables.run_table(run.runs, load_metrics(run.runs, ("train", "gain")))
+    return table.assign(source=tables.recorded_label(run.provenance))
+
+
+def recorded_probe_table(i: Inputs, paper: pd.DataFrame) -> pd.DataFrame:
+    """Table 9 of the recorded run's probed checkpoint beside the paper's values (at the paper's 1.67B)."""
+    run = i.recorded_run
+    if run.probes is None:
+        raise ValueError(f"{run.folder}: the recorded run probed no checkpoint (no results/probes/.../s<seed>.csv)")
+    table = tables.probe_table(run.probes, run.probe_size, paper, {})
+    return table.assign(source=tables.recorded_label(run.provenance))
+
+
+def figure_recorded_run(i: Inputs, paper: pd.DataFrame):
+    run = i.recorded_run
+    return figures.figure_recorded_run(load_metrics(run.runs, ("train", "gain")), run.probes,
+                                       tables.recorded_label(run.provenance))

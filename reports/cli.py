@@ -12,16 +12,21 @@
     dm-report figure sweep --sweep S.csv --out F.png --values F.csv
     dm-report figure kernel --kernel-table tables/kernel_latency.csv --out F.png --values F.csv
     dm-report render --inputs tables/*.csv figures/* --name NAME --scale-note TEXT --html H --markdown M [--claims C]
-    dm-report all --results results/NAME [--recorded DIR] [--figure5-scale-of tiny=569M]
+    dm-report table recorded_run|recorded_probes --recorded-run DIR --out ...
+    dm-report figure recorded_run --recorded-run DIR --out F.png --values F.csv
+    dm-report all --results results/NAME [--recorded DIR] [--recorded-run DIR] [--figure5-scale-of tiny=569M]
                                                   (every artefact from a finished results folder, without Snakemake)
 
 ``--scale-of tiny=1.67B`` says which paper scale each of our sizes stands beside (for Figure 5, whose paper values
 are at 569M and 5.29B, the pipeline passes its own mapping); ``--alias dm_ruler_8k=ruler_8k`` renames our metric
 names to the paper's. ``--gain-window`` is the number of training steps over which gains are read (the paper's
-Figures 4 and 5: the first 6,000; a shorter run is read at its end, and the numbers say which step). ``--recorded DIR`` names kernel measurements a Hopper GPU recorded earlier (dm-kernel-bench's
-files): the kernel table shows them, labelled with their GPU, date and commit, when this run measured nothing. Every
-output is written atomically. The tables and figures, with their inputs and options, are the registry
-``reports/artefacts.py``; each is built by its function in ``reports/builders.py``.
+Figures 4 and 5: the first 6,000; a shorter run is read at its end, and the numbers say which step). ``--recorded
+DIR`` names kernel measurements a Hopper GPU recorded earlier (dm-kernel-bench's files): the kernel table shows them,
+labelled with their GPU, date and commit, when this run measured nothing. ``--recorded-run DIR`` names a whole GPU
+pipeline run recorded earlier (``benchmarks/results/h200_pipeline/<date>``: its ``provenance.json`` and results
+folder), shown in a section of its own and labelled as not measured by this run. Every output is written
+atomically. The tables and figures, with their inputs and options, are the registry ``reports/artefacts.py``; each
+is built by its function in ``reports/builders.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import pandas as pd
 from deltamatch.atomic import atomic_path
 from deltamatch.reports import artefacts, builders, figures, tables
 from deltamatch.reports.builders import Inputs
-from deltamatch.reports.inputs import load_evals, load_probes, load_summaries, load_sweep
+from deltamatch.reports.inputs import load_evals, load_probes, load_recorded_run, load_summaries, load_sweep
 from deltamatch.reports.paper import PAPER_YAML, load_paper
 from deltamatch.reports.render import render
 
@@ -83,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--recorded", help="folder of recorded dm-kernel-bench files, shown when this run measured "
                        "nothing (table kernel)")
     table.add_argument("--sweep", help="dm-sweep CSV (table sweep)")
+    table.add_argument("--recorded-run", help="folder of a GPU pipeline run recorded earlier, with its "
+                       "provenance.json (tables recorded_run, recorded_probes)")
     table.add_argument("--out", required=True, help="CSV file to write")
     _common(table)
     _window(table)
@@ -93,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     figure.add_argument("--evals", nargs="*", default=[], help="dm-eval result JSON files (figure figure1_final)")
     figure.add_argument("--sweep", help="dm-sweep CSV (figure sweep)")
     figure.add_argument("--kernel-table", help="the kernel table CSV (figure kernel)")
+    figure.add_argument("--recorded-run", help="folder of a GPU pipeline run recorded earlier (figure recorded_run)")
     figure.add_argument("--out", required=True, help="PNG to write")
     figure.add_argument("--values", required=True, help="CSV of the numbers the paper states, beside ours")
     _common(figure)
@@ -113,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     whole.add_argument("--figure5-scale-of", nargs="*", default=[], metavar="OURS=PAPER",
                        help="for Figure 5 only, on top of --scale-of (its paper values are at 569M and 5.29B)")
     whole.add_argument("--recorded", help="folder of recorded dm-kernel-bench files (see table kernel)")
+    whole.add_argument("--recorded-run", help="folder of a GPU pipeline run recorded earlier, shown in its own "
+                       "section (see table recorded_run)")
     _common(whole)
     _window(whole)
 
@@ -122,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # The options that name each input group's files (the first is what an error says is missing).
-NEEDS = {"probes": ("probes", "size"), "kernel": ("check", "bench"), "sweep": ("sweep",), "kernel_table": ("kernel_table",)}
+NEEDS = {"probes": ("probes", "size"), "kernel": ("check", "bench"), "sweep": ("sweep",),
+         "kernel_table": ("kernel_table",), "recorded_run": ("recorded_run",)}
 
 
 def inputs_from_args(artefact: artefacts.Artefact, args) -> Inputs:
@@ -147,6 +158,8 @@ def inputs_from_args(artefact: artefacts.Artefact, args) -> Inputs:
         if not Path(args.kernel_table).is_file():
             raise ValueError(f"missing input file: {args.kernel_table}")
         found.kernel_table = pd.read_csv(args.kernel_table)
+    if "recorded_run" in artefact.inputs:
+        found.recorded_run = load_recorded_run(args.recorded_run)
     return found
 
 
@@ -182,6 +195,7 @@ def _results_inputs(root: Path, args) -> dict:
         "kernel": (str(root / "kernel" / "check.jsonl"), str(root / "kernel" / "bench"), args.recorded)
         if kernel else None,
         "sweep": load_sweep(str(root / "sweep" / "sweep.csv")) if (root / "sweep" / "sweep.csv").is_file() else None,
+        "recorded_run": load_recorded_run(args.recorded_run) if args.recorded_run else None,
     }
 
 
@@ -217,6 +231,10 @@ def build_all(args) -> int:
             if "kernel_latency" not in built_tables:
                 continue
             inputs.kernel_table = built_tables["kernel_latency"]
+        if "recorded_run" in artefact.inputs:
+            if found["recorded_run"] is None:
+                continue
+            inputs.recorded_run = found["recorded_run"]
         try:
             built = build(artefact, inputs, paper)
         except ValueError as err:

@@ -377,3 +377,34 @@ def figure_effects(metrics: pd.DataFrame, window: int = GAIN_WINDOW, delta: str 
     numbers = found.groupby(RUN_KEYS, sort=False)[["sharpened", "flattened"]].mean().reset_index()
     numbers = numbers.merge(last[[*RUN_KEYS, "push_consistency", "step"]], on=RUN_KEYS, how="left")
     return fig, numbers.rename(columns={"step": "push_read_at_step"}).assign(delta=delta)
+
+
+def figure_recorded_run(metrics: pd.DataFrame, probes: pd.DataFrame | None, label: str):
+    """A recorded GPU run: training loss per method, and (where it probed a checkpoint) Table 9's row-sum residual
+    per attention layer before and after the dS cast. ``label`` (where and when it was recorded) is the title.
+    Numbers: each method's final and peak training loss and its rise (the residuals are the section's probe table)."""
+    import seaborn as sns
+
+    plt = _pyplot()
+    train = records(metrics, "train").sort_values("step")
+    panels = 1 + (probes is not None)
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
+    sns.lineplot(data=train, x="step", y="loss", hue="method", hue_order=_methods(train), ax=axes[0, 0],
+                 errorbar=None)
+    axes[0, 0].set_xlabel("optimizer step")
+    axes[0, 0].set_ylabel("training loss (nats/token)")
+    axes[0, 0].set_title("training loss per method")
+    numbers = loss_numbers(train)
+    if probes is not None:
+        long = probes.melt(id_vars=["layer", "delta"], value_vars=["before_cast", "after_cast"], var_name="when",
+                           value_name="residual")
+        long["series"] = long["delta"] + ", " + long["when"].str.replace("_", " ")
+        sns.barplot(data=long, x="layer", y="residual", hue="series", ax=axes[0, 1], errorbar=None)
+        axes[0, 1].set_yscale("log")
+        axes[0, 1].set_xlabel("attention layer")
+        axes[0, 1].set_ylabel("row-sum residual |Σ_j dS_ij| / Σ_j |dS_ij|")
+        axes[0, 1].set_title("Table 9 on the probed checkpoint (paper, 1.67B: stale 1.1e-2, matched 1.4e-7)")
+        sns.move_legend(axes[0, 1], "upper left", bbox_to_anchor=(1.01, 1), fontsize=7, title=None)
+    fig.suptitle(label, fontsize=9)
+    fig.tight_layout()
+    return fig, numbers

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -41,9 +42,21 @@ def _read_json(path: str | Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+# Which kinds of mixer a run's ``backends`` record groups under each column: the linear-attention layers and the
+# softmax-attention layers (the ones the method's attention runs in).
+MIXERS = {"gdn_backend": ("gdn", "kda", "mamba2"), "attention_backend": ("gqa", "mla")}
+SUMMARY_COLUMNS = [*RUN_KEYS, "val_ce", "steps", "tokens", "diverged_at_step", "wall_s", *MIXERS, "run_dir"]
+
+
+def _backend(summary: dict, mixers: tuple[str, ...]) -> str:
+    found = [b["backend"] for b in summary.get("backends", []) if b.get("mixer") in mixers]
+    return ",".join(dict.fromkeys(found)) if found else "not recorded"
+
+
 def load_summaries(paths: list[str]) -> pd.DataFrame:
     """One row per run: variant, size, method, seed, val_ce, steps, tokens, diverged_at_step (the step a run stopped
-    at because its loss was not finite, else empty), run_dir."""
+    at because its loss was not finite, else empty), wall_s (the trainer's wall time), gdn_backend and
+    attention_backend (what trained each kind of mixer, from the run's ``backends``), run_dir."""
     rows = []
     for path in paths:
         summary = _read_json(path)
@@ -55,8 +68,9 @@ def load_summaries(paths: list[str]) -> pd.DataFrame:
             raise ValueError(f"{path}: no final_val_loss")
         rows.append({**tag, "val_ce": float(summary["final_val_loss"]), "steps": summary.get("steps"),
                      "tokens": summary.get("tokens"), "diverged_at_step": summary.get("diverged_at_step"),
-                     "run_dir": str(Path(path).parent)})
-    return pd.DataFrame(rows, columns=[*RUN_KEYS, "val_ce", "steps", "tokens", "diverged_at_step", "run_dir"])
+                     "wall_s": summary.get("wall_s"), "run_dir": str(Path(path).parent),
+                     **{column: _backend(summary, mixers) for column, mixers in MIXERS.items()}})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def _in_percent(metric: str) -> bool:
@@ -159,3 +173,41 @@ def load_recorded_kernel(folder: str | Path) -> dict | None:
             found[key] = pd.read_csv(folder / f"{stem}.csv")
             found["provenance"][key] = bench_provenance(folder / f"{stem}.md")
     return found if found["bench"] is not None else None
+
+
+# What a recorded run's provenance.json must say: where, when, at which commit, and how it was run.
+PROVENANCE_KEYS = ("date", "gpu", "commit", "config", "command")
+
+
+@dataclass
+class RecordedRun:
+    """A pipeline run recorded earlier on another machine (a GPU), kept under ``benchmarks/results/``: its
+    ``provenance.json`` and the pipeline's results folder beside it as ``results/`` (run summaries, metrics, probes,
+    Snakemake's benchmark TSVs; no checkpoints)."""
+
+    folder: Path
+    provenance: dict
+    runs: pd.DataFrame
+    """``load_summaries`` rows of its runs."""
+    probes: pd.DataFrame | None
+    probe_size: str | None
+
+
+def load_recorded_run(folder: str | Path) -> RecordedRun:
+    """Read a recorded pipeline run (:class:`RecordedRun`); a folder without the provenance or the run summaries is a
+    ``ValueError`` naming what is missing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"recorded run: no folder {folder}")
+    provenance = _read_json(folder / "provenance.json")
+    missing = [key for key in PROVENANCE_KEYS if not provenance.get(key)]
+    if missing:
+        raise ValueError(f"{folder / 'provenance.json'}: lacks {missing} (where, when and how the run was recorded)")
+    root = folder / "results"
+    paths = sorted(str(p) for p in root.glob("runs/*/*/*/s*/summary.json"))
+    if not paths:
+        raise ValueError(f"{root}: no runs/<variant>/<size>/<method>/s<seed>/summary.json")
+    probed = sorted(root.glob("probes/*/*/*/s*.csv"))
+    probes = load_probes(str(probed[0])) if probed else None
+    return RecordedRun(folder, provenance, load_summaries(paths), probes,
+                       run_tag(probed[0], "probes")["size"] if probed else None)

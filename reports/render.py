@@ -63,6 +63,8 @@ VERDICT_COLOURS = {"reproduced": "#d4edda", "consistent at smaller scale": "#e2f
 def _number(value: float) -> str:
     if value == 0:
         return "0"
+    if float(value).is_integer() and abs(value) < 1e12:  # counts (steps, tokens) exactly, never rounded
+        return str(int(value))
     return f"{value:.2e}" if abs(value) < 1e-3 or abs(value) >= 1e5 else f"{value:.5g}"
 
 
@@ -206,11 +208,25 @@ def _blocks(name, tables, numbers, images, paths, claims):
             blocks.append(("img", images[stem]))
     if name == "kernel_latency" and name in tables:
         return blocks + _kernel_blocks(tables[name], numbers.get("kernel"), paths.get(name))
+    source = recorded_source_of([tables[s] for s in stems if s in tables])
+    if source:  # a recorded run's section: said once, above its figure, instead of on every row
+        blocks.insert(2, ("note", f"These numbers were {source}."))
     for stem in stems:
         for frame, key in ((tables.get(stem), stem), (numbers.get(stem), f"figures/{stem}")):
             if frame is not None:
+                frame = frame.drop(columns="source") if source and "source" in frame else frame
                 blocks.append(("table", frame) if len(frame) <= FOLD_ROWS else ("fold", (frame, paths.get(key))))
     return blocks
+
+
+def recorded_source_of(frames: list[pd.DataFrame]) -> str | None:
+    """The one ``source`` of a section whose tables were all recorded elsewhere ("recorded on <GPU> on <date> at
+    commit <c> ..., not measured by this run"); None when any row was measured by this run or sources differ."""
+    sources = {str(v) for f in frames for v in (f["source"] if "source" in f else [None])}
+    if len(sources) != 1:
+        return None
+    (source,) = sources
+    return source if RECORDED in source else None
 
 
 def render(inputs: list[str], name: str, scale_note: str, html_path: str, markdown_path: str,

@@ -368,3 +368,51 @@ def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.Dat
         parts.append(pd.DataFrame([{"section": "status", "status": status}]))
     table = pd.concat(parts, ignore_index=True)
     return table[["section", *(c for c in table.columns if c != "section")]]
+
+
+# Steps left out of a run's throughput: the first steps compile the kernels (and on a GPU autotune Triton's).
+WARM_STEPS = 10
+
+
+def recorded_label(provenance: dict) -> str:
+    """The source of a recorded pipeline run's numbers: GPU, date, commit and config."""
+    return (f"recorded on {provenance['gpu']} on {provenance['date']} at commit {provenance['commit'][:7]} "
+            f"({provenance['config']}), {RECORDED}")
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    return frame[column].median() if column in frame else float("nan")
+
+
+def run_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: which implementation trained each kind of mixer (the run's ``backends``), steps and tokens,
+    the final training loss (mean of the last 10% of steps) and validation CE, throughput (median tokens/s and MFU
+    over the steps after the first ``WARM_STEPS``), peak memory (the CUDA allocator's peak on a GPU, the process's
+    resident set on a CPU), the trainer's wall time,
+    and the last attention layer's largest key gain and gain concentration at the last logged step. A column no run
+    records (MFU on a CPU) is left out rather than shown as NaN."""
+    rows, by_run = [], dict(tuple(metrics.groupby(RUN_KEYS, sort=False))) if not metrics.empty else {}
+    for run in runs.itertuples(index=False):
+        mine = by_run.get(tuple(getattr(run, key) for key in RUN_KEYS), metrics.iloc[0:0])
+        train = mine[mine["kind"] == "train"].sort_values("step")
+        if train.empty:
+            raise ValueError(f"{run.run_dir}: no 'train' records in metrics.jsonl")
+        warm = train[train["step"] > WARM_STEPS] if len(train) > WARM_STEPS else train
+        gain = mine[mine["kind"] == "gain"]
+        last = gain[gain["layer"] == gain["layer"].max()].sort_values("step").tail(1) if not gain.empty else gain
+        peak = train["peak_mem_bytes"].max() if "peak_mem_bytes" in train else 0
+        rows.append({
+            **{key: getattr(run, key) for key in RUN_KEYS}, "gdn_backend": run.gdn_backend,
+            "attention_backend": run.attention_backend, "steps": run.steps, "tokens": run.tokens,
+            "final_train_loss": train["loss"].iloc[-max(1, int(len(train) * 0.1)):].mean(), "val_ce": run.val_ce,
+            "tokens_per_s": _median(warm, "tokens_per_s"), "mfu_percent": 100 * _median(warm, "mfu"),
+            "peak_gib": peak / 2**30 if peak and peak > 0 else float("nan"), "wall_s": run.wall_s,
+            "key_gain_last_layer": last["k_gain_max"].iloc[0] if not last.empty else float("nan"),
+            "concentration_last_layer": last["concentration"].iloc[0] if not last.empty else float("nan"),
+        })
+    table = pd.DataFrame(rows)
+    optional = ["mfu_percent", "peak_gib", "key_gain_last_layer", "concentration_last_layer"]
+    table = table.drop(columns=[c for c in optional if table[c].isna().all()])
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    return table.sort_values(RUN_KEYS, key=lambda c: c.map(order) if c.name == "method" else c,
+                             kind="stable").reset_index(drop=True)

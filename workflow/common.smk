@@ -70,6 +70,9 @@ def _check_config():
         raise ValueError(f"config key report.context_variant: no bf16 run of variant {context!r} in 'runs'")
     if probe["enabled"] and Run(probe["variant"], probe["size"], probe["method"], probe["seed"]) not in RUNS:
         raise ValueError("config key 'probe' names no run in 'runs'")
+    recorded = settings["recorded_run"]
+    if recorded and not (Path(workflow.basedir) / recorded / "provenance.json").is_file():
+        raise ValueError(f"config key report.recorded_run: no {recorded}/provenance.json (a recorded run's folder)")
 
 
 GROUPS = {g["variant"]: g for g in config["runs"]}
@@ -441,9 +444,18 @@ def artefact_inputs(kind):
             found["sweep"] = rules.sweep.output[0]
         if "kernel_table" in artefact.inputs:
             found["kernel_table"] = KERNEL_TABLE
+        if "recorded_run" in artefact.inputs:
+            found["recorded_run"] = recorded_run_files(RECORDED_RUN)
         return found
 
     return inputs
+
+
+def recorded_run_files(folder):
+    """The files of a recorded GPU run the report reads (so that changing one rebuilds its section)."""
+    results = folder / "results"
+    patterns = ("runs/*/*/*/s*/summary.json", "runs/*/*/*/s*/metrics.jsonl", "probes/*/*/*/s*.csv")
+    return [str(folder / "provenance.json")] + sorted(str(p) for pattern in patterns for p in results.glob(pattern))
 
 
 def artefact_args(kind):
@@ -468,6 +480,8 @@ def artefact_args(kind):
             words += ["--size", PROBED.size]
         if "kernel" in artefact.inputs and RECORDED:
             words += ["--recorded", str(RECORDED)]
+        if "recorded_run" in artefact.inputs:
+            words += ["--recorded-run", str(RECORDED_RUN)]
         options = {
             "mapping": MAPPING,
             "figure5_mapping": FIGURE5_MAPPING,

@@ -9,7 +9,7 @@ from deltamatch.reports.cli import main
 from deltamatch.reports.render import sections
 
 PAGE_ORDER = ["main_1p67b", "scale", "figure1_loss", "figure4_gain", "figure5_scales", "context_gap", "gains",
-              "table9_probes", "ablations", "sweep", "kernel_latency"]
+              "table9_probes", "ablations", "runs", "sweep", "kernel_latency", "recorded_run"]
 
 
 def test_every_entry_has_its_builder_and_the_page_follows_the_registry():
@@ -19,6 +19,7 @@ def test_every_entry_has_its_builder_and_the_page_follows_the_registry():
     assert list(page) == PAGE_ORDER
     assert page["figure1_loss"].parts == ("figure1_final",) and page["kernel_latency"].parts == ("kernel",)
     assert page["sweep"].parts == ()  # the sweep figure shares its section's stem
+    assert page["recorded_run"].parts == ("recorded_run_probes",)  # its figure shares the section's stem
     assert all(s.title for s in page.values())
 
 

@@ -24,6 +24,9 @@ def test_default_dry_run(snakemake, stats, root, tmp_path):
     assert counts["prepare_data"] == counts["probe"] == counts["render"] == counts["kernel_bench"] == 1
     assert counts["publish"] == 1  # publish.methods: [matched]
     assert "results/default/report/index.html" in done.stdout
+    # the recorded H200 pipeline run (report.recorded_run) has its own section, read from the committed folder
+    for part in ("tables/recorded_run.csv", "tables/recorded_run_probes.csv", "figures/recorded_run.png"):
+        assert f"results/default/report/{part}" in done.stdout
 
 
 def test_paper_dry_run(snakemake, stats, root, tmp_path):
@@ -119,6 +122,10 @@ def test_bad_config_fails_naming_the_key(snakemake, tmp_path):
     done = snakemake("-n", "--configfile", str(trainer), workdir=tmp_path)
     assert done.returncode != 0 and "unknown config key 'optim.momentm'" in done.output
     assert "run base/tiny/bf16/s0" in done.output
+    recorded = _bad(tmp_path, "name: bad\nreport: {recorded_run: benchmarks/results/nowhere}\n")
+    done = snakemake("-n", "--configfile", str(recorded), workdir=tmp_path)
+    assert done.returncode != 0 and "config key report.recorded_run: no benchmarks/results/nowhere/provenance.json" \
+        in done.output
 
 
 def test_registry_names_are_checked_at_the_dry_run(snakemake, tmp_path):

@@ -21,6 +21,8 @@ WINDOW = f"--gain-window {config['report']['gain_window_steps']}"
 # Recorded Hopper measurements the kernel table falls back to when this run's bench had no Hopper GPU.
 RECORDED = Path(workflow.basedir) / config["kernel"]["recorded"] if config["kernel"]["recorded"] else None
 KERNEL_TABLE = f"{REPORT}/tables/kernel_latency.csv"
+# A GPU pipeline run recorded earlier, shown in its own section (report.recorded_run).
+RECORDED_RUN = Path(workflow.basedir) / config["report"]["recorded_run"] if config["report"]["recorded_run"] else None
 # Which runs each artefact reads (reports/artefacts.py: RUN_SETS).
 RUN_SETS = {
     "main": MAIN_RUNS,
