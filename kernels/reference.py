@@ -11,7 +11,9 @@ cuDNN baseline). Backward recomputes S and P from Q̂, K̂ and the saved lse, th
 
 with δ chosen by the method (stale: dO·O; consistent: dÔ·O; matched: Σ_j P dP̂). Two methods vary the operands instead
 (the paper's Appendix C.4 alternatives, as ``deltamatch/methods.py`` defines them): ``bf16_dp`` forms dP from dO and V
-rounded to BF16, ``maxshift`` casts the forward's P by its row maximum (``p_encoding``). The stale δ reads dO and O as
+rounded to BF16, ``maxshift`` casts the forward's P by its row maximum (``p_encoding``). ``stale_factored`` and
+``matched_factored`` move the scales so that each is constant along its matmul's contraction (``scale_layout``,
+kernels/README.md). The stale δ reads dO and O as
 the backward receives them: the input dO and the BF16-stored O under block scales, but under the cuDNN baseline's
 per-tensor scales the FP8 dÔ and the E4M3-stored Ô, since cuDNN's FP8 backward gets both as FP8 tensors and forms δ from
 them. There, and for BF16 (whose dO operand is the rounded dO the stale δ reads), consistent is the same number as
@@ -59,12 +61,23 @@ def _operands(q, k, v, method: AttentionMethod):
         return quant.round_bf16(q), quant.round_bf16(k), quant.round_bf16(v)
     if method.scaling == "tensor":
         return (quant.quantize_tensor(t)[0] for t in (q, k, v))
-    k_centred = k - k.mean(dim=2, keepdim=True)  # shift-invariance: P unchanged, K's range shrinks
     return (
         quant.quantize_tiles(q, Q_ROWS, None)[0],
-        quant.quantize_tiles(k_centred, KV_ROWS, None)[0],
+        quant.quantize_tiles(_centred(k), KV_ROWS, None)[0],
         quant.quantize_tiles(v, KV_ROWS, None)[0],
     )
+
+
+def _centred(k: torch.Tensor) -> torch.Tensor:
+    """K − its mean over tokens, per (batch, kv head): softmax is shift-invariant, so P is unchanged and K's range
+    shrinks."""
+    return k - k.mean(dim=2, keepdim=True)
+
+
+def _per_channel(x: torch.Tensor) -> torch.Tensor:
+    """The factored layout's operand of a token-contracting matmul: one scale per channel (column), over every token
+    of its (batch, head), so the scale is constant along the contraction."""
+    return quant.quantize_tiles(x, None, 1)[0]
 
 
 def _grad_operand(do, method: AttentionMethod) -> torch.Tensor:
@@ -91,7 +104,7 @@ def _cast_p(p, method: AttentionMethod, for_dv: bool) -> torch.Tensor:
     """P̂ for PV (per row, per 64-key group) or P̂ᵀ for dV (per key, per 64-query group)."""
     if method.scaling == "none":
         return quant.round_bf16(p)
-    if method.scaling == "tensor":
+    if method.scaling == "tensor" or (for_dv and method.scale_layout == "factored"):
         return quant.quantize_fixed(p, P_FIXED_SCALE)
     rows, cols = (P_GROUP, 1) if for_dv else (1, P_GROUP)
     return quant.quantize_tiles(p, rows, cols)[0]
@@ -142,7 +155,20 @@ def _forward(q, k, v, causal: bool, scale: float, method: AttentionMethod):
     group = q.shape[1] // k.shape[1]
     qh, kh, vh = _operands(q, k, v, method)
     p, lse = _probabilities(qh, _expand(kh, group), None, causal, scale)
-    return _store_o(_pv(p, _expand(vh, group), method), method), lse
+    v_pv = _per_channel(v) if method.scale_layout == "factored" else vh
+    return _store_o(_pv(p, _expand(v_pv, group), method), method), lse
+
+
+def _factored_dq_dk(ds, q, k, group: int, scale: float):
+    """dŜ and the products dQ = dŜ K̂ᶜ·scale, dK = dŜᵀ Q̂'·scale under the factored layout. dŜ has one scale per
+    query row s_i: constant along dQ's contraction (keys), with K̂ᶜ per channel. Along dK's contraction (queries)
+    s_i varies, so it is folded into the other operand before its cast: dK_jd = Σ_i code_ij (s_i Q_id), with
+    Q' = s ⊙ Q quantised per channel. Returns (dŜ, dQ, dK per query head)."""
+    ds_hat, row_scales = quant.quantize_tiles(ds, 1, None)
+    codes = ds_hat / row_scales  # exact: the codes have 4 significant bits, so code · s was exact in FP32
+    dq = (ds_hat @ _expand(_per_channel(_centred(k)), group)) * scale
+    dk = (codes.transpose(-1, -2) @ _per_channel(row_scales * q)) * scale
+    return ds_hat, dq, dk
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: AttentionMethod, delta_kind: str) -> Probe:
@@ -160,10 +186,14 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     else:  # stale (and BF16's FlashAttention δ): the incoming dO in its own precision against the stored O
         delta = (quant.round_bf16(do) if method.scaling == "none" else do).mul(o).sum(-1)
     ds = p * (dp - delta[..., None])
-    ds_hat = _cast_ds(ds, method)
-    dv = _cast_p(p, method, for_dv=True).transpose(-1, -2) @ do_hat
-    dq = (ds_hat @ kh) * scale
-    dk = (ds_hat.transpose(-1, -2) @ qh) * scale
+    if method.scale_layout == "factored":  # every scale constant along its matmul's contraction
+        ds_hat, dq, dk = _factored_dq_dk(ds, q, k, group, scale)
+        dv = _cast_p(p, method, for_dv=True).transpose(-1, -2) @ _per_channel(do)
+    else:
+        ds_hat = _cast_ds(ds, method)
+        dv = _cast_p(p, method, for_dv=True).transpose(-1, -2) @ do_hat
+        dq = (ds_hat @ kh) * scale
+        dk = (ds_hat.transpose(-1, -2) @ qh) * scale
     return Probe(
         delta=delta,
         ds_before_cast=ds,

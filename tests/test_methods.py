@@ -91,11 +91,12 @@ def test_no_method_list_outside_the_registry():
 
 
 def test_the_lists_that_derive_from_the_registry():
-    assert registry.public_methods() == ("bf16", "stale", "consistent", "matched", "bf16_dp", "maxshift", "cudnn_fp8")
+    assert registry.public_methods() == ("bf16", "stale", "consistent", "matched", "bf16_dp", "maxshift",
+                                         "stale_factored", "matched_factored", "cudnn_fp8")
     assert registry.implemented_by("triton") == ("stale", "consistent", "matched")
     assert registry.implemented_by("cudnn") == ("cudnn_fp8",)
     assert registry.simulated_methods() == ("bf16", "stale", "consistent", "matched", "bf16_dp", "maxshift",
-                                            "cudnn_fp8_sim")
+                                            "stale_factored", "matched_factored", "cudnn_fp8_sim")
     assert registry.reference_twin("cudnn_fp8") == "cudnn_fp8_sim" and registry.reference_twin("matched") == "matched"
     assert registry.get_method("bf16").delta_kind == "stale"  # FlashAttention's δ formula on BF16 numbers
 
@@ -103,7 +104,7 @@ def test_the_lists_that_derive_from_the_registry():
 def test_config_names_are_checked_once_with_the_key_and_the_choices():
     with pytest.raises(ValueError, match=r"config key runs\[0\]\.methods: unknown attention method 'fp4'; choose one "
                                          r"of \['bf16', 'stale', 'consistent', 'matched', 'bf16_dp', 'maxshift', "
-                                         r"'cudnn_fp8'\]"):
+                                         r"'stale_factored', 'matched_factored', 'cudnn_fp8'\]"):
         registry.check_public("fp4", "runs[0].methods")
     with pytest.raises(ValueError, match="unknown attention method 'cudnn_fp8_sim'"):  # an internal twin, not public
         registry.check_public("cudnn_fp8_sim")

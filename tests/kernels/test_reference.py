@@ -5,7 +5,7 @@ import torch
 
 from deltamatch.kernels.measures import relative_error, rowsum_residual
 from deltamatch.kernels.reference import attention_exact, attention_reference, probe_backward, quantization_disabled
-from deltamatch.methods import METHODS, implemented_by
+from deltamatch.methods import METHODS, get_method, implemented_by
 from numerics import rne_e4m3_fp64
 
 ALL_METHODS = implemented_by("reference")
@@ -141,7 +141,8 @@ def test_causal_rows_ignore_the_future(method):
     v2 = v.clone()
     v2[:, 128:] += 5 * torch.randn_like(v2[:, 128:])  # future values, in later 64-key blocks
     o2, *_ = run(method, q, k, v2, do)
-    if method == "cudnn_fp8_sim":  # per-tensor scales see the whole tensor: only the masking is exact
+    # per-tensor scales and the factored layout's per-channel ones see every token: only the masking is exact
+    if method == "cudnn_fp8_sim" or get_method(method).scale_layout == "factored":
         assert relative_error(o2[:, :128], o[:, :128]) < 0.2
     else:
         assert torch.equal(o2[:, :128], o[:, :128])
@@ -203,7 +204,6 @@ def test_maxshift_casts_p_by_its_row_max_and_multiplies_the_max_back():
     """Appendix C.4's max-shift encoding, rebuilt in FP64: O = max_j P · (E4M3(448 · P / max_j P) / 448) V̂, on the
     operands the block-scaled methods share; the per-64-key block encoding (matched's forward) is measurably another."""
     from deltamatch.kernels.reference import _operands
-    from deltamatch.methods import get_method
 
     q, k, v, _ = make(n=130, h=2, hk=2, spread=4.0)
     qh, kh, vh = (t.double() for t in _operands(*(t.transpose(1, 2) for t in (q, k, v)), get_method("maxshift")))
@@ -236,7 +236,6 @@ def test_bf16_dp_forms_dp_from_bf16_dO_and_V():
 def attention_probabilities(q, k, method):
     """P as the reference's backward recomputes it (its operands, FP32), for reading dP back out of dS."""
     from deltamatch.kernels.reference import _operands, _probabilities
-    from deltamatch.methods import get_method
 
     qh, kh, _ = _operands(q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), get_method(method))
     p, _ = _probabilities(qh, kh, None, True, 1 / q.shape[-1] ** 0.5)
@@ -250,3 +249,60 @@ def test_the_alternatives_vary_block_scaled_numerics_only():
         AttentionMethod("x", True, "stale", "tensor", "x", "x", ("reference",), dp_operands="bf16")
     with pytest.raises(ValueError, match="p_encoding 'rows' block or row_max"):
         AttentionMethod("x", True, "stale", "block", "x", "x", ("reference",), p_encoding="rows")
+
+
+def _per_channel_fp64(x):
+    """Independent FP64 rebuild of the factored layout's per-channel cast over the token dim (-2)."""
+    s = x.abs().amax(-2, keepdim=True) / 448
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return rne_e4m3_fp64(x / s) * s
+
+
+def test_factored_forward_scales_once_per_row_and_per_channel():
+    """O = P̂V̂ under the factored layout, rebuilt in FP64: P by its row max at the fixed scale, V with one scale per
+    channel over every token; both factor out of the sum over keys. The paper's tile layout is measurably another."""
+    from deltamatch.kernels.reference import _operands
+
+    q, k, v, _ = make(n=130, h=2, hk=2, spread=4.0)
+    qh, kh, _ = (t.double() for t in _operands(*(t.transpose(1, 2) for t in (q, k, v)), get_method("matched")))
+    s = (qh @ kh.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    p = torch.softmax(s.masked_fill(torch.ones(130, 130, dtype=torch.bool).triu(1), float("-inf")), dim=-1)
+    row_max = p.amax(-1, keepdim=True)
+    v_hat = _per_channel_fp64(v.double().transpose(1, 2))
+    expected = ((rne_e4m3_fp64(448 * p / row_max) / 448) @ v_hat * row_max).transpose(1, 2)
+    expected = expected.to(torch.bfloat16).double()
+    ours = attention_reference(q, k, v, True, "matched_factored").double()
+    tile = attention_reference(q, k, v, True, "matched").double()
+    assert relative_error(ours, expected) < 1e-3 < relative_error(tile, expected)
+
+
+def test_factored_backward_folds_the_row_scales_of_ds_into_q():
+    """dQ, dK, dV under the factored layout, rebuilt in FP64 from the probe's dS: dŜ with one scale s_i per query
+    row (constant along dQ's sum over keys, against per-channel K̂ of the centred K); for dK the s_i fold into Q
+    before its per-channel cast (Σ_i code_ij · (s_i Q_id)); dV from P at the fixed scale and per-channel dÔ."""
+    q, k, v, do = make(n=96, h=2, hk=2)
+    probe = probe_backward(q, k, v, do, method="matched_factored")["matched"]
+    ds = probe.ds_before_cast.double()
+    row_scale = ds.abs().amax(-1, keepdim=True) / 448
+    row_scale = torch.where(row_scale > 0, row_scale, torch.ones_like(row_scale))
+    codes = rne_e4m3_fp64(ds / row_scale)
+    qd, kd, dod = (t.double().transpose(1, 2) for t in (q, k, do))
+    scale = q.shape[-1] ** -0.5
+    dq = (codes * row_scale) @ _per_channel_fp64(kd - kd.mean(2, keepdim=True)) * scale
+    dk = codes.transpose(-1, -2) @ _per_channel_fp64(row_scale * qd) * scale
+    p = attention_probabilities(q, k, "matched_factored").double()
+    dv = (rne_e4m3_fp64(448 * p) / 448).transpose(-1, -2) @ _per_channel_fp64(dod)
+    for ours, expected in ((probe.dq, dq), (probe.dk, dk), (probe.dv, dv)):
+        assert relative_error(ours.double(), expected.transpose(1, 2)) < 1e-5
+    assert relative_error(probe.ds_after_cast.double(), codes * row_scale) < 1e-6
+
+
+def test_factored_layout_keeps_delta_matchings_zero_row_sum():
+    """The factored layout moves scales, not δ: matched's dS still sums to zero per row before its cast. Its per-row
+    dŜ scale leaves a smaller after-cast residual than the 64 × 64 tiles; consistent-dO loses the partial cancellation
+    it has under the paper's layout (O is formed from per-channel V̂, dP from the 64-key V̂: two roundings of V)."""
+    q, k, v, do = make(n=256, h=2, hk=2)
+    tile, factored = (probe_backward(q, k, v, do, method=m) for m in ("matched", "matched_factored"))
+    assert rowsum_residual(factored["matched"].ds_before_cast) < 1e-5
+    assert rowsum_residual(factored["matched"].ds_after_cast) < rowsum_residual(tile["matched"].ds_after_cast)
+    assert rowsum_residual(factored["consistent"].ds_before_cast) > rowsum_residual(tile["consistent"].ds_before_cast)
