@@ -51,12 +51,13 @@ class AttentionMethod:
     p_encoding: str = "block"
     """How the forward's P is cast for O = P̂V̂: ``block`` (one scale per row and 64 keys) or ``row_max`` (the max-shift
     encoding of Appendix C.4: P / max_j P_ij, whose row maximum is 1, cast with the fixed scale that maps 1 to E4M3's
-    448, and the row's max multiplied back onto O in FP32; dV's P̂ᵀ keeps its block scales)."""
+    448, and the row's max multiplied back onto O in FP32; dV's P̂ᵀ keeps its block scales) or ``running_max`` (the
+    same against the running max a one-pass kernel holds when it casts each 64-key tile: the factored layout's)."""
     scale_layout: str = "tile"
     """Where the block scales sit: ``tile`` (the paper's Appendix B.6 layout, kernels/README.md: scales that vary
     along the contraction of five of the seven matmuls, so a kernel promotes every tile's product) or ``factored``
     (every operand's scale constant along its matmul's contraction, so a kernel applies it once after the
-    accumulation: kernels/README.md, "A factored scale layout"). ``factored`` implies ``p_encoding="row_max"``."""
+    accumulation: kernels/README.md, "A factored scale layout"). ``factored`` implies ``p_encoding="running_max"``."""
 
     def __post_init__(self) -> None:
         if self.delta not in ("exact", *DELTA_KINDS):
@@ -68,13 +69,14 @@ class AttentionMethod:
             raise ValueError(f"method {self.name!r}: backends {list(self.backends)} must be some of {BACKENDS}")
         if ("reference" in self.backends) == (self.simulated_by is not None):
             raise ValueError(f"method {self.name!r}: exactly one of 'reference' in backends or simulated_by")
-        if self.dp_operands not in ("fp8", "bf16") or self.p_encoding not in ("block", "row_max"):
+        if self.dp_operands not in ("fp8", "bf16") or self.p_encoding not in ("block", "row_max", "running_max"):
             raise ValueError(f"method {self.name!r}: dp_operands {self.dp_operands!r} must be fp8 or bf16, "
-                             f"p_encoding {self.p_encoding!r} block or row_max")
+                             f"p_encoding {self.p_encoding!r} block, row_max or running_max")
         if self.scale_layout not in ("tile", "factored"):
             raise ValueError(f"method {self.name!r}: scale_layout {self.scale_layout!r} must be tile or factored")
-        if self.scale_layout == "factored" and self.p_encoding != "row_max":
-            raise ValueError(f"method {self.name!r}: the factored layout encodes P by its row max (p_encoding row_max)")
+        if (self.scale_layout == "factored") != (self.p_encoding == "running_max"):
+            raise ValueError(f"method {self.name!r}: the factored layout, and only it, encodes P by its running max "
+                             "(p_encoding running_max)")
         if (self.dp_operands, self.p_encoding, self.scale_layout) != ("fp8", "block", "tile") \
                 and self.scaling != "block":
             raise ValueError(f"method {self.name!r}: dp_operands, p_encoding and scale_layout vary the block-scaled "
@@ -117,12 +119,12 @@ METHODS: dict[str, AttentionMethod] = {
         AttentionMethod("stale_factored", True, "stale", "block", "naive FP8, factored scales (stale δ)",
                         "naive FP8 (stale δ) under the factored scale layout proposed for a faster kernel: every "
                         "operand's scale constant along its matmul's contraction (per-channel V, dO, K and Q for the "
-                        "key- and query-contracting products, P by its row max, dS per query row).", ("reference",),
-                        p_encoding="row_max", scale_layout="factored"),
+                        "key- and query-contracting products, P by its running max, dS per query row).",
+                        ("reference",), p_encoding="running_max", scale_layout="factored"),
         AttentionMethod("matched_factored", True, "matched", "block", "Delta-Matching, factored scales",
                         "Delta-Matching under the factored scale layout proposed for a faster kernel (every operand's "
                         "scale constant along its matmul's contraction); δ as in Delta-Matching, from the FP32 "
-                        "products of the FP8 dÔ and V̂.", ("reference",), p_encoding="row_max",
+                        "products of the FP8 dÔ and V̂.", ("reference",), p_encoding="running_max",
                         scale_layout="factored"),
         AttentionMethod("cudnn_fp8", True, "stale", "tensor", "cuDNN/TE FP8",
                         "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",

@@ -124,7 +124,21 @@ def _pv(p, vh, method: AttentionMethod) -> torch.Tensor:
     if method.p_encoding == "row_max":
         row_max = p.amax(-1, keepdim=True)
         return (quant.quantize_fixed(p / row_max, 1.0 / quant.E4M3_MAX) @ vh) * row_max
+    if method.p_encoding == "running_max":
+        running = _running_max(p)
+        return (quant.quantize_fixed(p / running, 1.0 / quant.E4M3_MAX) * running) @ vh
     return _cast_p(p, method, for_dv=False) @ vh
+
+
+def _running_max(p: torch.Tensor) -> torch.Tensor:
+    """For each key, the row's max of P over the keys up to the end of its 64-key tile: what a one-pass kernel's
+    online softmax holds when it casts that tile (its P = exp(S − m) relative to the running max m, ≤ 1). Rows whose
+    P is zero so far get 1 (their codes are 0 whatever the scale)."""
+    n = p.shape[-1]
+    tiles = -(-n // P_GROUP)
+    tile_max = torch.nn.functional.pad(p, (0, tiles * P_GROUP - n)).unflatten(-1, (tiles, P_GROUP)).amax(-1)
+    running = tile_max.cummax(-1).values.repeat_interleave(P_GROUP, dim=-1)[..., :n]
+    return torch.where(running > 0, running, torch.ones_like(running))
 
 
 def _dp(do, do_hat, v, vh, group: int, method: AttentionMethod) -> torch.Tensor:
@@ -159,13 +173,18 @@ def _forward(q, k, v, causal: bool, scale: float, method: AttentionMethod):
     return _store_o(_pv(p, _expand(v_pv, group), method), method), lse
 
 
-def _factored_dq_dk(ds, q, k, group: int, scale: float):
-    """dŜ and the products dQ = dŜ K̂ᶜ·scale, dK = dŜᵀ Q̂'·scale under the factored layout. dŜ has one scale per
-    query row s_i: constant along dQ's contraction (keys), with K̂ᶜ per channel. Along dK's contraction (queries)
-    s_i varies, so it is folded into the other operand before its cast: dK_jd = Σ_i code_ij (s_i Q_id), with
-    Q' = s ⊙ Q quantised per channel. Returns (dŜ, dQ, dK per query head)."""
-    ds_hat, row_scales = quant.quantize_tiles(ds, 1, None)
-    codes = ds_hat / row_scales  # exact: the codes have 4 significant bits, so code · s was exact in FP32
+def _factored_dq_dk(ds, p, dp, delta, q, k, group: int, scale: float):
+    """dŜ and the products dQ = dŜ K̂ᶜ·scale, dK = dŜᵀ Q̂'·scale under the factored layout.
+
+    dŜ has one scale per query row, s_i = (max_j P_ij |dP̂_ij| + |δ_i| max_j P_ij) / 448: a bound on max_j |dS_ij|
+    (within 2× of it) that a kernel's δ pass over the row's keys can form, since it needs δ only at the end. s_i is
+    constant along dQ's contraction (keys), against K̂ᶜ per channel. Along dK's contraction (queries) it varies, so it
+    is folded into the other operand before its cast: dK_jd = Σ_i code_ij (s_i Q_id), with Q' = s ⊙ Q quantised per
+    channel. Returns (dŜ, dQ, dK per query head)."""
+    bound = (p * dp.abs()).amax(-1, keepdim=True) + delta[..., None].abs() * p.amax(-1, keepdim=True)
+    row_scales = torch.where(bound > 0, bound / quant.E4M3_MAX, torch.ones_like(bound))
+    codes = quant.round_e4m3(ds / row_scales)
+    ds_hat = codes * row_scales
     dq = (ds_hat @ _expand(_per_channel(_centred(k)), group)) * scale
     dk = (codes.transpose(-1, -2) @ _per_channel(row_scales * q)) * scale
     return ds_hat, dq, dk
@@ -187,7 +206,7 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
         delta = (quant.round_bf16(do) if method.scaling == "none" else do).mul(o).sum(-1)
     ds = p * (dp - delta[..., None])
     if method.scale_layout == "factored":  # every scale constant along its matmul's contraction
-        ds_hat, dq, dk = _factored_dq_dk(ds, q, k, group, scale)
+        ds_hat, dq, dk = _factored_dq_dk(ds, p, dp, delta, q, k, group, scale)
         dv = _cast_p(p, method, for_dv=True).transpose(-1, -2) @ _per_channel(do)
     else:
         ds_hat = _cast_ds(ds, method)
