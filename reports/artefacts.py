@@ -135,7 +135,8 @@ ARTEFACTS: tuple[Artefact, ...] = (
                    "simulation for attention, as the run's summary.json records), steps and tokens, the final "
                    "training loss (mean of the last 10% of steps) and validation CE, median tokens/s and MFU after "
                    "the first 10 steps (which compile the kernels), peak memory (the CUDA allocator's on a GPU, the "
-                   "process's resident set on a CPU), the trainer's wall time, and the last attention layer's largest key gain and gain concentration."),
+                   "process's resident set on a CPU), the trainer's wall time, and the last attention layer's "
+                   "largest key gain and gain concentration."),
     Artefact("sweep", "table", "sweep_table", ("sweep", "paper"), enabled_by="sweep.enabled",
              title="Random-head sweep", claim_key="sweep",
              about="Distance from the softmax-gradient invariant on random attention heads, against the logit spread. "

@@ -25,9 +25,7 @@ import pandas as pd
 from deltamatch.atomic import atomic_path
 from deltamatch.reports.inputs import RUN_KEYS
 from deltamatch.reports.paper import paper_values
-from deltamatch.reports.tables import GAIN_WINDOW, METHOD_ORDER, compare, in_window, paper_scale, seed_means
-
-TAIL = 0.1
+from deltamatch.reports.tables import GAIN_WINDOW, METHOD_ORDER, TAIL, compare, in_window, paper_scale, seed_means
 
 
 def _pyplot():

@@ -271,8 +271,11 @@ def ds_workspace_gib(batch: int, heads: int, seq_len: int) -> float:
 
 
 def recorded_source(provenance: dict) -> str:
-    """The label of numbers read from recorded files instead of measured by this run."""
-    return f"recorded on {provenance['gpu']} on {provenance['date']} at commit {provenance['commit']}, {RECORDED}"
+    """The label of numbers read from recorded files instead of measured by this run (with the config that produced
+    them, where the provenance names one)."""
+    config = f" ({provenance['config']})" if provenance.get("config") else ""
+    return (f"recorded on {provenance['gpu']} on {provenance['date']} at commit {provenance['commit']}{config}, "
+            f"{RECORDED}")
 
 
 def kernel_claims(bench: pd.DataFrame | None, memory: pd.DataFrame | None, paper: pd.DataFrame,
@@ -372,12 +375,13 @@ def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.Dat
 
 # Steps left out of a run's throughput: the first steps compile the kernels (and on a GPU autotune Triton's).
 WARM_STEPS = 10
+# The share of a run's last logged steps its final training loss is the mean of (Figure 1's statistic too).
+TAIL = 0.1
 
 
 def recorded_label(provenance: dict) -> str:
-    """The source of a recorded pipeline run's numbers: GPU, date, commit and config."""
-    return (f"recorded on {provenance['gpu']} on {provenance['date']} at commit {provenance['commit'][:7]} "
-            f"({provenance['config']}), {RECORDED}")
+    """The source of a recorded pipeline run's numbers: GPU, date, short commit and config."""
+    return recorded_source({**provenance, "commit": provenance["commit"][:7]})
 
 
 def _median(frame: pd.DataFrame, column: str) -> float:
@@ -388,8 +392,8 @@ def run_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per run: which implementation trained each kind of mixer (the run's ``backends``), steps and tokens,
     the final training loss (mean of the last 10% of steps) and validation CE, throughput (median tokens/s and MFU
     over the steps after the first ``WARM_STEPS``), peak memory (the CUDA allocator's peak on a GPU, the process's
-    resident set on a CPU), the trainer's wall time,
-    and the last attention layer's largest key gain and gain concentration at the last logged step. A column no run
+    resident set on a CPU), the trainer's wall time, and the last attention layer's largest key gain and gain
+    concentration at the last logged step. A column no run
     records (MFU on a CPU) is left out rather than shown as NaN."""
     rows, by_run = [], dict(tuple(metrics.groupby(RUN_KEYS, sort=False))) if not metrics.empty else {}
     for run in runs.itertuples(index=False):
@@ -400,13 +404,13 @@ def run_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
         warm = train[train["step"] > WARM_STEPS] if len(train) > WARM_STEPS else train
         gain = mine[mine["kind"] == "gain"]
         last = gain[gain["layer"] == gain["layer"].max()].sort_values("step").tail(1) if not gain.empty else gain
-        peak = train["peak_mem_bytes"].max() if "peak_mem_bytes" in train else 0
+        peak = train["peak_mem_bytes"].max() if "peak_mem_bytes" in train else float("nan")
         rows.append({
             **{key: getattr(run, key) for key in RUN_KEYS}, "gdn_backend": run.gdn_backend,
             "attention_backend": run.attention_backend, "steps": run.steps, "tokens": run.tokens,
-            "final_train_loss": train["loss"].iloc[-max(1, int(len(train) * 0.1)):].mean(), "val_ce": run.val_ce,
+            "final_train_loss": train["loss"].iloc[-max(1, int(len(train) * TAIL)):].mean(), "val_ce": run.val_ce,
             "tokens_per_s": _median(warm, "tokens_per_s"), "mfu_percent": 100 * _median(warm, "mfu"),
-            "peak_gib": peak / 2**30 if peak and peak > 0 else float("nan"), "wall_s": run.wall_s,
+            "peak_gib": peak / 2**30 if peak > 0 else float("nan"), "wall_s": run.wall_s,
             "key_gain_last_layer": last["k_gain_max"].iloc[0] if not last.empty else float("nan"),
             "concentration_last_layer": last["concentration"].iloc[0] if not last.empty else float("nan"),
         })

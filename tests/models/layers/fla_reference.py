@@ -47,6 +47,18 @@ def _errors(outputs, inputs: dict, ref_outputs, ref_inputs: dict) -> dict[str, f
     return errors
 
 
+# fla's chunk kernels called as the layers call them: gate, beta sigmoid and q/k L2 norm inside the kernel.
+IN_KERNEL = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                 use_gate_in_kernel=True)
+
+
+def _layer_operands(raw: dict, gate) -> tuple:
+    """What the in-kernel options compute, written out for a reference: L2-normalised q and k, v, the layer's gate
+    from (g, A_log, dt_bias), and sigmoid(beta)."""
+    return (l2_normalize(raw["q"]), l2_normalize(raw["k"]), raw["v"], gate(raw["g"], raw["A_log"], raw["dt_bias"]),
+            raw["beta"].sigmoid())
+
+
 def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[str, float]:
     """Relative RMS error of fla's ``chunk_gated_delta_rule`` (gate, beta sigmoid and q/k L2 norm in the kernel, as
     the layer calls it) against the pure-torch twin in FP64, for the output, the final state and every gradient."""
@@ -55,13 +67,10 @@ def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[
     inputs = gdn_inputs(B, T, H, K, V, initial_state)
     fla_in = {n: t.detach().to(dtype if t.dim() == 4 and n != "initial_state" else torch.float32).requires_grad_()
               for n, t in inputs.items()}
-    o, hT = fla_chunk(**fla_in, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                      use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True)
+    o, hT = fla_chunk(**fla_in, **IN_KERNEL)
     ref_in = {n: t.detach().double().requires_grad_() for n, t in inputs.items()}
-    o_ref, hT_ref = chunk_gated_delta_rule(
-        l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
-        gdn_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
-        initial_state=ref_in.get("initial_state"))
+    o_ref, hT_ref = chunk_gated_delta_rule(*_layer_operands(ref_in, gdn_gate),
+                                           initial_state=ref_in.get("initial_state"))
     return _errors((o.float(), hT), fla_in, (o_ref, hT_ref), ref_in)
 
 
@@ -74,11 +83,8 @@ def kda_errors(B, T, H, K, V, initial_state: bool) -> dict[str, float]:
     from deltamatch.models.layers.kda import kda_gate
 
     inputs = gdn_inputs(B, T, H, K, V, initial_state, kda=True)
-    o, hT = chunk_kda(**inputs, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                      use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True)
+    o, hT = chunk_kda(**inputs, **IN_KERNEL)
     ref_in = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
-    o_ref, hT_ref = naive_recurrent_kda(
-        l2_normalize(ref_in["q"]), l2_normalize(ref_in["k"]), ref_in["v"],
-        kda_gate(ref_in["g"], ref_in["A_log"], ref_in["dt_bias"]), ref_in["beta"].sigmoid(),
-        initial_state=ref_in.get("initial_state"), output_final_state=True)
+    o_ref, hT_ref = naive_recurrent_kda(*_layer_operands(ref_in, kda_gate), initial_state=ref_in.get("initial_state"),
+                                        output_final_state=True)
     return _errors((o, hT), inputs, (o_ref, hT_ref), ref_in)
