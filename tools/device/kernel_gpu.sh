@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the kernel work: install, GPU tests, benchmark; logs and tables under $OUT.
 # Usage (from the repo root, on the H200): bash tools/device/kernel_gpu.sh STAGES [quick|full]
-#   STAGES: comma-separated of tests, sweep, bench (or all = tests,bench)
+#   STAGES: comma-separated of tests, tma, sweep, bench (or all = tests,bench)
+#   tma: the GPU kernel tests with every kernel's tiles through TMA (DELTAMATCH_KERNEL_TMA=1), then the bench at
+#        D = 128, causal, N 8K and 16K, pointers and TMA in one run (kernels/NOTES.md, v5)
 set -uo pipefail
 WHAT=${1:-all}
 SIZE=${2:-quick}
@@ -21,8 +23,23 @@ if has tests; then
   stamp tests done
 fi
 
+if has tma; then
+  DELTAMATCH_KERNEL_TMA=1 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=5 \
+    tests/kernels/test_triton_gpu.py > "$OUT/gpu_tests_tma.log" 2>&1; tail -8 "$OUT/gpu_tests_tma.log"
+  stamp tma tests done
+  for t in 0 1; do DELTAMATCH_KERNEL_TMA=$t python3 tools/device/prewarm.py 128 1 & done; wait
+  stamp tma prewarmed
+  for t in 0 1; do
+    DELTAMATCH_KERNEL_TMA=$t python3 -m deltamatch.kernels.bench --out "$OUT/bench_tma$t" --head-dims 128 \
+      --seq-lens 8192 16384 --causal-only --methods stale matched sdpa_cudnn_bf16 2>&1 | grep -v "shapes:" \
+      | tee "$OUT/bench_tma$t.log"
+    rm -f "$OUT/bench_tma$t"/*.md
+  done
+  stamp tma bench done
+fi
+
 if has sweep; then
-  python3 tools/device/kernel_sweep.py --out "$OUT" 2>&1 | grep -v "^\[" | tee "$OUT/sweep.log" | tail -60
+  python3 tools/device/kernel_sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | grep -v "^\[" | tee "$OUT/sweep.log" | tail -60
   stamp sweep done
 fi
 
