@@ -1,5 +1,8 @@
 """Shared test fixtures: GPU marker handling and NaN-poisoned ``torch.empty`` so unwritten outputs fail."""
 
+import json
+import os
+
 import pytest
 import torch
 
@@ -38,6 +41,23 @@ def pytest_report_header(config):
 
             return apply_pins()
     return None
+
+
+# DELTAMATCH_TEST_REPORT=FILE appends one JSON line per test phase as it ends (outcome, seconds, the failure's text):
+# a device call that runs out of time still brings back why each finished test failed and how long it took.
+REPORT_ENV = "DELTAMATCH_TEST_REPORT"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(REPORT_ENV)
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and report.outcome == "passed"):
+        return  # under xdist the controller writes what its workers report
+    record = dict(test=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2),
+                  worker=getattr(report, "node", None) and getattr(report.node, "gateway", None) and report.node.gateway.id)
+    if report.failed:
+        record["failure"] = report.longreprtext[-4000:]
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 @pytest.fixture(autouse=True)

@@ -33,8 +33,11 @@ if has items; then
   stamp items done | tee -a "$LOG"
 fi
 if has tests; then
-  timeout "$(budget ${TESTS_S:-480})" python3 -m pytest -v -rA -p no:cacheprovider -p no:xdist --durations=25 -m gpu \
-    tests/models tests/kernels > "$OUT/gpu_tests.log" 2>&1
+  # TEST_WORKERS > 0 spreads the tests over that many xdist processes (Triton compiles on the CPU: fla's kernels for
+  # several tests compile at once); $OUT/gpu_tests.jsonl gets each test's outcome, seconds and failure as it ends
+  workers=${TEST_WORKERS:-0}; (( workers > 0 )) && xdist="-n $workers" || xdist="-p no:xdist"
+  DELTAMATCH_TEST_REPORT="$OUT/gpu_tests.jsonl" timeout "$(budget ${TESTS_S:-480})" python3 -m pytest -v -rA \
+    -p no:cacheprovider $xdist --durations=25 -m gpu tests/models tests/kernels > "$OUT/gpu_tests.log" 2>&1
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Timeout|s call|s setup" "$OUT/gpu_tests.log" | tail -70
   stamp tests done | tee -a "$LOG"
 fi
