@@ -53,43 +53,60 @@ def loaded_autotuners(*packages: str) -> dict[str, object]:
     return dict(sorted(found.items()))
 
 
+# Each autotuner's own configs while a narrowing holds it (by id): a narrowing inside another chooses from all of a
+# kernel's configs, not from what the outer one left.
+_OWN_CONFIGS: dict[int, list] = {}
+
+
+def own_configs(tuner) -> list:
+    """All of ``tuner``'s configs, also inside a narrowing."""
+    return _OWN_CONFIGS.get(id(tuner), tuner.configs)
+
+
 @contextlib.contextmanager
-def _narrowed(tuners: list, choose):
-    """Inside the block each autotuner tries only ``choose(its configs)``, with its earlier choices forgotten; both
-    are restored after."""
-    saved = [(t.configs, dict(t.cache)) for t in tuners]
+def _narrowed(tuners: list, choose, keep_choices: bool = False):
+    """Inside the block each autotuner tries only ``choose(all its configs)``; its earlier choices are forgotten
+    unless ``keep_choices`` (then keys it already chose, pinned ones too, keep their config). Both are restored
+    after."""
+    saved = [(t.configs, dict(t.cache), id(t) in _OWN_CONFIGS) for t in tuners]
     try:
         for tuner in tuners:
-            tuner.configs = choose(tuner.configs)
-            tuner.cache.clear()
+            tuner.configs = choose(_OWN_CONFIGS.setdefault(id(tuner), tuner.configs))
+            if not keep_choices:
+                tuner.cache.clear()
         yield
     finally:
-        for tuner, (configs, cache) in zip(tuners, saved):
+        for tuner, (configs, cache, nested) in zip(tuners, saved):
             tuner.configs = configs
-            tuner.cache.clear()
-            tuner.cache.update(cache)
+            if not keep_choices:
+                tuner.cache.clear()
+                tuner.cache.update(cache)
+            if not nested:
+                _OWN_CONFIGS.pop(id(tuner), None)
 
 
 @contextlib.contextmanager
 def restrict_warps(kernel, num_warps: int):
-    """Autotune ``kernel`` over its configs with ``num_warps`` warps only inside the block: the tests check each warp
-    count a kernel may be tuned to."""
+    """Autotune ``kernel`` over its configs with ``num_warps`` warps only inside the block (all of them, also inside
+    a :func:`narrow_autotuning`): the tests check each warp count a kernel may be tuned to."""
     tuner = autotuner_of(kernel)
-    if not any(c.num_warps == num_warps for c in tuner.configs):
+    if not any(c.num_warps == num_warps for c in own_configs(tuner)):
         raise ValueError(f"{getattr(tuner, 'kernel_name', kernel)} has no config with {num_warps} warps")
     with _narrowed([tuner], lambda configs: [c for c in configs if c.num_warps == num_warps]):
         yield
 
 
 @contextlib.contextmanager
-def narrow_autotuning(*packages: str, num_warps: int = 4, max_stages: int = 2):
+def narrow_autotuning(*packages: str, num_warps: int = 4, max_stages: int = 2, keep_choices: bool = False):
     """Inside the block, every autotuned kernel loaded from ``packages`` (e.g. ``"fla.ops.kda"``) tries only its
     configs with ``num_warps`` warps (if it has any), and of those the ones with at most ``max_stages`` stages (if any);
     yields how many kernels it narrowed.
 
-    A correctness test needs a valid config, not the fastest: fla's KDA kernels autotune over up to 36 configs each,
-    and compiling them all on a fresh machine takes longer than a test may (the GPU suite stopped there). Choices made
-    before the block are forgotten inside it and restored after."""
+    A correctness test needs a valid config, not the fastest: fla's kernels autotune over up to 36 configs each, and
+    compiling them all for every shape a test uses takes longer than the GPU suite may (its 2026-12-01 runs stopped
+    in fla's autotuning). Choices made before the block are forgotten inside it and restored after, unless
+    ``keep_choices`` (the GPU suite's narrowing keeps pinned choices, so tests at training's keys run the pinned
+    configs)."""
     tuners = list(loaded_autotuners(*packages).values())
     if not tuners:
         raise ValueError(f"no autotuned kernels loaded in {', '.join(packages)}")
@@ -98,7 +115,7 @@ def narrow_autotuning(*packages: str, num_warps: int = 4, max_stages: int = 2):
         configs = [c for c in configs if c.num_warps == num_warps] or configs
         return [c for c in configs if c.num_stages <= max_stages] or configs
 
-    with _narrowed(tuners, choose):
+    with _narrowed(tuners, choose, keep_choices):
         yield len(tuners)
 
 

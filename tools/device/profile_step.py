@@ -9,7 +9,7 @@ minutes on a fresh machine). Each item is one of
 - ``verify:K:T:h0:warps[:bf16]``: fla's gated delta rule against the FP64 twin (tests/models/layers/fla_reference.py) at key head
   dim K (V = 2K), length T, with an initial state when h0 is 1, ``prepare_wy_repr_bwd`` autotuned over ``warps``
   warps only; fla's #640 guard is lifted for the item;
-- ``kda:T:h0``: fla's KDA chunk kernel against its token-by-token reference.
+- ``kda:T:h0[:fp32]``: fla's KDA chunk kernel (BF16 inputs, or FP32) against its token-by-token reference.
 
 A watchdog prints every thread's stack every ``--watchdog`` seconds to stderr (what a slow item is doing).
 ``--pins FILE`` then records fla's autotuning choices of the process as a pin file (``fla_autotune.py``).
@@ -107,8 +107,9 @@ def run_check(spec: str) -> dict:
         with fla_hopper._guard_lifted(), restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, warps):
             errors = gdn_errors(2, T, 2, K, 2 * K, bool(h0), dtype=dtype)
     else:
-        T, h0 = map(int, fields)
-        errors = kda_errors(2, T, 2, 128, 256, bool(h0))
+        T, h0 = map(int, fields[:2])
+        dtype = torch.float32 if fields[2:] == ["fp32"] else torch.bfloat16  # FP32 at K = 128 exceeds Hopper's smem
+        errors = kda_errors(2, T, 2, 128, 256, bool(h0), dtype=dtype)
     return {"variant": spec, "max_err": max(errors.values()), "worst": max(errors, key=errors.get),
             "seconds": time.perf_counter() - start, **errors}
 

@@ -2,7 +2,7 @@
 # One device call for GPU training work on the H200. Usage (repo root): bash tools/device/train_gpu.sh PHASES [ITEMS...]
 #   PHASES, a comma list, run in this order:
 #     items      tools/device/profile_step.py ITEMS in one process: training-step timings/profiles
-#                (method:micro_batch[:flags]) and fla checks (verify:K:T:h0:warps[:bf16], kda:T:h0)
+#                (method:micro_batch[:flags]) and fla checks (verify:K:T:h0:warps[:bf16], kda:T:h0[:fp32])
 #     tests      the GPU tests (pytest -m gpu tests/models tests/kernels), each with its own time limit
 #     bench      benchmarks/train_bench.py h200 (dm-train end to end, bf16 vs matched; BENCH_ARGS adds flags)
 #     stability  benchmarks/train_bench.py h200-stability (200 steps x bf16/stale/consistent/matched)
@@ -35,7 +35,7 @@ fi
 if has tests; then
   # TEST_WORKERS > 0 spreads the tests over that many xdist processes (Triton compiles on the CPU: fla's kernels for
   # several tests compile at once); $OUT/gpu_tests.jsonl gets each test's outcome, seconds and failure as it ends
-  workers=${TEST_WORKERS:-0}; (( workers > 0 )) && xdist="-n $workers" || xdist="-p no:xdist"
+  workers=${TEST_WORKERS:-4}; (( workers > 0 )) && xdist="-n $workers" || xdist="-p no:xdist"
   DELTAMATCH_TEST_REPORT="$OUT/gpu_tests.jsonl" timeout "$(budget ${TESTS_S:-480})" python3 -m pytest -v -rA \
     -p no:cacheprovider $xdist --durations=25 -m gpu tests/models tests/kernels > "$OUT/gpu_tests.log" 2>&1
   grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Timeout|s call|s setup" "$OUT/gpu_tests.log" | tail -70

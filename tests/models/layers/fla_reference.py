@@ -74,17 +74,24 @@ def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[
     return _errors((o.float(), hT), fla_in, (o_ref, hT_ref), ref_in)
 
 
-def kda_errors(B, T, H, K, V, initial_state: bool) -> dict[str, float]:
-    """fla's ``chunk_kda`` (FP32 inputs) against fla's token-by-token ``naive_recurrent_kda`` (FP32, no chunking, no
-    triangular inverse), with the layer's gate and normalisations written out."""
+def kda_errors(B, T, H, K, V, initial_state: bool, dtype=torch.bfloat16) -> dict[str, float]:
+    """fla's ``chunk_kda`` (q, k, v and gate in ``dtype``, as training's autocast hands them over) against fla's
+    token-by-token ``naive_recurrent_kda`` (FP32 inside, no chunking, no triangular inverse) on the same rounded
+    values, with the layer's gate and normalisations written out.
+
+    BF16 by default: at K = 128, V = 256, FP32 inputs make every launch config of fla's KDA state backward
+    (``chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64`` with a per-key gate) need >= 240 KiB of shared memory,
+    more than an H100/H200 block may use (227 KiB), so fla cannot run that case on Hopper at all."""
     from fla.ops.kda import chunk_kda
     from fla.ops.kda.naive import naive_recurrent_kda
 
     from deltamatch.models.layers.kda import kda_gate
 
     inputs = gdn_inputs(B, T, H, K, V, initial_state, kda=True)
-    o, hT = chunk_kda(**inputs, **IN_KERNEL)
-    ref_in = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
+    fla_in = {n: t.detach().to(dtype if t.dim() == 4 and n != "initial_state" else torch.float32).requires_grad_()
+              for n, t in inputs.items()}
+    o, hT = chunk_kda(**fla_in, **IN_KERNEL)
+    ref_in = {n: t.detach().double().requires_grad_() for n, t in fla_in.items()}
     o_ref, hT_ref = naive_recurrent_kda(*_layer_operands(ref_in, kda_gate), initial_state=ref_in.get("initial_state"),
                                         output_final_state=True)
-    return _errors((o, hT), inputs, (o_ref, hT_ref), ref_in)
+    return _errors((o.float(), hT), fla_in, (o_ref, hT_ref), ref_in)

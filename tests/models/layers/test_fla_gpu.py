@@ -7,7 +7,9 @@
   :mod:`deltamatch.models.layers.fla_hopper` lets through fla's #640 guard; a head dim outside the verified set still
   meets fla's refusal.
 - KDA (``chunk_kda``) against fla's token-by-token ``naive_recurrent_kda``, with fla's autotuning narrowed to one or
-  two configs per kernel (a numerics check needs a valid config, not the fastest).
+  two configs per kernel (a numerics check needs a valid config, not the fastest). BF16 inputs, as training's: with
+  FP32 inputs at K = 128, V = 256 no launch config of fla's KDA state backward fits Hopper's shared memory
+  (``fla_reference.kda_errors``; the 2026-12-01 suite failed there with Triton's OutOfResources).
 
 The shapes are the 569M model's (9 heads x 128, values 256) with BF16 inputs, as training calls them, so Triton's
 compiled kernels are shared with the training tests; the first case pays fla's autotuning (minutes on a fresh
@@ -63,5 +65,5 @@ def test_unverified_head_dim_still_meets_flas_refusal():
 @pytest.mark.parametrize("T", [63, 300])
 def test_fla_kda_chunk_matches_recurrent_reference(T, initial_state):
     with narrow_autotuning(*KDA_PACKAGES):
-        errors = kda_errors(2, T, 2, 128, 256, initial_state)
-    assert max(errors.values()) < 1e-2, errors  # FP32 inputs, TF32 dots
+        errors = kda_errors(2, T, 2, 128, 256, initial_state, dtype=torch.bfloat16)
+    assert max(errors.values()) < BF16_TOLERANCE, errors

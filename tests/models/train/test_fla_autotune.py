@@ -58,6 +58,30 @@ def test_restrict_warps_narrows_and_restores_the_autotuner():
     assert tuner.configs == configs
 
 
+def test_a_narrowing_inside_another_chooses_from_all_configs_and_keeps_choices_if_asked():
+    from fla.ops.gated_delta_rule import wy_fast
+
+    tuner = fla_autotune.autotuner_of(wy_fast.prepare_wy_repr_bwd_kernel)
+    configs = list(tuner.configs)
+    two_warps = [c for c in configs if c.num_warps == 2]
+    tuner.cache[("pinned-key",)] = configs[0]
+    try:
+        with fla_autotune.narrow_autotuning("fla.ops.gated_delta_rule", keep_choices=True):
+            narrowed = list(tuner.configs)
+            assert {c.num_warps for c in narrowed} == {4} and tuner.cache[("pinned-key",)] is configs[0]
+            with fla_autotune.restrict_warps(wy_fast.prepare_wy_repr_bwd_kernel, 2):
+                assert tuner.configs == two_warps and not tuner.cache  # from all configs, choices forgotten
+                assert fla_autotune.own_configs(tuner) == configs
+            assert tuner.configs == narrowed and tuner.cache[("pinned-key",)] is configs[0]
+        assert tuner.configs == configs and fla_autotune.own_configs(tuner) == configs
+        assert tuner.cache[("pinned-key",)] is configs[0]
+        with fla_autotune.narrow_autotuning("fla.ops.gated_delta_rule"):
+            assert not tuner.cache  # forgotten inside, by default
+        assert tuner.cache[("pinned-key",)] is configs[0]
+    finally:
+        tuner.cache.pop(("pinned-key",), None)
+
+
 KERNEL = '''
 import os, sys
 os.environ["TRITON_INTERPRET"] = "1"

@@ -55,12 +55,19 @@ def test_one_gpu_run_trains_and_probes(data_dir, tmp_path, method):
 
 
 def test_a_gpu_run_refuses_to_train_through_the_reference_simulation(data_dir, tmp_path):
-    cfg = _config(data_dir, tmp_path / "cudnn", "cudnn_fp8")  # head dim 64: cuDNN's FP8 attention declines it
+    cfg = _config(data_dir, tmp_path / "d32", "matched")
+    cfg["model"]["overrides"]["head_dim"] = 32  # below the Triton FP8 kernels' head dims: only the reference runs it
     with pytest.raises(ValueError, match="reference simulation"):
         train(parse(RunConfig, cfg))
     cfg["train"]["allow_reference_attention"] = True
     cfg["train"]["steps"] = 1
     assert train(parse(RunConfig, cfg))["backends"][-1]["backend"] == "reference"
+
+
+def test_a_gpu_run_of_cudnn_fp8_says_why_no_backend_runs_it(data_dir, tmp_path):
+    # head dim 64: cuDNN's FP8 attention declines it, and the reference runs cudnn_fp8 only as cudnn_fp8_sim
+    with pytest.raises(ValueError, match="no attention backend can run mode='cudnn_fp8'.*runs only D = 128"):
+        train(parse(RunConfig, _config(data_dir, tmp_path / "cudnn", "cudnn_fp8")))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
