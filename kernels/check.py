@@ -1,8 +1,9 @@
 """Build check without a GPU: compile every Triton kernel ahead of time for sm_90a and read its PTX, SASS and resources.
 
 ``dm-kernel-check [--head-dims 64 128 256] [--causal both|yes|no] [--out FILE.jsonl]`` prints one JSON object per
-(kernel, variant, head dim): every attention kernel causal and non-causal (``--tma-variants``: each also with its tiles
-loaded through TMA descriptors, variant ``…-tma``), and every quantisation-pass variant the autograd function launches
+(kernel, variant, head dim): every attention kernel causal and non-causal (``--load-variants``: each also with its tiles
+loaded the other way, through TMA descriptors where pointers are launched, variant ``…-tma``, and through pointers
+where TMA is, variant ``…-pointers``), and every quantisation-pass variant the autograd function launches
 (Q, centred K, V; dO with no, stale or consistent δ). Each row holds
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
@@ -73,15 +74,17 @@ def _fp32(*names):
 CAUSAL = (True, False)
 
 
-def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL, tma_variants: bool = False) -> list[KernelSpec]:
+def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL, load_variants: bool = False) -> list[KernelSpec]:
     """Every kernel at its launch configuration for ``head_dim``: the attention kernels once per setting in
-    ``causal`` (and with ``tma_variants`` their TMA variants), then the quantisation passes (they have no mask)."""
-    return [spec for c in causal for spec in attention_specs(head_dim, c, tma_variants)] + quant_specs(head_dim)
+    ``causal`` (and with ``load_variants`` each with its tiles loaded the other way), then the quantisation passes
+    (they have no mask)."""
+    return [spec for c in causal for spec in attention_specs(head_dim, c, load_variants)] + quant_specs(head_dim)
 
 
-def attention_specs(head_dim: int, causal: bool, tma_variants: bool = False) -> list[KernelSpec]:
-    """The forward and backward kernels (matched δ, dK/dV or dK and dV, dQ), and (``tma_variants``) each with
-    ``TMA=True`` as variant ``<mask>-tma``."""
+def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) -> list[KernelSpec]:
+    """The forward and backward kernels (matched δ, dK/dV or dK and dV, dQ), and (``load_variants``) each with its
+    tiles loaded the other way: ``TMA=True`` as variant ``<mask>-tma`` where pointers are launched, ``TMA=False`` as
+    ``<mask>-pointers`` where TMA is (``triton_fwd.tma_enabled``)."""
     fwd = triton_fwd.forward_config(head_dim)
     bwd = triton_bwd.backward_config(head_dim)
     variant = "causal" if causal else "non-causal"
@@ -118,9 +121,10 @@ def attention_specs(head_dim: int, causal: bool, tma_variants: bool = False) -> 
                              **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
                              "dq_ptr": "*bf16", "stats_ptr": "*fp32"}, 3, copies=2,
                             constexprs={**c, **common, "DS_STATS": False}, options=o))
-    if tma_variants:  # each kernel also with its tiles loaded through TMA, until that is the launched config
-        specs += [dataclasses.replace(spec, variant=f"{spec.variant}-tma", constexprs={**spec.constexprs, "TMA": True})
-                  for spec in specs if not spec.constexprs.get("TMA")]
+    if load_variants:
+        specs += [dataclasses.replace(spec, variant=f"{spec.variant}-{'pointers' if tma else 'tma'}",
+                                      constexprs={**spec.constexprs, "TMA": not tma})
+                  for spec in specs for tma in [bool(spec.constexprs.get("TMA"))]]
     return specs
 
 
@@ -235,8 +239,9 @@ class CheckConfig:
     """Head dimensions to compile."""
     causal: str = "both"
     """Mask settings of the attention kernels: ``both``, ``yes`` or ``no``."""
-    tma_variants: bool = False
-    """Also compile each attention kernel with its tiles loaded through TMA (variant ``<mask>-tma``)."""
+    load_variants: bool = False
+    """Also compile each attention kernel with its tiles loaded the other way (variant ``<mask>-tma`` or
+    ``<mask>-pointers``)."""
 
     def __post_init__(self) -> None:
         bad = [d for d in self.head_dims if d not in HEAD_DIMS]
@@ -248,27 +253,29 @@ class CheckConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML file of CheckConfig keys (head_dims, causal, tma_variants); flags "
+    parser.add_argument("--config", help="YAML file of CheckConfig keys (head_dims, causal, load_variants); flags "
                         "override it")
     parser.add_argument("--head-dims", type=int, nargs="+",
                         help=f"head dimensions to compile (default {' '.join(map(str, HEAD_DIMS))})")
     parser.add_argument("--causal", choices=("both", "yes", "no"),
                         help="which mask settings of the attention kernels to compile (default both)")
     parser.add_argument("--out", help="also write the JSON lines to this file")
-    parser.add_argument("--tma-variants", action="store_true",
-                        help="also compile each attention kernel with its tiles loaded through TMA (variant '<mask>-tma')")
+    parser.add_argument("--load-variants", action="store_true",
+                        help="also compile each attention kernel with its tiles loaded the other way: through TMA "
+                        "(variant '<mask>-tma') where pointers are launched, through pointers ('<mask>-pointers') "
+                        "where TMA is")
     parser.add_argument("--gpu-tests", metavar="DIR", help="then, on a Hopper GPU, run the GPU correctness tests in DIR "
                         "(pytest -m gpu: the Triton and cuDNN kernels against the reference); skipped elsewhere")
     args = parser.parse_args(argv)
     try:
         cfg = load_with_flags(CheckConfig, args.config, {"head_dims": args.head_dims, "causal": args.causal,
-                                                         "tma_variants": True if args.tma_variants else None})
+                                                         "load_variants": True if args.load_variants else None})
     except ValueError as err:
         parser.exit(2, f"dm-kernel-check: error: {err}\n")
     causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[cfg.causal]
     rows = []
     for d in cfg.head_dims:
-        for spec in kernel_specs(d, causal, cfg.tma_variants):
+        for spec in kernel_specs(d, causal, cfg.load_variants):
             row = analyse(spec, d)
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_fwd import ensure_allocator, tma_requested
+from deltamatch.kernels.triton_fwd import ensure_allocator, tma_enabled
 from deltamatch.kernels.triton_quant import BLOCK_KV, round_fp32_in_kernels, to_e4m3
 
 DS_TILE = 64
@@ -359,7 +359,7 @@ def backward_config(head_dim: int) -> dict:
     at D = 128 and 256 two launches (dK: S, dP, dK; dV: S, dV) spill less and beat the fused dK/dV kernel despite
     recomputing S once more; at D = 64 the fused one wins.
     """
-    tma = {"TMA": True} if tma_requested() else {}
+    tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if head_dim <= 64:
         dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True, **tma)
     elif head_dim <= 128:

@@ -188,11 +188,16 @@ def ensure_allocator() -> None:
 
 
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
-"""``1``: every kernel loads its FP8 tiles through TMA descriptors (a variant until the H200 has timed it)."""
+"""``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
+everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5)."""
+TMA_HEAD_DIMS = (128,)
 
 
-def tma_requested() -> bool:
-    return os.environ.get(TMA_SWITCH, "0") == "1"
+def tma_enabled(head_dim: int) -> bool:
+    switch = os.environ.get(TMA_SWITCH)
+    if switch not in (None, "", "0", "1"):
+        raise ValueError(f"{TMA_SWITCH}={switch!r}: expected 0 or 1 (or unset: TMA at D in {TMA_HEAD_DIMS})")
+    return head_dim in TMA_HEAD_DIMS if switch in (None, "") else switch == "1"
 
 
 def forward_config(head_dim: int) -> dict:
@@ -200,10 +205,9 @@ def forward_config(head_dim: int) -> dict:
 
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
-    ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) is a variant until the H200 has timed it
-    (kernels/NOTES.md); ``DELTAMATCH_KERNEL_TMA=1`` turns it on in every kernel.
+    ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128 (:func:`tma_enabled`).
     """
-    tma = {"TMA": True} if tma_requested() else {}
+    tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)
     if head_dim <= 128:

@@ -2,7 +2,7 @@
 
 Compiling every kernel of every head dim takes minutes on a CI core, so the tests compile a representative subset
 (D = 128 in full: both masks and every quantisation variant; D = 64 causal and D = 256 non-causal attention kernels,
-and the stale dO pass at D = 256) and ``dm-kernel-check`` compiles everything (46 kernels; 76 with ``--tma-variants``).
+and the stale dO pass at D = 256) and ``dm-kernel-check`` compiles everything (46 kernels; 76 with ``--load-variants``).
 """
 
 import json
@@ -18,7 +18,7 @@ MATMULS = {"attn_fwd": {1, 2}, "attn_bwd_dkdv": {3, 4, 5, 7}, "attn_bwd_dk": {3,
 
 
 def _subset():
-    yield from ((128, spec) for spec in check.attention_specs(128, causal=True, tma_variants=True))
+    yield from ((128, spec) for spec in check.attention_specs(128, causal=True, load_variants=True))
     yield from ((128, spec) for spec in check.attention_specs(128, causal=False))
     yield from ((128, spec) for spec in check.quant_specs(128))
     yield from ((64, spec) for spec in check.attention_specs(64, causal=True))
@@ -33,11 +33,15 @@ def rows():
 
 
 def test_the_default_covers_both_masks_and_every_quant_variant():
-    variants = {(s.name, s.variant) for s in check.kernel_specs(128, tma_variants=True)}
+    specs = check.kernel_specs(128, load_variants=True)
+    variants = {(s.name, s.variant) for s in specs}
     for name in ("attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv", "attn_bwd_dq"):
         assert {(name, "causal"), (name, "non-causal")} <= variants
-    assert {(n, f"{m}-tma") for n, m in variants if n.startswith("attn_") and not m.endswith("-tma")} <= variants
-    assert not any(s.variant.endswith("-tma") for s in check.kernel_specs(128))  # the launched configs only
+        # launched through TMA at D = 128 (triton_fwd.tma_enabled), so the other loads are the pointer ones
+        assert {(name, "causal-pointers"), (name, "non-causal-pointers")} <= variants
+    assert all(s.constexprs.get("TMA") == (not s.variant.endswith("-pointers")) for s in specs if s.name.startswith("attn_"))
+    assert not any(s.variant.endswith(("-tma", "-pointers")) for s in check.kernel_specs(128))  # launched only
+    assert {s.variant for s in check.attention_specs(64, True, load_variants=True)} == {"causal", "causal-tma"}
     assert {v for n, v in variants if n == "quant_pass"} == {"q", "k", "v"}
     assert {v for n, v in variants if n == "quant_do_delta_pass"} == {"do_matched", "do_stale", "do_consistent"}
     k = next(s for s in check.kernel_specs(64) if s.variant == "k")
@@ -62,16 +66,14 @@ def test_every_matmul_is_an_fp8_wgmma_in_ttgir_ptx_and_sass(rows):
 def test_tma_loads_need_no_more_registers_or_stack_than_pointer_loads(rows):
     """Tiles loaded through TMA descriptors go to shared memory without passing through registers. With Triton 3.6 at
     D = 128, causal: forward 167 registers and no stack (pointers: 255 and 208 B), dK 24 B of stack (1,288), dV none
-    (1,032), dQ none (304)."""
+    (1,032), dQ none (304). D = 128 launches TMA, so the pointer loads are the ``-pointers`` variants."""
     kernels = {(r["name"], r["variant"]): r for r in rows if r["head_dim"] == 128}
-    pairs = [(name, v) for name, v in kernels if v == "causal" and (name, "causal-tma") in kernels]
-    assert {name for name, _ in pairs} == {"attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv",
-                                           "attn_bwd_dq"}
-    for key in pairs:
-        tma, plain = kernels[(key[0], "causal-tma")], kernels[key]
+    pairs = {name: (kernels[(name, "causal")], kernels[(name, "causal-pointers")])
+             for name, v in kernels if v == "causal-pointers"}
+    assert set(pairs) == {"attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv", "attn_bwd_dq"}
+    for tma, plain in pairs.values():
         assert tma["spill_bytes"] <= plain["spill_bytes"] and tma["registers"] <= plain["registers"], (tma, plain)
-    assert sum(kernels[(n, "causal-tma")]["spill_bytes"] for n, _ in pairs) < 0.1 * sum(
-        kernels[key]["spill_bytes"] for key in pairs)
+    assert sum(t["spill_bytes"] for t, _ in pairs.values()) < 0.1 * sum(p["spill_bytes"] for _, p in pairs.values())
 
 
 def _row(**changes):

@@ -168,3 +168,23 @@ if __name__ == "__main__":
 
     poison_torch_empty()
     print(json.dumps(_measure()))
+
+
+def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_overrides_it(monkeypatch):
+    from deltamatch.kernels.triton_bwd import backward_config
+    from deltamatch.kernels.triton_fwd import TMA_SWITCH, forward_config
+
+    def launched_with_tma(d):
+        configs = [forward_config(d), *backward_config(d).values()]
+        assert len({bool(c.get("TMA")) for c in configs}) == 1  # every kernel of one head dim loads the same way
+        return bool(configs[0].get("TMA"))
+
+    monkeypatch.delenv(TMA_SWITCH, raising=False)
+    assert [launched_with_tma(d) for d in (64, 128, 256)] == [False, True, False]
+    monkeypatch.setenv(TMA_SWITCH, "1")
+    assert [launched_with_tma(d) for d in (64, 128, 256)] == [True, True, True]
+    monkeypatch.setenv(TMA_SWITCH, "0")
+    assert [launched_with_tma(d) for d in (64, 128, 256)] == [False, False, False]
+    monkeypatch.setenv(TMA_SWITCH, "yes")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_TMA='yes'"):
+        forward_config(128)
