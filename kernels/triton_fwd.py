@@ -46,8 +46,13 @@ def _load_vt(vt_base, start_n, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.conste
 @triton.jit
 def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m, qk_scale, N, N_PAD,
                     lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, TMA: tl.constexpr = False):
-    """Online softmax over the key tiles [lo, hi); only MASKED tiles (the diagonal, the ragged end) pay for a mask."""
+                    CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, TMA: tl.constexpr = False,
+                    FACTORED: tl.constexpr = False):
+    """Online softmax over the key tiles [lo, hi); only MASKED tiles (the diagonal, the ragged end) pay for a mask.
+
+    FACTORED (the factored scale layout, kernels/README.md): P relative to the running max (<= 1) is cast at the
+    fixed scale 1/448 and V̂ has one scale per channel, so no scale varies along PV's contraction and the wgmma
+    accumulates into ``acc`` itself; the kernel applies V̂'s channel scales once, after the loop."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -65,14 +70,18 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
-        # P̂: one scale per row for this 64-key group; its amax is exp2(m_tile − m_new) (0 for a fully masked row)
-        p_max = tl.math.exp2(m_tile - m_new)
-        s_p = tl.where(p_max > 0, p_max * (1.0 / 448.0), 1.0)
-        p8 = to_e4m3(p * (1.0 / s_p)[:, None], ROUND_FP32)
         vt = _load_vt(vt_base, start_n, N_PAD, HEAD_DIM, BLOCK_N, TMA)  # [D, BLOCK_N], keys contiguous
-        s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
-        # matmul 2: O += P̂ V̂
-        acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt)) * (s_p * s_v)[:, None]
+        if FACTORED:  # matmul 2: O += P̂ V̂, accumulated in place (every scale factors out of the dot)
+            p8 = to_e4m3(p * 448.0, ROUND_FP32)
+            acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None])
+        else:
+            # P̂: one scale per row for this 64-key group; its amax is exp2(m_tile − m_new) (0 for a fully masked row)
+            p_max = tl.math.exp2(m_tile - m_new)
+            s_p = tl.where(p_max > 0, p_max * (1.0 / 448.0), 1.0)
+            p8 = to_e4m3(p * (1.0 / s_p)[:, None], ROUND_FP32)
+            s_v = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
+            # matmul 2: O += P̂ V̂, each tile's product promoted with its scales
+            acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(vt)) * (s_p * s_v)[:, None]
         m_i = m_new
     return acc, l_i, m_i
 
@@ -112,15 +121,17 @@ def _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
 @triton.jit
 def _attn_fwd_kernel(
     q8_ptr, k8_ptr, v8t_ptr,  # codes: Q̂ (B, H, N_pad, D), K̂ (B, H_kv, N_pad, D), V̂ᵀ (B, H_kv, D, N_pad)
-    sq_ptr, sk_ptr, sv_ptr,  # scales: (B, H, N_pad/128), (B, H_kv, N_pad/64), (B, H_kv, N_pad/64)
+    sq_ptr, sk_ptr, sv_ptr,  # scales: (B, H, N_pad/128), (B, H_kv, N_pad/64), (B, H_kv, N_pad/64) or FACTORED (B, H_kv, D)
     o_ptr, lse_ptr,  # O (B, N, H, D); lse2 (B, H, N_pad) fp32
     stride_ob, stride_on, stride_oh,
     qk_scale,  # softmax scale · log2(e)
     N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, PAIRED: tl.constexpr = False, TMA: tl.constexpr = False,
+    FACTORED: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
+    tl.static_assert(not (PAIRED and FACTORED), "the factored layout runs the single-tile loop")
     tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal starts on a key-tile boundary")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -165,12 +176,16 @@ def _attn_fwd_kernel(
     else:
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32, TMA)
+                                        ROUND_FP32, TMA, FACTORED)
     acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                     qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32,
-                                    TMA)
+                                    TMA, FACTORED)
 
-    o = acc / l_i[:, None]
+    if FACTORED:  # P̂'s fixed scale and V̂'s channel scales, once per output element
+        s_vc = tl.load(sv_ptr + bh_kv.to(tl.int64) * HEAD_DIM + offs_d)
+        o = acc * (s_vc * (1.0 / 448.0))[None, :] / l_i[:, None]
+    else:
+        o = acc / l_i[:, None]
     o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     o_ptrs = o_ptrs + offs_m.to(tl.int64)[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_m < N)[:, None])

@@ -164,6 +164,21 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     return x8, x8t, scales
 
 
+def quantize_per_channel(x: torch.Tensor, name: str = "x"):
+    """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
+    the factored layout's operand of a token-contracting matmul (V̂ for PV; kernels/README.md). PyTorch ops — an amax
+    over the tokens, then the cast — the same rounding as ``quant.quantize_tiles(x, None, 1)``; not yet a fused pass."""
+    from deltamatch.kernels import quant
+
+    _check_public(x, name)
+    b, n, h, d = x.shape
+    inner = x.float().transpose(1, 2)  # (B, H, N, D)
+    scales = quant._scales_from_amax(inner.abs().amax(dim=2))  # (B, H, D)
+    x8 = torch.zeros((b, h, padded_len(n), d), device=x.device, dtype=torch.float8_e4m3fn)
+    x8[:, :, :n] = quant.round_e4m3(inner / scales[:, :, None, :]).to(torch.float8_e4m3fn)
+    return x8, x8.transpose(-1, -2).contiguous(), scales.contiguous()
+
+
 DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 

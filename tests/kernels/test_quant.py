@@ -100,3 +100,20 @@ def test_rounding_disabled_is_identity():
         assert torch.equal(quant.quantize_tiles(x, 64, 64)[0], x)
         assert torch.equal(quant.round_bf16(x), x)
     assert not torch.equal(quant.quantize_tiles(x, 64, 64)[0], x)
+
+
+def test_per_channel_codes_equal_the_reference_quantiser_bit_for_bit():
+    from deltamatch.kernels.triton_quant import quantize_per_channel
+
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 70, 3, 64, generator=gen) * 2).to(torch.bfloat16)
+    x[:, :, :, 7] *= 50  # an outlier channel gets its own scale
+    x8, x8t, scales = quantize_per_channel(x, "v")
+    inner = x.float().transpose(1, 2)
+    expected, expected_scales = quant.quantize_tiles(inner, None, 1)
+    assert x8.shape == (2, 3, 128, 64) and x8t.shape == (2, 3, 64, 128) and scales.shape == (2, 3, 64)
+    assert torch.equal(scales, expected_scales[..., 0, :])
+    assert torch.equal(x8[:, :, :70].float() * scales[:, :, None, :], expected)
+    assert torch.equal(x8.float().transpose(-1, -2), x8t.float()) and (x8[:, :, 70:].float() == 0).all()
+    with pytest.raises(ValueError, match="v"):
+        quantize_per_channel(x[0], "v")

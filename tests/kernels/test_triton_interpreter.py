@@ -91,7 +91,37 @@ def _measure() -> dict:
             )
         out["cases"].append(row)
     out["tma"] = _tma_forward(gen)
+    out["factored"] = _factored_forward(gen)
     return out
+
+
+def _factored_forward(gen) -> list[dict]:
+    """The forward kernel in the factored scale layout (``FACTORED``: P̂ at the fixed scale 1/448 relative to the
+    running max, V̂ per channel) against the reference's ``matched_factored`` forward and against FP64."""
+    import torch
+
+    from deltamatch.kernels.measures import relative_error
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_fwd import attention_forward, forward_config
+    from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_operand, quantize_per_channel
+
+    rows = []
+    for causal, n, h, h_kv, d in ((True, 130, 2, 1, 64), (False, 80, 2, 2, 128)):
+        q = (torch.randn(1, n, h, d, generator=gen) * 1.5).to(torch.bfloat16)
+        k = (torch.randn(1, n, h_kv, d, generator=gen) * 1.5 + 0.5).to(torch.bfloat16)
+        v = torch.randn(1, n, h_kv, d, generator=gen).to(torch.bfloat16)
+        v[:, :, :, 3] *= 30  # an outlier channel: a per-channel scale is what the layout is for
+        q8, _, sq = quantize_operand(q, BLOCK_Q)
+        k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True)
+        _, v8t, sv = quantize_per_channel(v, "v")
+        o = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d ** -0.5,
+                              config={**forward_config(d), "PAIRED": False, "FACTORED": True})[0].double()
+        ref = attention_reference(q, k, v, causal, "matched_factored").double()
+        exact = attention_exact(q.double(), k.double(), v.double(), causal)
+        rows.append(dict(causal=causal, n=n, d=d, kernel_vs_reference=relative_error(o, ref),
+                         kernel_vs_exact=relative_error(o, exact), reference_vs_exact=relative_error(ref, exact),
+                         finite=bool(torch.isfinite(o).all())))
+    return rows
 
 
 def _tma_forward(gen) -> list[dict]:
@@ -151,6 +181,14 @@ def test_tma_loads_give_the_bits_of_pointer_loads(measured):
         assert all(row["equal"].values()) and len(row["equal"]) == 5 and row["finite"], row
 
 
+def test_factored_forward_matches_its_reference_simulation(measured):
+    assert len(measured["factored"]) == 2
+    for m in measured["factored"]:
+        assert m["finite"], m
+        assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], m
+        assert m["reference_vs_exact"] < 0.12, m  # it is FP8, not garbage
+
+
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
 def test_kernel_matches_reference_simulation(measured, index):
     row = measured["cases"][index]
@@ -160,14 +198,6 @@ def test_kernel_matches_reference_simulation(measured, index):
         assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)
         assert m["kernel_vs_exact"] < 1.15 * m["reference_vs_exact"] + 1e-3, (part, m)
         assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for poison.py
-    from poison import poison_torch_empty  # conftest.py's fixture does not reach this child
-
-    poison_torch_empty()
-    print(json.dumps(_measure()))
 
 
 def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_overrides_it(monkeypatch):
@@ -188,3 +218,12 @@ def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_override
     monkeypatch.setenv(TMA_SWITCH, "yes")
     with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_TMA='yes'"):
         forward_config(128)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for poison.py
+    from poison import poison_torch_empty  # conftest.py's fixture does not reach this child
+
+    poison_torch_empty()
+    print(json.dumps(_measure()))
+

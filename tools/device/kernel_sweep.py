@@ -24,7 +24,9 @@ SWEEP = {
     128: dict(fwd=[F(64, 4, 4), F(64, 4, 3), F(64, 4, 3, PAIRED=True), F(64, 4, 4, PAIRED=True),
                    F(128, 8, 3, PAIRED=True), F(128, 8, 2, PAIRED=True),
                    F(64, 4, 4, TMA=True), F(64, 4, 3, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True),
-                   F(128, 8, 3, TMA=True), F(128, 8, 2, PAIRED=True, TMA=True)],
+                   F(128, 8, 3, TMA=True), F(128, 8, 2, PAIRED=True, TMA=True),
+                   F(64, 4, 4, FACTORED=True), F(64, 4, 4, TMA=True, FACTORED=True),
+                   F(64, 4, 3, TMA=True, FACTORED=True), F(128, 8, 3, TMA=True, FACTORED=True)],
               dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True),
                     KV(64, 4, 2, SEPARATE=True), KV(128, 8, 1, SEPARATE=True, SPLIT=False),
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True), KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True),
@@ -46,7 +48,7 @@ def variants(d):
 
 def setup(d, n=SEQ, causal=True):
     from deltamatch.kernels.triton_fwd import attention_forward
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
 
     h = 2048 // d
     b = 64 // h
@@ -57,6 +59,7 @@ def setup(d, n=SEQ, causal=True):
     o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d**-0.5)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "stale")
     saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, v8t=v8t, sq=sq, sk=sk, sv=sv, lse2=lse2)
+    _, saved["v8t_channel"], saved["sv_channel"] = quantize_per_channel(v, "v")  # the factored layout's V̂
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, q=q, k=k, b=b, h=h, n=n, d=d, causal=causal)
 
 
@@ -73,8 +76,10 @@ def launcher(kind, cfg, st):
     if kind == "fwd":
         out = {}
 
+        v8t, sv = (s["v8t_channel"], s["sv_channel"]) if cfg.get("FACTORED") else (s["v8t"], s["sv"])
+
         def run():
-            out["o"] = attention_forward(s["q8"], s["k8"], s["v8t"], s["sq"], s["sk"], s["sv"], st["q"].shape,
+            out["o"] = attention_forward(s["q8"], s["k8"], v8t, s["sq"], s["sk"], sv, st["q"].shape,
                                          st["q"].dtype, causal, scale, config=cfg)[0]
 
         return run, lambda: out["o"]
