@@ -16,6 +16,7 @@ deterministic.
 """
 
 import math
+import os
 
 import torch
 import triton
@@ -141,13 +142,18 @@ def _attn_bwd_delta_matched_kernel(
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr, delta_ptr,
-                stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to,
+                stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to, k_tok, dq_acc_ptr,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr,
-                DO_DK: tl.constexpr, DO_DV: tl.constexpr, TMA: tl.constexpr = False):
+                DO_DK: tl.constexpr, DO_DV: tl.constexpr, TMA: tl.constexpr = False,
+                DQ_ATOMIC: tl.constexpr = False):
     """Accumulate dV and (unscaled) dK of one key block over the query tiles [lo, hi) of one query head, skipping
     from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end).
-    With TMA the four code arguments are descriptors of (B·H, rows, cols) views (``_descriptors``)."""
+    With TMA the four code arguments are descriptors of (B·H, rows, cols) views (``_descriptors``).
+
+    DQ_ATOMIC: also add this key block's share of dQ, dŜ K̂ (matmul 6, the same 64 × 64 dŜ tiles and scales as the
+    dQ kernel's), to the FP32 accumulator ``dq_acc_ptr`` (B, H, N_pad, D) by atomic adds; ``k_tok`` is the block's
+    K̂ᵀ [D, BLOCK_N] (keys contiguous, the wgmma B operand)."""
     offs_d = tl.arange(0, HEAD_DIM)
     row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
     for tile_m in range(lo, hi - (jump_to - jump_from), BLOCK_M):
@@ -199,6 +205,10 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
             else:
                 q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
             dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
+            if DQ_ATOMIC:  # matmul 6 here instead of in the dQ kernel: dQ += dŜ K̂, one scale per 64 × 64 tile
+                dq_part = tl.dot(tl.trans(ds8), tl.trans(k_tok)) * tl.max(s_ds * s_k, 0)  # [BLOCK_M, D]
+                dq_ptrs = dq_acc_ptr + row_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+                tl.atomic_add(dq_ptrs, dq_part, mask=(offs_m < N)[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -208,15 +218,19 @@ def _attn_bwd_dkdv_kernel(
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
     dk_ptr, dv_ptr,  # (B, N, H_kv, D)
     stats_ptr,  # DS_STATS only: (B, H, 2, N_pad) fp32, Σ_j dS_ij and Σ_j |dS_ij|
+    k8t_ptr, dq_acc_ptr,  # DQ_ATOMIC only: K̂ᵀ codes (B, H_kv, D, N_pad); dQ's FP32 accumulator (B, H, N_pad, D)
     stride_kb, stride_kn, stride_kh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, SPLIT: tl.constexpr = True,
     DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True, TMA: tl.constexpr = False,
+    DQ_ATOMIC: tl.constexpr = False,
 ):
-    """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches)."""
+    """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches), and with
+    DQ_ATOMIC the block's share of dQ (atomic adds; the dQ kernel is then not launched)."""
     tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
     tl.static_assert(BLOCK_N % 64 == 0, "a key block holds whole 64-key scale groups")
+    tl.static_assert(not DQ_ATOMIC or (BLOCK_N == 64 and DO_DK), "atomic dQ: 64 x 64 dŜ tiles, in the dK launch")
     pid_n, bh_kv = tl.program_id(0), tl.program_id(1)
     H_KV = H // GROUP
     b, h_kv = bh_kv // H_KV, bh_kv % H_KV
@@ -259,17 +273,22 @@ def _attn_bwd_dkdv_kernel(
                                             strides=[HEAD_DIM * N_PAD, N_PAD, 1], block_shape=[1, HEAD_DIM, BLOCK_M])
     else:
         q_src, do_src, qt_src, dot_src = q8_ptr, do8_ptr, q8t_ptr, do8t_ptr
+    if DQ_ATOMIC:  # this key block's K̂ᵀ, once: the B operand of its dQ shares
+        k_tok = tl.load(k8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :])
+    else:
+        k_tok = k
     for g in range(0, GROUP):
         bh = b * H + h_kv * GROUP + g
         if SPLIT:
             dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
                                  lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
-                                 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS,
-                                 DO_DK, DO_DV, TMA)
+                                 0, 0, k_tok, dq_acc_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32,
+                                 DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC)
         # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
         dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
-                             delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK, DO_DV, TMA)
+                             delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail, k_tok,
+                             dq_acc_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK,
+                             DO_DV, TMA, DQ_ATOMIC)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
@@ -366,11 +385,26 @@ def backward_config(head_dim: int) -> dict:
         dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT=True, SEPARATE=True, **tma)
     else:
         dkdv = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, SPLIT=True, SEPARATE=True, **tma)
+    if dq_atomic_requested() and dkdv["BLOCK_N"] == 64:  # dQ by atomics in the dK launch (64 x 64 dŜ tiles)
+        dkdv["DQ_ATOMIC"] = True
     if head_dim <= 128:
         return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3, **tma),
                     delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **tma))
     return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **tma),
                 delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **tma))
+
+
+DQ_ATOMIC_SWITCH = "DELTAMATCH_KERNEL_DQ_ATOMIC"
+"""``1``: dQ by atomic adds in the dK launch (matmul 6 moves there, the dQ kernel's recompute of S and dP goes), where
+the dK launch has 64 × 64 dŜ tiles (D = 128 and 256). Not bit-reproducible (the adds land in any order), so the
+deterministic dQ kernel stays the default."""
+
+
+def dq_atomic_requested() -> bool:
+    switch = os.environ.get(DQ_ATOMIC_SWITCH, "0")
+    if switch not in ("0", "1", ""):
+        raise ValueError(f"{DQ_ATOMIC_SWITCH}={switch!r}: expected 0 or 1")
+    return switch == "1"
 
 
 def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
@@ -384,20 +418,25 @@ def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
     )
 
 
-def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c):
-    """One launch for dK and dV, or (``SEPARATE``) one for each: recomputing S once more, holding one accumulator."""
+def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c, dq_acc=None):
+    """One launch for dK and dV, or (``SEPARATE``) one for each: recomputing S once more, holding one accumulator.
+    With ``dq_acc`` (FP32, zeroed) the dK launch also adds dQ into it (``DQ_ATOMIC``)."""
     q8, q8t, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "q8t", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
     c = dict(c)
+    c.pop("DQ_ATOMIC", None)  # decided by dq_acc, for the dK launch only
     parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if c.pop("SEPARATE", False) else [{}]
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
     for part in parts:
+        atomic = dq_acc is not None and part.get("DO_DK", True)
         _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
             q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
+            saved["k8t"], dq_acc if atomic else delta,
             dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
-            HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None, **part, **c,
+            HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None,
+            DQ_ATOMIC=atomic, **part, **c,
         )
 
 
@@ -431,7 +470,13 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
     dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
     dk = torch.empty(shapes[1], device=device, dtype=dtypes[1])
     dv = torch.empty(shapes[1], device=device, dtype=dtypes[1])
+    # atomic dQ (backward_config: 64 x 64 dŜ tiles in the dK launch); the diagnostics' dS row sums need the dQ kernel
+    atomic = cfg["dkdv"].get("DQ_ATOMIC", False) and not stats
+    dq_acc = torch.zeros(saved["q8"].shape, device=device, dtype=torch.float32) if atomic else None
     _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
-                 cfg["dkdv"])
-    _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"])
+                 cfg["dkdv"], dq_acc)
+    if atomic:
+        dq.copy_((dq_acc[:, :, :n] * softmax_scale).transpose(1, 2))
+    else:
+        _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"])
     return dq, dk, dv

@@ -53,6 +53,27 @@ def test_against_reference_and_fp64(mode, causal, d):
         assert ref_to_exact < 0.12, msg
 
 
+@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mode", ["stale", "matched"])
+def test_atomic_dq_against_reference_and_fp64(mode, causal, d, monkeypatch):
+    """dQ by atomic adds in the dK launch (DELTAMATCH_KERNEL_DQ_ATOMIC=1) meets the bar of every kernel, and O, dK, dV
+    are the deterministic path's bits."""
+    from deltamatch.kernels.triton_bwd import DQ_ATOMIC_SWITCH
+
+    q, k, v, do = make(d=d, n=1000 if d < 256 else 333)
+    plain = run(triton_fn(causal, mode), q, k, v, do)
+    monkeypatch.setenv(DQ_ATOMIC_SWITCH, "1")
+    ours = run(triton_fn(causal, mode), q, k, v, do)
+    ref = run(lambda a, b, c: attention_reference(a, b, c, causal, mode), q, k, v, do)[1]
+    exact = run(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)[1]
+    assert torch.isfinite(ours[1]).all()
+    to_ref, ref_to_exact = relative_error(ours[1], ref), relative_error(ref, exact)
+    assert to_ref < 0.25 * ref_to_exact, f"dq: atomic-ref {to_ref:.2e} ref-fp64 {ref_to_exact:.2e}"
+    for part, a, b in zip(("o", "dk", "dv"), (plain[0], *plain[2:]), (ours[0], *ours[2:])):
+        assert torch.equal(a, b), part
+
+
 def test_dispatch_picks_triton_on_hopper():
     q, k, v, _ = make(n=64)
     assert select_backend(q, k, v, True, "matched").name == "triton"
@@ -65,7 +86,10 @@ def test_stale_and_matched_share_the_forward_bit_for_bit():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_deterministic(mode):
+def test_deterministic(mode, monkeypatch):
+    from deltamatch.kernels.triton_bwd import DQ_ATOMIC_SWITCH
+
+    monkeypatch.delenv(DQ_ATOMIC_SWITCH, raising=False)  # the default path: atomic dQ is the one that is not
     q, k, v, do = make(n=1500, h=8, hk=2)
     first = run(triton_fn(True, mode), q, k, v, do)
     second = run(triton_fn(True, mode), q, k, v, do)

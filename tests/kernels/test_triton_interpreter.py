@@ -92,7 +92,45 @@ def _measure() -> dict:
         out["cases"].append(row)
     out["tma"] = _tma_forward(gen)
     out["factored"] = _factored_forward(gen)
+    out["dq_atomic"] = _dq_atomic(gen)
     return out
+
+
+def _dq_atomic(gen) -> list[dict]:
+    """dQ by atomic adds in the dK launch (``DELTAMATCH_KERNEL_DQ_ATOMIC=1``) against the reference simulation and FP64
+    (the bar every kernel meets), beside the dQ kernel's; O, dK, dV must not change (GQA, ragged N, matched's δ)."""
+    import torch
+
+    from deltamatch.kernels.measures import relative_error
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import DQ_ATOMIC_SWITCH
+
+    rows = []
+    for mode, causal, n, h, h_kv, d in (("matched", True, 130, 4, 2, 128), ("stale", False, 70, 2, 2, 128)):
+        q, k, v, do = (torch.randn(1, n, hh, d, generator=gen).to(torch.bfloat16) for hh in (h, h_kv, h_kv, h))
+        outs = {}
+        for name in ("kernel", "atomic", "reference", "exact"):
+            os.environ[DQ_ATOMIC_SWITCH] = "1" if name == "atomic" else "0"
+            dtype = torch.float64 if name == "exact" else torch.bfloat16
+            ins = [t.detach().clone().to(dtype).requires_grad_() for t in (q, k, v)]
+            if name == "reference":
+                o = attention_reference(*ins, causal, mode)
+            elif name == "exact":
+                o = attention_exact(*ins, causal)
+            else:
+                o = triton_attention(*ins, causal, mode)
+            o.backward(do.to(o.dtype))
+            outs[name] = [o.detach(), *(t.grad for t in ins)]
+        os.environ.pop(DQ_ATOMIC_SWITCH)
+        dq = {name: grads[1].double() for name, grads in outs.items()}
+        rows.append(dict(mode=mode, n=n, atomic_vs_reference=relative_error(dq["atomic"], dq["reference"]),
+                         kernel_vs_reference=relative_error(dq["kernel"], dq["reference"]),
+                         reference_vs_exact=relative_error(dq["reference"], dq["exact"]),
+                         others_equal=all(torch.equal(a, b) for i, (a, b) in enumerate(zip(outs["kernel"],
+                                                                                           outs["atomic"])) if i != 1),
+                         finite=bool(torch.isfinite(outs["atomic"][1]).all())))
+    return rows
 
 
 def _factored_forward(gen) -> list[dict]:
@@ -179,6 +217,13 @@ def test_tma_loads_give_the_bits_of_pointer_loads(measured):
     assert len(measured["tma"]) == 2
     for row in measured["tma"]:
         assert all(row["equal"].values()) and len(row["equal"]) == 5 and row["finite"], row
+
+
+def test_atomic_dq_matches_the_reference_and_leaves_o_dk_dv_alone(measured):
+    assert len(measured["dq_atomic"]) == 2
+    for m in measured["dq_atomic"]:
+        assert m["finite"] and m["others_equal"], m
+        assert m["atomic_vs_reference"] < 0.25 * m["reference_vs_exact"], m
 
 
 def test_factored_forward_matches_its_reference_simulation(measured):

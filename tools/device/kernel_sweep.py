@@ -30,7 +30,9 @@ SWEEP = {
               dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True),
                     KV(64, 4, 2, SEPARATE=True), KV(128, 8, 1, SEPARATE=True, SPLIT=False),
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True), KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True),
-                    KV(128, 8, 2, SPLIT=True, TMA=True), KV(128, 8, 2, SEPARATE=True, TMA=True)],
+                    KV(128, 8, 2, SPLIT=True, TMA=True), KV(128, 8, 2, SEPARATE=True, TMA=True),
+                    KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True),
+                    KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True)],
               dq=[F(64, 4, 3), F(64, 4, 4), F(128, 8, 3), F(64, 4, 3, TMA=True), F(64, 4, 4, TMA=True),
                   F(128, 8, 3, TMA=True)],
               delta=[F(128, 8, 3), F(64, 4, 3), F(128, 8, 3, TMA=True), F(64, 4, 3, TMA=True)]),
@@ -89,8 +91,15 @@ def launcher(kind, cfg, st):
                 lambda: delta[..., :n])
     if kind == "dkdv":
         dk, dv = torch.zeros_like(st["k"]), torch.zeros_like(st["k"])
-        return (lambda: triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None,
-                                                causal, qk, scale, n, cfg), lambda: torch.cat([dk, dv]))
+        dq_acc = torch.zeros(s["q8"].shape, device="cuda") if cfg.get("DQ_ATOMIC") else None  # + dQ by atomics
+
+        def run():
+            if dq_acc is not None:
+                dq_acc.zero_()
+            triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None, causal, qk,
+                                    scale, n, cfg, dq_acc)
+
+        return run, lambda: torch.cat([dk, dv])
     dq = torch.zeros_like(st["q"])
     return (lambda: triton_bwd._launch_dq(s, st["do8"], st["sdo"], st["delta"], dq, None, causal, qk, scale, n, cfg),
             lambda: dq)
@@ -138,7 +147,7 @@ def main():
                 ref = first.setdefault(kind, out.clone())  # every variant must compute what the first one does
                 diff = ((out - ref).norm() / ref.norm()).item()
                 ms = do_bench(run, warmup=25, rep=100, return_mode="median")
-                tflops = fwd_flops * MATMULS[kind] / 2 / ms * 1e-9
+                tflops = fwd_flops * (MATMULS[kind] + bool(cfg.get("DQ_ATOMIC"))) / 2 / ms * 1e-9  # + matmul 6
             except Exception as exc:
                 ms, tflops = float("nan"), float("nan")
                 print(f"failed {d} {kind} {cfg}: {exc!r}"[:300])
