@@ -112,7 +112,7 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
         specs.append(KernelSpec(name, variant, triton_bwd._attn_bwd_dkdv_kernel,
                                 {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr", "k8t_ptr"),
                                  **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr",
-                                         "dq_acc_ptr"),
+                                         "dq_acc_ptr", "sdoc_ptr"),
                                  "dk_ptr": "*bf16", "dv_ptr": "*bf16", "stats_ptr": "*fp32"},
                                 matmuls + (1 if c.get("DQ_ATOMIC") and flags["DO_DK"] else 0),
                                 copies=2 if c["SPLIT"] else 1,

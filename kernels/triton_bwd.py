@@ -146,14 +146,18 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr,
                 DO_DK: tl.constexpr, DO_DV: tl.constexpr, TMA: tl.constexpr = False,
-                DQ_ATOMIC: tl.constexpr = False):
+                DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False):
     """Accumulate dV and (unscaled) dK of one key block over the query tiles [lo, hi) of one query head, skipping
     from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end).
     With TMA the four code arguments are descriptors of (B·H, rows, cols) views (``_descriptors``).
 
     DQ_ATOMIC: also add this key block's share of dQ, dŜ K̂ (matmul 6, the same 64 × 64 dŜ tiles and scales as the
     dQ kernel's), to the FP32 accumulator ``dq_acc_ptr`` (B, H, N_pad, D) by atomic adds; ``k_tok`` is the block's
-    K̂ᵀ [D, BLOCK_N] (keys contiguous, the wgmma B operand)."""
+    K̂ᵀ [D, BLOCK_N] (keys contiguous, the wgmma B operand).
+
+    FACTORED (dV only; the factored scale layout, kernels/README.md): Pᵀ (<= 1) at the fixed scale 1/448 and dÔ with
+    one scale per channel (``do8t_ptr`` holds those codes), so dV accumulates in place; the caller applies the
+    channel scales."""
     offs_d = tl.arange(0, HEAD_DIM)
     row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
     for tile_m in range(lo, hi - (jump_to - jump_from), BLOCK_M):
@@ -176,15 +180,18 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
                 visible = visible & (offs_m[None, :] >= offs_n[:, None])
             pT = tl.where(visible, pT, 0.0)
         if DO_DV:
-            # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
-            pt_max = tl.max(pT, 1)
-            s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
-            pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
             if TMA:
                 do_tok = do8t_ptr.load([bh, 0, start_m]).reshape(HEAD_DIM, BLOCK_M)
             else:
                 do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
-            dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
+            if FACTORED:  # matmul 5: dV += P̂ᵀ dÔ, accumulated in place (every scale factors out of the dot)
+                dv = tl.dot(to_e4m3(pT * 448.0, ROUND_FP32), tl.trans(do_tok), dv)
+            else:
+                # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
+                pt_max = tl.max(pT, 1)
+                s_pt = tl.where(pt_max > 0, pt_max * (1.0 / 448.0), 1.0)
+                pt8 = to_e4m3(pT * (1.0 / s_pt)[:, None], ROUND_FP32)
+                dv += tl.dot(pt8, tl.trans(do_tok)) * (s_pt * s_do)[:, None]
         if DO_DK:
             if TMA:
                 doT = tl.trans(do8_ptr.load([bh, start_m, 0]).reshape(BLOCK_M, HEAD_DIM))
@@ -219,15 +226,18 @@ def _attn_bwd_dkdv_kernel(
     dk_ptr, dv_ptr,  # (B, N, H_kv, D)
     stats_ptr,  # DS_STATS only: (B, H, 2, N_pad) fp32, Σ_j dS_ij and Σ_j |dS_ij|
     k8t_ptr, dq_acc_ptr,  # DQ_ATOMIC only: K̂ᵀ codes (B, H_kv, D, N_pad); dQ's FP32 accumulator (B, H, N_pad, D)
+    sdoc_ptr,  # FACTORED only: dÔ's channel scales (B, H, D)
     stride_kb, stride_kn, stride_kh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, SPLIT: tl.constexpr = True,
     DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True, TMA: tl.constexpr = False,
-    DQ_ATOMIC: tl.constexpr = False,
+    DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False,
 ):
     """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches), and with
-    DQ_ATOMIC the block's share of dQ (atomic adds; the dQ kernel is then not launched)."""
+    DQ_ATOMIC the block's share of dQ (atomic adds; the dQ kernel is then not launched). FACTORED: dV in the factored
+    scale layout (a dV-only launch; ``_dkdv_tiles``)."""
+    tl.static_assert(not (FACTORED and DO_DK), "the factored layout's dK is not a kernel yet")
     tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
     tl.static_assert(BLOCK_N % 64 == 0, "a key block holds whole 64-key scale groups")
     tl.static_assert(not DQ_ATOMIC or (BLOCK_N == 64 and DO_DK), "atomic dQ: 64 x 64 dŜ tiles, in the dK launch")
@@ -277,23 +287,30 @@ def _attn_bwd_dkdv_kernel(
         k_tok = tl.load(k8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :])
     else:
         k_tok = k
+    s_doc = tl.full([HEAD_DIM], 1.0, tl.float32)  # FACTORED: dv is held in units of the current head's dÔ scales
     for g in range(0, GROUP):
         bh = b * H + h_kv * GROUP + g
+        if FACTORED:  # GQA: the heads' dÔ scales differ, so rescale dv once per head (a D-vector, not per tile)
+            s_next = tl.load(sdoc_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d)
+            dv = dv * (s_doc / s_next)[None, :]
+            s_doc = s_next
         if SPLIT:
             dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
                                  lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
                                  0, 0, k_tok, dq_acc_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32,
-                                 DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC)
+                                 DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED)
         # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
         dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
                              delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail, k_tok,
                              dq_acc_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK,
-                             DO_DV, TMA, DQ_ATOMIC)
+                             DO_DV, TMA, DQ_ATOMIC, FACTORED)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
     if DO_DK:
         tl.store(dk_ptr + out, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=valid)
+    if FACTORED:
+        dv = dv * (s_doc * (1.0 / 448.0))[None, :]
     if DO_DV:
         tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=valid)
 
@@ -418,22 +435,26 @@ def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
     )
 
 
-def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c, dq_acc=None):
+def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c, dq_acc=None,
+                 sdo_channel=None):
     """One launch for dK and dV, or (``SEPARATE``) one for each: recomputing S once more, holding one accumulator.
-    With ``dq_acc`` (FP32, zeroed) the dK launch also adds dQ into it (``DQ_ATOMIC``)."""
+    With ``dq_acc`` (FP32, zeroed) the dK launch also adds dQ into it (``DQ_ATOMIC``). ``FACTORED`` in ``c``: dV alone,
+    in the factored scale layout, from ``do8t`` holding per-channel dÔ codes with scales ``sdo_channel`` (B, H, D)."""
     q8, q8t, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "q8t", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
     c = dict(c)
     c.pop("DQ_ATOMIC", None)  # decided by dq_acc, for the dK launch only
     parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if c.pop("SEPARATE", False) else [{}]
+    if c.pop("DV_ONLY", False) or c.get("FACTORED"):  # dV alone (the sweep times it so; the factored layout's dK
+        parts = [dict(DO_DK=False, DO_DV=True)]          # is not a kernel yet)
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
     for part in parts:
         atomic = dq_acc is not None and part.get("DO_DK", True)
         _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
             q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
-            saved["k8t"], dq_acc if atomic else delta,
+            saved["k8t"], dq_acc if atomic else delta, sdo_channel if c.get("FACTORED") else delta,
             dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
             HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None,
             DQ_ATOMIC=atomic, **part, **c,

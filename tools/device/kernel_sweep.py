@@ -33,6 +33,8 @@ SWEEP = {
                     KV(128, 8, 2, SPLIT=True, TMA=True), KV(128, 8, 2, SEPARATE=True, TMA=True),
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True),
                     KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True)],
+              dv=[KV(64, 4, 2, SPLIT=True, TMA=True, DV_ONLY=True), KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True),
+                  KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True)],
               dq=[F(64, 4, 3), F(64, 4, 4), F(128, 8, 3), F(64, 4, 3, TMA=True), F(64, 4, 4, TMA=True),
                   F(128, 8, 3, TMA=True)],
               delta=[F(128, 8, 3), F(64, 4, 3), F(128, 8, 3, TMA=True), F(64, 4, 3, TMA=True)]),
@@ -61,7 +63,8 @@ def setup(d, n=SEQ, causal=True):
     o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d**-0.5)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "stale")
     saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, v8t=v8t, sq=sq, sk=sk, sv=sv, lse2=lse2)
-    _, saved["v8t_channel"], saved["sv_channel"] = quantize_per_channel(v, "v")  # the factored layout's V̂
+    _, saved["v8t_channel"], saved["sv_channel"] = quantize_per_channel(v, "v")  # the factored layout's V̂, dÔ
+    _, saved["do8t_channel"], saved["sdo_channel"] = quantize_per_channel(do, "do")
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, q=q, k=k, b=b, h=h, n=n, d=d, causal=causal)
 
 
@@ -89,6 +92,11 @@ def launcher(kind, cfg, st):
         delta = torch.zeros_like(st["delta"])
         return (lambda: triton_bwd._launch_delta_matched(s, st["do8"], st["sdo"], delta, causal, qk, n, cfg),
                 lambda: delta[..., :n])
+    if kind == "dv":  # the dV launch alone: the paper layout's, or the factored one (per-channel dÔ codes)
+        dk, dv = torch.zeros_like(st["k"]), torch.zeros_like(st["k"])
+        do8t, sdo_channel = ((s["do8t_channel"], s["sdo_channel"]) if cfg.get("FACTORED") else (st["do8t"], None))
+        return (lambda: triton_bwd._launch_dkdv(s, st["do8"], do8t, st["sdo"], st["delta"], dk, dv, None, causal, qk,
+                                                scale, n, cfg, sdo_channel=sdo_channel), lambda: dv)
     if kind == "dkdv":
         dk, dv = torch.zeros_like(st["k"]), torch.zeros_like(st["k"])
         dq_acc = torch.zeros(s["q8"].shape, device="cuda") if cfg.get("DQ_ATOMIC") else None  # + dQ by atomics
@@ -105,7 +113,7 @@ def launcher(kind, cfg, st):
             lambda: dq)
 
 
-MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3)
+MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3, dv=2)  # dv: S recomputed, then dV
 
 
 def main():
