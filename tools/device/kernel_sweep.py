@@ -116,6 +116,35 @@ def launcher(kind, cfg, st):
 MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3, dv=2)  # dv: S recomputed, then dV
 
 
+def quant_rows(d, n=SEQ) -> list[dict]:
+    """Each quantisation pass alone at the reference shape, against a copy of the same bytes: issue 19's target is
+    the passes at <= 1.3x their copy-speed time. Bytes = BF16 read + codes and their token-major copy written (+ O read
+    by the dO pass)."""
+    from triton.testing import do_bench
+
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
+
+    h = 2048 // d
+    x, o = (torch.randn(64 // h, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    elems = x.numel()
+    passes = {"q (128 rows)": (lambda: quantize_operand(x, 128), 4 * elems),
+              "k centred (64 rows)": (lambda: quantize_operand(x, 64, centre=True), 4 * elems),
+              "v (64 rows)": (lambda: quantize_operand(x, 64), 4 * elems),
+              "dO + stale delta": (lambda: quantize_do_and_delta(x, o, "stale"), 6 * elems),
+              "v per channel (torch)": (lambda: quantize_per_channel(x, "v"), 4 * elems)}
+    rows = []
+    for name, (fn, nbytes) in passes.items():
+        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        buf = torch.empty(nbytes, device="cuda", dtype=torch.uint8)  # nbytes of traffic: read half, write half
+        copy = do_bench(lambda: buf[: nbytes // 2].copy_(buf[nbytes // 2:]), warmup=25, rep=100, return_mode="median")
+        del buf
+        rows.append(dict(head_dim=d, kernel="quant", config={"pass": name}, ms=ms, copy_ms=copy,
+                         gb_per_s=nbytes / ms * 1e-6, vs_copy=ms / copy))
+        print(f"D={d} quant  {name:24s} {ms:7.3f} ms {nbytes / ms * 1e-6:6.0f} GB/s  {ms / copy:4.2f}x a copy of the "
+              f"same bytes ({copy:.3f} ms)", flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -164,6 +193,7 @@ def main():
                   flush=True)
         del st
         torch.cuda.empty_cache()
+        rows += quant_rows(d)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_sweep.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
