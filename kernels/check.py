@@ -109,15 +109,15 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
     separate = c.pop("SEPARATE", False)
     parts = [("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
     for name, matmuls, flags in parts if separate else [("attn_bwd_dkdv", 4, dict(DO_DK=True, DO_DV=True))]:
+        atomic = bool(c.get("DQ_ATOMIC")) and flags["DO_DK"]  # matmul 6 in the dK launch (DELTAMATCH_KERNEL_DQ_ATOMIC)
         specs.append(KernelSpec(name, variant, triton_bwd._attn_bwd_dkdv_kernel,
                                 {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr", "k8t_ptr"),
                                  **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr",
                                          "dq_acc_ptr", "sdoc_ptr"),
                                  "dk_ptr": "*bf16", "dv_ptr": "*bf16", "stats_ptr": "*fp32"},
-                                matmuls + (1 if c.get("DQ_ATOMIC") and flags["DO_DK"] else 0),
-                                copies=2 if c["SPLIT"] else 1,
-                                constexprs={**c, **common, "DS_STATS": False, **flags,
-                                            "DQ_ATOMIC": bool(c.get("DQ_ATOMIC")) and flags["DO_DK"]}, options=o))
+                                matmuls + atomic, copies=2 if c["SPLIT"] else 1,
+                                constexprs={**c, **common, "DS_STATS": False, **flags, "DQ_ATOMIC": atomic},
+                                options=o))
     c, o = split(bwd["dq"])
     specs.append(KernelSpec("attn_bwd_dq", variant, triton_bwd._attn_bwd_dq_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "k8t_ptr", "v8_ptr", "do8_ptr"),

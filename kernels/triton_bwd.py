@@ -16,13 +16,12 @@ deterministic.
 """
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_fwd import ensure_allocator, tma_enabled
+from deltamatch.kernels.triton_fwd import ensure_allocator, env_switch, tma_enabled
 from deltamatch.kernels.triton_quant import BLOCK_KV, round_fp32_in_kernels, to_e4m3
 
 DS_TILE = 64
@@ -418,10 +417,7 @@ deterministic dQ kernel stays the default."""
 
 
 def dq_atomic_requested() -> bool:
-    switch = os.environ.get(DQ_ATOMIC_SWITCH, "0")
-    if switch not in ("0", "1", ""):
-        raise ValueError(f"{DQ_ATOMIC_SWITCH}={switch!r}: expected 0 or 1")
-    return switch == "1"
+    return bool(env_switch(DQ_ATOMIC_SWITCH))
 
 
 def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):

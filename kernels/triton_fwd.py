@@ -208,11 +208,17 @@ everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kerne
 TMA_HEAD_DIMS = (128,)
 
 
+def env_switch(name: str) -> bool | None:
+    """A kernel switch from the environment: True for ``1``, False for ``0``, None when unset or empty."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1 (or unset for the default)")
+    return None if value == "" else value == "1"
+
+
 def tma_enabled(head_dim: int) -> bool:
-    switch = os.environ.get(TMA_SWITCH)
-    if switch not in (None, "", "0", "1"):
-        raise ValueError(f"{TMA_SWITCH}={switch!r}: expected 0 or 1 (or unset: TMA at D in {TMA_HEAD_DIMS})")
-    return head_dim in TMA_HEAD_DIMS if switch in (None, "") else switch == "1"
+    switch = env_switch(TMA_SWITCH)
+    return head_dim in TMA_HEAD_DIMS if switch is None else switch
 
 
 def forward_config(head_dim: int) -> dict:

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deltamatch.kernels import quant
+
 E4M3_MAX = 448.0
 BLOCK_Q = 128
 """Query rows per Q̂ / dÔ scale."""
@@ -168,8 +170,6 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x"):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
     the factored layout's operand of a token-contracting matmul (V̂ for PV; kernels/README.md). PyTorch ops — an amax
     over the tokens, then the cast — the same rounding as ``quant.quantize_tiles(x, None, 1)``; not yet a fused pass."""
-    from deltamatch.kernels import quant
-
     _check_public(x, name)
     b, n, h, d = x.shape
     inner = x.float().transpose(1, 2)  # (B, H, N, D)

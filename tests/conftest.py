@@ -1,5 +1,6 @@
 """Shared test fixtures: GPU marker handling and NaN-poisoned ``torch.empty`` so unwritten outputs fail."""
 
+import contextlib
 import json
 import os
 
@@ -52,8 +53,9 @@ def pytest_runtest_logreport(report):
     path = os.environ.get(REPORT_ENV)
     if not path or os.environ.get("PYTEST_XDIST_WORKER") or (report.when != "call" and report.outcome == "passed"):
         return  # under xdist the controller writes what its workers report
+    gateway = getattr(getattr(report, "node", None), "gateway", None)  # the xdist worker that ran it, if any
     record = dict(test=report.nodeid, when=report.when, outcome=report.outcome, seconds=round(report.duration, 2),
-                  worker=getattr(report, "node", None) and getattr(report.node, "gateway", None) and report.node.gateway.id)
+                  worker=gateway.id if gateway else None)
     if report.failed:
         record["failure"] = report.longreprtext[-4000:]
     with open(path, "a") as f:
@@ -69,13 +71,9 @@ def narrow_fla_autotuning(request):
         yield
         return
     from deltamatch.models.layers.fla_hopper import fla_installed
-
-    if not fla_installed():
-        yield
-        return
     from deltamatch.models.train.fla_autotune import PINNED_PACKAGES, narrow_autotuning
 
-    with narrow_autotuning(*PINNED_PACKAGES, keep_choices=True):
+    with narrow_autotuning(*PINNED_PACKAGES, keep_choices=True) if fla_installed() else contextlib.nullcontext():
         yield
 
 

@@ -42,6 +42,14 @@ def _patch_interpreter_index():
     interpreter._patch_lang_tensor = patched
 
 
+def _grads_of(fn, q, k, v, do, dtype) -> list:
+    """[O, dQ, dK, dV] of ``fn`` on copies of q, k, v in ``dtype``, backward from ``do``."""
+    ins = [t.detach().clone().to(dtype).requires_grad_() for t in (q, k, v)]
+    o = fn(*ins)
+    o.backward(do.to(o.dtype))
+    return [o.detach(), *(t.grad for t in ins)]
+
+
 def _measure() -> dict:
     import torch
 
@@ -77,10 +85,7 @@ def _measure() -> dict:
                          ("reference", lambda a, b, c: attention_reference(a, b, c, causal, mode)),
                          ("exact", lambda a, b, c: attention_exact(a, b, c, causal))):
             dtype = torch.float64 if name == "exact" else torch.bfloat16
-            ins = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-            o = fn(*ins)
-            o.backward(do.to(o.dtype))
-            results[name] = [o.detach().double(), *(t.grad.double() for t in ins)]
+            results[name] = [t.double() for t in _grads_of(fn, q, k, v, do, dtype)]
         row = dict(mode=mode, causal=causal, n=n)
         for i, part in enumerate(("o", "dq", "dk", "dv")):
             row[part] = dict(
@@ -111,18 +116,12 @@ def _dq_atomic(gen) -> list[dict]:
     for mode, causal, n, h, h_kv, d in (("matched", True, 130, 4, 2, 128), ("stale", False, 70, 2, 2, 128)):
         q, k, v, do = (torch.randn(1, n, hh, d, generator=gen).to(torch.bfloat16) for hh in (h, h_kv, h_kv, h))
         outs = {}
-        for name in ("kernel", "atomic", "reference", "exact"):
+        for name, fn in (("kernel", lambda a, b, c: triton_attention(a, b, c, causal, mode)),
+                         ("atomic", lambda a, b, c: triton_attention(a, b, c, causal, mode)),
+                         ("reference", lambda a, b, c: attention_reference(a, b, c, causal, mode)),
+                         ("exact", lambda a, b, c: attention_exact(a, b, c, causal))):
             os.environ[DQ_ATOMIC_SWITCH] = "1" if name == "atomic" else "0"
-            dtype = torch.float64 if name == "exact" else torch.bfloat16
-            ins = [t.detach().clone().to(dtype).requires_grad_() for t in (q, k, v)]
-            if name == "reference":
-                o = attention_reference(*ins, causal, mode)
-            elif name == "exact":
-                o = attention_exact(*ins, causal)
-            else:
-                o = triton_attention(*ins, causal, mode)
-            o.backward(do.to(o.dtype))
-            outs[name] = [o.detach(), *(t.grad for t in ins)]
+            outs[name] = _grads_of(fn, q, k, v, do, torch.float64 if name == "exact" else torch.bfloat16)
         os.environ.pop(DQ_ATOMIC_SWITCH)
         dq = {name: grads[1].double() for name, grads in outs.items()}
         rows.append(dict(mode=mode, n=n, atomic_vs_reference=relative_error(dq["atomic"], dq["reference"]),
@@ -193,14 +192,10 @@ def _factored_dv(gen) -> list[dict]:
         config = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT=True, FACTORED=True)
         triton_bwd._launch_dkdv(saved, do8, do8t_channel, sdo, delta, dk, dv, None, causal,
                                 d ** -0.5 * math.log2(math.e), d ** -0.5, n, config, sdo_channel=sdo_channel)
-        grads = {}
-        for name in ("reference", "exact"):
-            dtype = torch.float64 if name == "exact" else torch.bfloat16
-            ins = [t.detach().clone().to(dtype).requires_grad_() for t in (q, k, v)]
-            out = (attention_reference(*ins, causal, "matched_factored") if name == "reference"
-                   else attention_exact(*ins, causal))
-            out.backward(do.to(out.dtype))
-            grads[name] = ins[2].grad.double()
+        grads = {"reference": _grads_of(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"),
+                                        q, k, v, do, torch.bfloat16)[3].double(),
+                 "exact": _grads_of(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do,
+                                    torch.float64)[3].double()}
         kernel = dv.double()
         rows.append(dict(causal=causal, n=n, d=d, kernel_vs_reference=relative_error(kernel, grads["reference"]),
                          reference_vs_exact=relative_error(grads["reference"], grads["exact"]),

@@ -55,12 +55,21 @@ def _errors(outputs, inputs: dict, ref_outputs, ref_inputs: dict, ref_gate: torc
     (o, h_t), (o_ref, h_t_ref) = outputs, ref_outputs
     errors = {"o": relative_error(o, o_ref), "final_state": relative_error(h_t, h_t_ref)}
     grads, grads_ref = _grads(outputs, inputs), _grads(ref_outputs, {**ref_inputs, "gate": ref_gate})
-    errors.update({f"d{n}": relative_error(grads[n], grads_ref[n]) for n in inputs})
-    for name, terms in (("A_log", grads_ref["gate"] * ref_gate), ("dt_bias", grads_ref["g"])):
-        scale = _token_sum(terms.abs(), ref_inputs[name].shape).norm()
-        errors[f"d{name}"] = ((grads[name].double() - grads_ref[name].double().to(grads[name].device)).norm()
-                              / scale).item()
+    token_sums = {"A_log": grads_ref["gate"] * ref_gate, "dt_bias": grads_ref["g"]}  # their terms, per token
+    for name in inputs:
+        if name in token_sums:
+            scale = _token_sum(token_sums[name].abs(), ref_inputs[name].shape).norm()
+            diff = grads[name].double() - grads_ref[name].double().to(grads[name].device)
+            errors[f"d{name}"] = (diff.norm() / scale).item()
+        else:
+            errors[f"d{name}"] = relative_error(grads[name], grads_ref[name])
     return errors
+
+
+def _as_fla_calls(inputs: dict, dtype) -> dict:
+    """The kernel's inputs as the layer hands them over: q, k, v and the gate projection in ``dtype``, the rest FP32."""
+    return {n: t.detach().to(dtype if t.dim() == 4 and n != "initial_state" else torch.float32).requires_grad_()
+            for n, t in inputs.items()}
 
 
 # fla's chunk kernels called as the layers call them: gate, beta sigmoid and q/k L2 norm inside the kernel.
@@ -81,8 +90,7 @@ def gdn_errors(B, T, H, K, V, initial_state: bool, dtype=torch.float32) -> dict[
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
     inputs = gdn_inputs(B, T, H, K, V, initial_state)
-    fla_in = {n: t.detach().to(dtype if t.dim() == 4 and n != "initial_state" else torch.float32).requires_grad_()
-              for n, t in inputs.items()}
+    fla_in = _as_fla_calls(inputs, dtype)
     o, hT = fla_chunk(**fla_in, **IN_KERNEL)
     ref_in = {n: t.detach().double().requires_grad_() for n, t in inputs.items()}
     operands = _layer_operands(ref_in, gdn_gate)
@@ -104,8 +112,7 @@ def kda_errors(B, T, H, K, V, initial_state: bool, dtype=torch.bfloat16) -> dict
     from deltamatch.models.layers.kda import kda_gate
 
     inputs = gdn_inputs(B, T, H, K, V, initial_state, kda=True)
-    fla_in = {n: t.detach().to(dtype if t.dim() == 4 and n != "initial_state" else torch.float32).requires_grad_()
-              for n, t in inputs.items()}
+    fla_in = _as_fla_calls(inputs, dtype)
     o, hT = chunk_kda(**fla_in, **IN_KERNEL)
     ref_in = {n: t.detach().double().requires_grad_() for n, t in fla_in.items()}
     operands = _layer_operands(ref_in, kda_gate)
