@@ -146,9 +146,11 @@ def test_long_sequence_against_fp64():
 def test_tma_loads_give_the_bits_of_pointer_loads(causal, d, monkeypatch):
     """Every kernel with its tiles through TMA descriptors (DELTAMATCH_KERNEL_TMA=1) against the launched pointer
     kernels: the same bits for O, dQ, dK, dV (matched, so the δ pass too), ragged N, GQA, on the hardware whose
-    loads it changes."""
+    loads it changes. The deterministic dQ only: atomic adds (DELTAMATCH_KERNEL_DQ_ATOMIC=1) land in any order."""
+    from deltamatch.kernels.triton_bwd import DQ_ATOMIC_SWITCH
     from deltamatch.kernels.triton_fwd import TMA_SWITCH
 
+    monkeypatch.delenv(DQ_ATOMIC_SWITCH, raising=False)
     q, k, v, do = make(n=1000, d=d)
     results = []
     for tma in ("0", "1"):

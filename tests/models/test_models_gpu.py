@@ -20,9 +20,14 @@ from deltamatch.models.layers.gdn import GatedDeltaNet, use_gdn_backend
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.timeout(480)  # the first case may compile and autotune fla's GDN kernels
+@pytest.mark.timeout(240)  # the first case compiles fla's GDN kernels (tests/conftest.py narrows their configs)
 @pytest.mark.parametrize("T", [63, 300])
 def test_fla_triton_gdn_matches_cpu_path(T):
+    """fla's GDN layer and ours on its kernels against our CPU twin in FP32. On the GPU the layers run under BF16
+    autocast, as training runs them: in FP32, fla's ``chunk_bwd_kernel_dqkwg`` at K = 128, V = 256 needs 327,696 bytes
+    of shared memory at 4 warps and 2 stages (the H200's limit is 232,448). The tolerance is BF16's: our twin under
+    CPU BF16 autocast lies 0.6-1.0% from its FP32 self at these shapes; a wiring error or fla #640's doubled dk is
+    O(1)."""
     from fla.layers import GatedDeltaNet as FlaGatedDeltaNet
 
     torch.manual_seed(0)
@@ -40,12 +45,12 @@ def test_fla_triton_gdn_matches_cpu_path(T):
 
     def run(layer, x, backend=None):
         x = x.clone().requires_grad_()
-        with use_gdn_backend(backend):
+        with use_gdn_backend(backend), torch.autocast("cuda", torch.bfloat16, enabled=x.is_cuda):
             y = layer(x)[0] if backend is None else layer(x)  # fla's layer returns (o, attentions, cache)
         if not backward and x.is_cuda:
             return y, {}
         names, params = zip(*layer.named_parameters())
-        grads = torch.autograd.grad(y, [x, *params], dy.to(y.device))
+        grads = torch.autograd.grad(y, [x, *params], dy.to(y.device, y.dtype))
         return y, dict(zip(("x", *names), grads))
 
     y_cpu, g_cpu = run(ours, x, "torch")
@@ -53,16 +58,17 @@ def test_fla_triton_gdn_matches_cpu_path(T):
     ours_cuda = GatedDeltaNet(hidden_size=512, num_heads=3, head_dim=128, expand_v=2).cuda()
     ours_cuda.load_state_dict(ours.state_dict())
     y_ours, g_ours = run(ours_cuda, x.cuda(), "fla")
-    assert relative_error(y_fla, y_cpu) < 5e-3 and relative_error(y_ours, y_cpu) < 5e-3
+    assert relative_error(y_fla, y_cpu) < 3e-2 and relative_error(y_ours, y_cpu) < 3e-2
     if not backward:
         with pytest.raises(RuntimeError, match="incorrect results"):
-            run_backward_through_fla = theirs(x.cuda().requires_grad_())[0]
-            run_backward_through_fla.backward(dy.cuda())
+            with torch.autocast("cuda", torch.bfloat16):
+                run_backward_through_fla = theirs(x.cuda().requires_grad_())[0]
+            run_backward_through_fla.backward(dy.cuda().to(run_backward_through_fla.dtype))
         return
     assert g_cpu.keys() == g_fla.keys() == g_ours.keys()
     for name, reference in g_cpu.items():
-        assert relative_error(g_fla[name], reference) < 2e-2, name  # TF32 dots inside the Triton kernels
-        assert relative_error(g_ours[name], reference) < 2e-2, name
+        assert relative_error(g_fla[name], reference) < 3e-2, name
+        assert relative_error(g_ours[name], reference) < 3e-2, name
 
 
 @pytest.mark.timeout(240)  # compiles fla's KDA kernels, one or two configs each (tests/conftest.py narrows them)
