@@ -9,8 +9,8 @@ that combination launches exactly the configs that were recorded — the configs
 tests ran at the recorded keys. Keys not in the file autotune as usual.
 
 Pin files live in ``models/train/fla_pins/``, named by GPU (``NVIDIA_H200.json``), and are written on the GPU by
-``tools/device/fla_pins.py`` after training steps at the shapes the harness trains. ``DELTAMATCH_FLA_PINS=0``
-turns them off.
+``tools/device/profile_step.py ... --pins FILE`` after training steps at the shapes the harness trains.
+``DELTAMATCH_FLA_PINS=0`` turns them off.
 """
 
 from __future__ import annotations

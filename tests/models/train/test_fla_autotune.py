@@ -165,3 +165,24 @@ def test_pins_apply_only_to_the_combination_they_were_recorded_for(tmp_path, mon
     finally:
         tuner.cache.pop(tuple(entry["key"]), None)
         fla_autotune.apply_pins.cache_clear()
+
+
+@pytest.mark.parametrize("path", sorted(fla_autotune.PINS_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_committed_pin_files_name_kernels_of_their_fla_build(path):
+    """A committed pin file is for its GPU, names only kernels the installed fla defines (when it is the fla it was
+    recorded with), and every choice converts to a Triton config (a broken file would fail at a GPU run's start)."""
+    import fla
+    import triton
+
+    data = json.loads(path.read_text())
+    assert fla_autotune.pin_file(data["gpu"]) == path
+    assert {"fla", "triton", "gpu", "kernels"} <= data.keys() and data["kernels"]
+    if data["fla"] == fla.__version__:
+        tuners = fla_autotune.loaded_autotuners(*fla_autotune.PINNED_PACKAGES)
+        assert data["kernels"].keys() <= tuners.keys()
+    for name, entries in data["kernels"].items():
+        for entry in entries:
+            record = entry["config"]
+            assert entry["key"] and record["num_warps"] in (1, 2, 4, 8, 16, 32) and record["num_stages"] >= 1, name
+            triton.Config(dict(record["kwargs"]), num_warps=record["num_warps"], num_stages=record["num_stages"],
+                          num_ctas=record["num_ctas"], maxnreg=record["maxnreg"])
