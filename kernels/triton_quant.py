@@ -166,13 +166,26 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     return x8, x8t, scales
 
 
-def quantize_per_channel(x: torch.Tensor, name: str = "x"):
+def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
+                         row_scales: torch.Tensor | None = None):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
-    the factored layout's operand of a token-contracting matmul (V̂ for PV; kernels/README.md). PyTorch ops — an amax
-    over the tokens, then the cast — the same rounding as ``quant.quantize_tiles(x, None, 1)``; not yet a fused pass."""
+    the factored layout's operand of a token-contracting matmul (V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q̂' for dK;
+    kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
+    ``row_scales`` (B, H, N_pad) FP32 multiplies each token first (Q' = s ⊙ Q, s the dŜ row scales). PyTorch ops — an
+    amax over the tokens, then the cast — the same rounding as ``quant.quantize_tiles(x, None, 1)``; not yet a fused
+    pass."""
     _check_public(x, name)
     b, n, h, d = x.shape
     inner = x.float().transpose(1, 2)  # (B, H, N, D)
+    if mean is not None:
+        if mean.shape != (b, h, d) or mean.dtype != torch.float32:
+            raise ValueError(f"mean must be FP32 (B, H, D) = {(b, h, d)}, got {mean.dtype} {tuple(mean.shape)}")
+        inner = inner - mean[:, :, None, :]
+    if row_scales is not None:
+        if row_scales.shape != (b, h, padded_len(n)) or row_scales.dtype != torch.float32:
+            raise ValueError(f"row_scales must be FP32 (B, H, N_pad) = {(b, h, padded_len(n))}, got "
+                             f"{row_scales.dtype} {tuple(row_scales.shape)}")
+        inner = inner * row_scales[:, :, :n, None]
     scales = quant._scales_from_amax(inner.abs().amax(dim=2))  # (B, H, D)
     x8 = torch.zeros((b, h, padded_len(n), d), device=x.device, dtype=torch.float8_e4m3fn)
     x8[:, :, :n] = quant.round_e4m3(inner / scales[:, :, None, :]).to(torch.float8_e4m3fn)

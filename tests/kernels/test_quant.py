@@ -117,3 +117,23 @@ def test_per_channel_codes_equal_the_reference_quantiser_bit_for_bit():
     assert torch.equal(x8.float().transpose(-1, -2), x8t.float()) and (x8[:, :, 70:].float() == 0).all()
     with pytest.raises(ValueError, match="v"):
         quantize_per_channel(x[0], "v")
+
+
+def test_per_channel_codes_of_centred_and_row_scaled_operands():
+    """K̂ᶜ (K less the token mean the K pass uses) and Q̂' (Q times dŜ's row scales) of the factored layout."""
+    from deltamatch.kernels.triton_quant import padded_len, quantize_per_channel
+
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.randn(1, 130, 2, 64, generator=gen) + 3).to(torch.bfloat16)
+    mean = x.mean(dim=1, dtype=torch.float32)
+    rows = torch.rand(1, 2, padded_len(130), generator=gen) + 0.5
+    for kwargs, inner in (({"mean": mean}, x.float().transpose(1, 2) - mean[:, :, None]),
+                          ({"row_scales": rows}, x.float().transpose(1, 2) * rows[:, :, :130, None])):
+        x8, _, scales = quantize_per_channel(x, "k", **kwargs)
+        expected, expected_scales = quant.quantize_tiles(inner, None, 1)
+        assert torch.equal(scales, expected_scales[..., 0, :])
+        assert torch.equal(x8[:, :, :130].float() * scales[:, :, None, :], expected)
+    with pytest.raises(ValueError, match="mean"):
+        quantize_per_channel(x, "k", mean=mean.double())
+    with pytest.raises(ValueError, match="row_scales"):
+        quantize_per_channel(x, "q", row_scales=rows[:, :, :130])
