@@ -20,7 +20,7 @@ import torch
 
 from deltamatch.atomic import atomic_path
 from deltamatch.config import load_with_flags
-from deltamatch.methods import implemented_by
+from deltamatch.methods import get_method, implemented_by
 from deltamatch.provenance import commit
 
 FP8_MODES = implemented_by("triton")
@@ -100,7 +100,8 @@ def time_method(method, b, h, n, d, causal, cfg: BenchConfig) -> dict:
         torch.autograd.grad(fn(q, k, v), (q, k, v), do)
 
     t_all = do_bench(fwd_bwd, warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="median")
-    extra = flops(b, h, n, d, causal, False) if method == "matched" else 0.0
+    matched = method in FP8_MODES and get_method(method).delta == "matched"
+    extra = flops(b, h, n, d, causal, False) if matched else 0.0  # the δ pass
     return dict(
         method=method, head_dim=d, seq_len=n, batch=b, heads=h, causal=causal,
         fwd_ms=t_fwd, fwd_bwd_ms=t_all,

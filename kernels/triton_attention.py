@@ -4,14 +4,20 @@ Forward: quantisation pass (Q̂ per 128 rows, K̂ centred and V̂ per 64 keys; t
 operands) → forward kernel (``triton_fwd``). Backward: dÔ quantisation (+ stale/consistent δ) → matched δ (matched
 only) → dK/dV → dQ (``triton_bwd``). ``stale``, ``consistent`` and ``matched`` share every kernel; they differ only in
 which δ reaches the dS kernels. Saved for the backward: FP8 codes, FP32 block scales and one FP32 lse per row — O(N).
+
+``matched_factored`` runs Delta-Matching in the factored scale layout (kernels/README.md): every kernel's scales are
+constant along its dots' contraction, so the wgmma accumulates in place. Its forward also quantises V and the centred
+K per channel (V̂ᶜ for PV, K̂ᶜ kept for dQ); its backward quantises dO per channel (dV) and Q' = s ⊙ Q per channel once
+the δ pass has formed dŜ's row scales s (dK), so it also keeps Q for the backward.
 """
 
 import torch
 
 from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward
-from deltamatch.kernels.triton_fwd import attention_forward
-from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand
+from deltamatch.kernels.triton_fwd import attention_forward, forward_config
+from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand,
+                                             quantize_per_channel)
 from deltamatch.methods import implemented_by
 
 MODES = implemented_by("triton")
@@ -25,19 +31,32 @@ class _TritonFP8Attention(torch.autograd.Function):
         q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
         k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k")
         v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
-        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
-        ctx.save_for_backward(q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o)
+        factored = ()
+        if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
+            _, v8t_c, sv_c = quantize_per_channel(v, "v")
+            _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k.mean(dim=1, dtype=torch.float32).contiguous())
+            o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
+                                        config=forward_config(q.shape[-1], factored=True))
+            factored = (q, k8t_c, sk_c)
+        else:
+            o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
+        ctx.save_for_backward(q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o, *factored)
         ctx.meta = (causal, mode, softmax_scale, q.shape, k.shape, q.dtype, k.dtype)
         return o
 
     @staticmethod
     def backward(ctx, do):
         causal, mode, softmax_scale, q_shape, k_shape, q_dtype, k_dtype = ctx.meta
-        q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o = ctx.saved_tensors
+        q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o, *factored = ctx.saved_tensors
         saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
-        do8, do8t, sdo, delta = quantize_do_and_delta(do.contiguous(), o, mode)
+        do = do.contiguous()
+        do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched" if factored else mode)
+        if factored:
+            q, k8t_c, sk_c = factored
+            factored = dict(q=q, do=do, k8t=k8t_c, skc=sk_c)
         dq, dk, dv = attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale,
-                                        q_shape[1], (q_shape, k_shape), (q_dtype, k_dtype))
+                                        q_shape[1], (q_shape, k_shape), (q_dtype, k_dtype),
+                                        factored=factored or None)
         return dq, dk, dv, None, None, None
 
 

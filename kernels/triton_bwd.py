@@ -111,10 +111,14 @@ def _key_ranges(pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
 def _attn_bwd_delta_matched_kernel(
     q8_ptr, k8_ptr, v8_ptr, do8_ptr,  # codes (.., N_pad, D)
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
+    rs_ptr,  # ROW_SCALES only: dŜ's row scales (B, H, N_pad) fp32
     qk_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, ROW_SCALES: tl.constexpr = False,
 ):
+    """δ_i = Σ_j P_ij dP̂_ij per query row; with ROW_SCALES also the factored layout's dŜ row scale
+    s_i = (max_j P_ij |dP̂_ij| + |δ_i| max_j P_ij) / 448, a bound on max_j |dS_ij| within 2× of it (kernels/README.md)
+    that this pass can form because it needs δ only at the end."""
     tl.static_assert(BLOCK_N == 64, "K̂/V̂ scales are per 64 keys")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -126,22 +130,33 @@ def _attn_bwd_delta_matched_kernel(
     kv_base = bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
     skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
     delta = tl.zeros([BLOCK_M], tl.float32)
+    pdp_max = tl.zeros([BLOCK_M], tl.float32)  # ROW_SCALES: max_j P_ij |dP̂_ij| and max_j P_ij
+    p_max = tl.zeros([BLOCK_M], tl.float32)
     k_src, v_src = _kv_sources(k8_ptr, v8_ptr, tl.num_programs(1) // GROUP, N_PAD, HEAD_DIM, BLOCK_N, TMA)
     full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):
         p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
                                    start_n, N, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, bh_kv)
         delta += tl.sum(p * dp, 1)
+        if ROW_SCALES:
+            pdp_max = tl.maximum(pdp_max, tl.max(p * tl.abs(dp), 1))
+            p_max = tl.maximum(p_max, tl.max(p, 1))
     for start_n in range(full_end, hi, BLOCK_N):
         p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
                                    start_n, N, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, bh_kv)
         delta += tl.sum(p * dp, 1)
+        if ROW_SCALES:
+            pdp_max = tl.maximum(pdp_max, tl.max(p * tl.abs(dp), 1))
+            p_max = tl.maximum(p_max, tl.max(p, 1))
     tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, delta)
+    if ROW_SCALES:
+        bound = pdp_max + tl.abs(delta) * p_max
+        tl.store(rs_ptr + bh.to(tl.int64) * N_PAD + offs_m, tl.where(bound > 0, tl.math.div_rn(bound, 448.0), 1.0))
 
 
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_ptr, sdo_ptr, lse_ptr, delta_ptr,
-                stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to, k_tok, dq_acc_ptr,
+                stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, hi, jump_from, jump_to, k_tok, dq_acc_ptr, rs_ptr,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr,
                 DO_DK: tl.constexpr, DO_DV: tl.constexpr, TMA: tl.constexpr = False,
@@ -154,9 +169,11 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
     dQ kernel's), to the FP32 accumulator ``dq_acc_ptr`` (B, H, N_pad, D) by atomic adds; ``k_tok`` is the block's
     K̂ᵀ [D, BLOCK_N] (keys contiguous, the wgmma B operand).
 
-    FACTORED (dV only; the factored scale layout, kernels/README.md): Pᵀ (<= 1) at the fixed scale 1/448 and dÔ with
-    one scale per channel (``do8t_ptr`` holds those codes), so dV accumulates in place; the caller applies the
-    channel scales."""
+    FACTORED (the factored scale layout, kernels/README.md): every scale is constant along the dots' contraction
+    (queries), so dV and dK accumulate in place and the caller applies the channel scales once. dV: Pᵀ (<= 1) at
+    the fixed scale 1/448 against dÔ with one scale per channel (``do8t_ptr`` holds those codes). dK: dŜᵀ with one
+    scale per query (``rs_ptr``, from matched's δ pass) against Q' = s ⊙ Q with one scale per channel (``q8t_ptr``
+    holds those codes)."""
     offs_d = tl.arange(0, HEAD_DIM)
     row_base = bh.to(tl.int64) * N_PAD * HEAD_DIM
     for tile_m in range(lo, hi - (jump_to - jump_from), BLOCK_M):
@@ -203,14 +220,19 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
                 stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
                 tl.atomic_add(stats, tl.sum(dsT, 0), mask=offs_m < N)
                 tl.atomic_add(stats + N_PAD, tl.sum(tl.abs(dsT), 0), mask=offs_m < N)
-            # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
-            s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
-            ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
             if TMA:
                 q_tok = q8t_ptr.load([bh, 0, start_m]).reshape(HEAD_DIM, BLOCK_M)
             else:
                 q_tok = tl.load(q8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
-            dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
+            if FACTORED:  # matmul 7: dK += dŜᵀ Q̂', dŜ per query row, Q' = s ⊙ Q per channel: in place
+                s_row = tl.load(rs_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=1.0)
+                ds8 = to_e4m3(dsT * (1.0 / s_row)[None, :], ROUND_FP32)
+                dk = tl.dot(ds8, tl.trans(q_tok), dk)
+            else:
+                # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
+                s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
+                ds8 = to_e4m3(dsT * (1.0 / s_ds)[:, None], ROUND_FP32)
+                dk += tl.dot(ds8, tl.trans(q_tok)) * (s_ds * s_q)[:, None]
             if DQ_ATOMIC:  # matmul 6 here instead of in the dQ kernel: dQ += dŜ K̂, one scale per 64 × 64 tile
                 dq_part = tl.dot(tl.trans(ds8), tl.trans(k_tok)) * tl.max(s_ds * s_k, 0)  # [BLOCK_M, D]
                 dq_ptrs = dq_acc_ptr + row_base + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
@@ -225,7 +247,7 @@ def _attn_bwd_dkdv_kernel(
     dk_ptr, dv_ptr,  # (B, N, H_kv, D)
     stats_ptr,  # DS_STATS only: (B, H, 2, N_pad) fp32, Σ_j dS_ij and Σ_j |dS_ij|
     k8t_ptr, dq_acc_ptr,  # DQ_ATOMIC only: K̂ᵀ codes (B, H_kv, D, N_pad); dQ's FP32 accumulator (B, H, N_pad, D)
-    sdoc_ptr,  # FACTORED only: dÔ's channel scales (B, H, D)
+    sdoc_ptr, sqc_ptr, rs_ptr,  # FACTORED only: dÔ's and Q''s channel scales (B, H, D), dŜ's row scales (B, H, N_pad)
     stride_kb, stride_kn, stride_kh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -234,9 +256,9 @@ def _attn_bwd_dkdv_kernel(
     DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False,
 ):
     """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches), and with
-    DQ_ATOMIC the block's share of dQ (atomic adds; the dQ kernel is then not launched). FACTORED: dV in the factored
-    scale layout (a dV-only launch; ``_dkdv_tiles``)."""
-    tl.static_assert(not (FACTORED and DO_DK), "the factored layout's dK is not a kernel yet")
+    DQ_ATOMIC the block's share of dQ (atomic adds; the dQ kernel is then not launched). FACTORED: the factored scale
+    layout (``_dkdv_tiles``)."""
+    tl.static_assert(not (FACTORED and DQ_ATOMIC), "atomic dQ adds tile-scaled dŜ; the factored dQ is its own kernel")
     tl.static_assert(BLOCK_M == 64, "P̂ᵀ and dŜ scales are per 64 queries along dV's and dK's contraction")
     tl.static_assert(BLOCK_N % 64 == 0, "a key block holds whole 64-key scale groups")
     tl.static_assert(not DQ_ATOMIC or (BLOCK_N == 64 and DO_DK), "atomic dQ: 64 x 64 dŜ tiles, in the dK launch")
@@ -286,30 +308,38 @@ def _attn_bwd_dkdv_kernel(
         k_tok = tl.load(k8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :])
     else:
         k_tok = k
-    s_doc = tl.full([HEAD_DIM], 1.0, tl.float32)  # FACTORED: dv is held in units of the current head's dÔ scales
+    # FACTORED: dv and dk are held in units of the current head's dÔ and Q' channel scales
+    s_doc = tl.full([HEAD_DIM], 1.0, tl.float32)
+    s_qc = tl.full([HEAD_DIM], 1.0, tl.float32)
     for g in range(0, GROUP):
         bh = b * H + h_kv * GROUP + g
-        if FACTORED:  # GQA: the heads' dÔ scales differ, so rescale dv once per head (a D-vector, not per tile)
-            s_next = tl.load(sdoc_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d)
-            dv = dv * (s_doc / s_next)[None, :]
-            s_doc = s_next
+        if FACTORED:  # GQA: the heads' channel scales differ, so rescale once per head (a D-vector, not per tile)
+            if DO_DV:
+                s_next = tl.load(sdoc_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d)
+                dv = dv * (s_doc / s_next)[None, :]
+                s_doc = s_next
+            if DO_DK:
+                s_next = tl.load(sqc_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d)
+                dk = dk * (s_qc / s_next)[None, :]
+                s_qc = s_next
         if SPLIT:
             dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
                                  lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
-                                 0, 0, k_tok, dq_acc_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32,
+                                 0, 0, k_tok, dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32,
                                  DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED)
         # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
         dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
                              delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail, k_tok,
-                             dq_acc_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK,
+                             dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK,
                              DO_DV, TMA, DQ_ATOMIC, FACTORED)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
+    if FACTORED:
+        dk = dk * s_qc[None, :]
+        dv = dv * (s_doc * (1.0 / 448.0))[None, :]
     if DO_DK:
         tl.store(dk_ptr + out, (dk * softmax_scale).to(dk_ptr.dtype.element_ty), mask=valid)
-    if FACTORED:
-        dv = dv * (s_doc * (1.0 / 448.0))[None, :]
     if DO_DV:
         tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=valid)
 
@@ -318,7 +348,10 @@ def _attn_bwd_dkdv_kernel(
 def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base,
               skv_base, offs_m, qk_scale, N, N_PAD, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
-              DS_STATS: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0):
+              DS_STATS: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0, FACTORED: tl.constexpr = False, s_row=None):
+    """dQ of one query block over the key tiles [lo, hi). FACTORED: dŜ with one scale per query row (``s_row``)
+    against K̂ᶜ with one scale per channel (``k8t_ptr`` holds those codes), accumulated in place; the caller applies
+    both scales."""
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         p, dp, s_k = _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base,
@@ -327,14 +360,17 @@ def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr,
         if DS_STATS:
             rowsum += tl.sum(ds, 1)
             rowabs += tl.sum(tl.abs(ds), 1)
-        s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
-        ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
         cols = start_n + tl.arange(0, BLOCK_N)
         if TMA:
             k_tok = k8t_ptr.load([bh_kv, 0, start_n]).reshape(HEAD_DIM, BLOCK_N)
         else:
             k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
-        dq += tl.dot(ds8, tl.trans(k_tok)) * (s_ds * s_k)[:, None]  # matmul 6
+        if FACTORED:  # matmul 6: dQ += dŜ K̂ᶜ, accumulated in place
+            dq = tl.dot(to_e4m3(ds * (1.0 / s_row)[:, None], ROUND_FP32), tl.trans(k_tok), dq)
+        else:
+            s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
+            ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
+            dq += tl.dot(ds8, tl.trans(k_tok)) * (s_ds * s_k)[:, None]  # matmul 6
     return dq, rowsum, rowabs
 
 
@@ -344,11 +380,14 @@ def _attn_bwd_dq_kernel(
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
     dq_ptr,  # (B, N, H, D)
     stats_ptr,  # DS_STATS only: (B, H, 2, N_pad) fp32, Σ_j dS_ij and Σ_j |dS_ij|
+    skc_ptr, rs_ptr,  # FACTORED only: K̂ᶜ's channel scales (B, H_kv, D), dŜ's row scales (B, H, N_pad)
     stride_qb, stride_qn, stride_qh,
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, TMA: tl.constexpr = False,
+    FACTORED: tl.constexpr = False,
 ):
+    """dQ of one query block; FACTORED: in the factored scale layout, ``k8t_ptr`` holding K̂ᶜ's codes (``_dq_tiles``)."""
     tl.static_assert(BLOCK_N == 64, "dŜ and K̂ scales are per 64 keys along dQ's contraction")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -364,6 +403,9 @@ def _attn_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     rowsum = tl.zeros([BLOCK_M], tl.float32)
     rowabs = tl.zeros([BLOCK_M], tl.float32)
+    s_row = tl.full([BLOCK_M], 1.0, tl.float32)
+    if FACTORED:
+        s_row = tl.load(rs_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=1.0)
     full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
     k_src, v_src = _kv_sources(k8_ptr, v8_ptr, tl.num_programs(1) // GROUP, N_PAD, HEAD_DIM, BLOCK_N, TMA)
     if TMA:
@@ -373,14 +415,16 @@ def _attn_bwd_dq_kernel(
         kt_src = k8t_ptr
     dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k_src, kt_src, v_src, sk_ptr,
                                    sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, 0, full_end, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv)
+                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv, FACTORED, s_row)
     dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k_src, kt_src, v_src, sk_ptr,
                                    sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, full_end, hi, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv)
+                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv, FACTORED, s_row)
     if DS_STATS:
         stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
         tl.store(stats, rowsum, mask=offs_m < N)
         tl.store(stats + N_PAD, rowabs, mask=offs_m < N)
+    if FACTORED:
+        dq = dq * s_row[:, None] * tl.load(skc_ptr + bh_kv.to(tl.int64) * HEAD_DIM + offs_d)[None, :]
     out_ptrs = dq_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     out_ptrs = out_ptrs + offs_m.to(tl.int64)[:, None] * stride_qn + offs_d[None, :]
     tl.store(out_ptrs, (dq * softmax_scale).to(dq_ptr.dtype.element_ty), mask=(offs_m < N)[:, None])
@@ -420,73 +464,115 @@ def dq_atomic_requested() -> bool:
     return bool(env_switch(DQ_ATOMIC_SWITCH))
 
 
-def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c):
+def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c, row_scales=None):
+    """Matched's δ pass; with ``row_scales`` ((B, H, N_pad) FP32) it also writes the factored layout's dŜ row scales."""
     q8, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
     _attn_bwd_delta_matched_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
-        q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, qk_scale, n, n_pad, h, h // k8.shape[1],
-        HEAD_DIM=d, CAUSAL=causal, **c,
+        q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, row_scales if row_scales is not None else delta,
+        qk_scale, n, n_pad, h, h // k8.shape[1],
+        HEAD_DIM=d, CAUSAL=causal, ROW_SCALES=row_scales is not None, **c,
     )
 
 
 def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c, dq_acc=None,
-                 sdo_channel=None):
+                 factored=None):
     """One launch for dK and dV, or (``SEPARATE``) one for each: recomputing S once more, holding one accumulator.
-    With ``dq_acc`` (FP32, zeroed) the dK launch also adds dQ into it (``DQ_ATOMIC``). ``FACTORED`` in ``c``: dV alone,
-    in the factored scale layout, from ``do8t`` holding per-channel dÔ codes with scales ``sdo_channel`` (B, H, D)."""
+    With ``dq_acc`` (FP32, zeroed) the dK launch also adds dQ into it (``DQ_ATOMIC``). ``FACTORED`` in ``c``: the
+    factored scale layout, always as two launches (``DV_ONLY``: dV alone), with ``factored`` holding its operands —
+    ``do8t`` / ``sdoc`` (dÔ per channel), ``q8t`` / ``sqc`` (Q' = s ⊙ Q per channel), ``rs`` (dŜ's row scales)."""
     q8, q8t, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "q8t", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
     c = dict(c)
     c.pop("DQ_ATOMIC", None)  # decided by dq_acc, for the dK launch only
     parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if c.pop("SEPARATE", False) else [{}]
-    if c.pop("DV_ONLY", False) or c.get("FACTORED"):  # dV alone (the sweep times it so; the factored layout's dK
-        parts = [dict(DO_DK=False, DO_DV=True)]          # is not a kernel yet)
+    if c.get("FACTORED"):
+        if factored is None:
+            raise ValueError("FACTORED launches need the factored layout's operands")
+        q8t, do8t = factored["q8t"], factored["do8t"]
+        parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)]
+    if c.pop("DV_ONLY", False):  # dV alone (the sweep times it so)
+        parts = [dict(DO_DK=False, DO_DV=True)]
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
+    extra = (factored["sdoc"], factored["sqc"], factored["rs"]) if c.get("FACTORED") else (delta, delta, delta)
     for part in parts:
         atomic = dq_acc is not None and part.get("DO_DK", True)
         _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
             q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
-            saved["k8t"], dq_acc if atomic else delta, sdo_channel if c.get("FACTORED") else delta,
+            saved["k8t"], dq_acc if atomic else delta, *extra,
             dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
             HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None,
             DQ_ATOMIC=atomic, **part, **c,
         )
 
 
-def _launch_dq(saved, do8, sdo, delta, dq, stats, causal, qk_scale, softmax_scale, n, c):
+def _launch_dq(saved, do8, sdo, delta, dq, stats, causal, qk_scale, softmax_scale, n, c, factored=None):
+    """The dQ kernel; ``FACTORED`` in ``c`` reads K̂ᶜ (``factored["k8t"]``, scales ``skc``) and dŜ's row scales."""
     q8, k8, k8t, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
+    extra = (delta, delta)
+    if c.get("FACTORED"):
+        if factored is None:
+            raise ValueError("FACTORED launches need the factored layout's operands")
+        k8t, extra = factored["k8t"], (factored["skc"], factored["rs"])
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
     _attn_bwd_dq_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
-        q8, k8, k8t, v8, do8, sq, sk, sv, sdo, lse2, delta, dq, stats if stats is not None else delta,
+        q8, k8, k8t, v8, do8, sq, sk, sv, sdo, lse2, delta, dq, stats if stats is not None else delta, *extra,
         dq.stride(0), dq.stride(1), dq.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // k8.shape[1],
         HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None, **c,
     )
 
 
+def factored_config(config: dict) -> dict:
+    """``backward_config`` for the factored scale layout: dK and dV as two launches (each holds one accumulator in
+    units of its operand's channel scales), the deterministic dQ kernel, every kernel ``FACTORED``."""
+    dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
+    return dict(dkdv={**dkdv, "FACTORED": True}, dq={**config["dq"], "FACTORED": True}, delta=dict(config["delta"]))
+
+
 def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bool, softmax_scale: float,
                        n: int, shapes: tuple, dtypes: tuple, ds_stats: dict | None = None,
-                       config: dict | None = None):
+                       config: dict | None = None, factored: dict | None = None):
     """Run (matched δ,) dK/dV and dQ; returns dq (B, N, H, D), dk, dv (B, N, H_kv, D).
 
     ``ds_stats`` (diagnostics, tests): ``{"dq": t, "dkdv": t}`` with zeroed (B, H, 2, N_pad) FP32 tensors that receive
     Σ_j dS_ij and Σ_j |dS_ij| per query row, as each dS kernel formed dS before its cast. ``config`` overrides
     ``backward_config`` (the tuning sweep).
+
+    ``mode="matched_factored"``: Delta-Matching in the factored scale layout (kernels/README.md). ``factored`` then
+    holds ``q`` (the public-layout queries, for Q' = s ⊙ Q), ``do`` (dO, for dÔ per channel) and the forward's K̂ᶜ
+    (``k8t`` token-major codes, ``skc`` channel scales); the δ pass also forms dŜ's row scales s.
     """
     device = saved["q8"].device
     cfg = config or backward_config(saved["q8"].shape[-1])
     qk_scale = softmax_scale * math.log2(math.e)
     stats = ds_stats or {}
-    if mode == "matched":
-        _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"])
     dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
     dk = torch.empty(shapes[1], device=device, dtype=dtypes[1])
     dv = torch.empty(shapes[1], device=device, dtype=dtypes[1])
+    if mode == "matched_factored":
+        from deltamatch.kernels.triton_quant import quantize_per_channel
+
+        if factored is None:
+            raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
+        cfg = factored_config(cfg) if not cfg["dq"].get("FACTORED") else cfg
+        rs = torch.empty_like(delta)
+        _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
+        _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs)
+        _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do")
+        ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])
+        _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
+                     cfg["dkdv"], factored=ops)
+        _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
+                   factored=ops)
+        return dq, dk, dv
+    if mode == "matched":
+        _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"])
     # atomic dQ (backward_config: 64 x 64 dŜ tiles in the dK launch); the diagnostics' dS row sums need the dQ kernel
     atomic = cfg["dkdv"].get("DQ_ATOMIC", False) and not stats
     dq_acc = torch.zeros(saved["q8"].shape, device=device, dtype=torch.float32) if atomic else None

@@ -221,14 +221,17 @@ def tma_enabled(head_dim: int) -> bool:
     return head_dim in TMA_HEAD_DIMS if switch is None else switch
 
 
-def forward_config(head_dim: int) -> dict:
+def forward_config(head_dim: int, factored: bool = False) -> dict:
     """Block sizes and warps per head dim (the accumulator is BLOCK_M × D FP32 in registers).
 
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
     ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128 (:func:`tma_enabled`).
+    ``factored``: the factored scale layout's forward (``FACTORED``, single key tiles).
     """
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
+    if factored:
+        return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True}
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)
     if head_dim <= 128:

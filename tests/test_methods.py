@@ -93,7 +93,7 @@ def test_no_method_list_outside_the_registry():
 def test_the_lists_that_derive_from_the_registry():
     assert registry.public_methods() == ("bf16", "stale", "consistent", "matched", "bf16_dp", "maxshift",
                                          "stale_factored", "matched_factored", "cudnn_fp8")
-    assert registry.implemented_by("triton") == ("stale", "consistent", "matched")
+    assert registry.implemented_by("triton") == ("stale", "consistent", "matched", "matched_factored")
     assert registry.implemented_by("cudnn") == ("cudnn_fp8",)
     assert registry.simulated_methods() == ("bf16", "stale", "consistent", "matched", "bf16_dp", "maxshift",
                                             "stale_factored", "matched_factored", "cudnn_fp8_sim")

@@ -10,6 +10,7 @@ from deltamatch.kernels.reference import attention_exact, attention_reference
 
 pytestmark = pytest.mark.gpu
 MODES = ("stale", "consistent", "matched")
+ALL_MODES = (*MODES, "matched_factored")  # matched_factored: every kernel in the factored scale layout
 
 
 def make(b=2, n=1000, h=4, hk=2, d=128, seed=0):
@@ -38,7 +39,7 @@ def triton_fn(causal, mode):
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_against_reference_and_fp64(mode, causal, d):
     q, k, v, do = make(d=d, n=1000 if d < 256 else 333)
     ours = run(triton_fn(causal, mode), q, k, v, do)
@@ -85,7 +86,7 @@ def test_stale_and_matched_share_the_forward_bit_for_bit():
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_deterministic(mode, monkeypatch):
     from deltamatch.kernels.triton_bwd import DQ_ATOMIC_SWITCH
 
@@ -101,20 +102,28 @@ def _kernel_rowsum_residuals(mode, causal=True, n=1000, d=128):
     """Median over rows of |Σ_j dS_ij| / Σ_j |dS_ij| of the dS each backward kernel forms before its cast (the
     kernels' DS_STATS diagnostics): ``{"dq": r, "dkdv": r}``."""
     from deltamatch.kernels.triton_bwd import attention_backward
-    from deltamatch.kernels.triton_fwd import attention_forward
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand
+    from deltamatch.kernels.triton_fwd import attention_forward, forward_config
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
 
     q, k, v, do = make(b=1, n=n, h=2, hk=2, d=d)
     scale = d**-0.5
     q8, q8t, sq = quantize_operand(q, 128)
     k8, k8t, sk = quantize_operand(k, 64, centre=True)
     v8, v8t, sv = quantize_operand(v, 64)
-    o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, scale)
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode)
+    factored = None
+    if mode == "matched_factored":  # as triton_attention runs it: V̂ per channel for PV, K̂ᶜ kept for dQ
+        _, v8t, sv_pv = quantize_per_channel(v, "v")
+        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k.mean(dim=1, dtype=torch.float32).contiguous())
+        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv_pv, q.shape, q.dtype, causal, scale,
+                                    config=forward_config(d, factored=True))
+        factored = dict(q=q, do=do, k8t=k8t_c, skc=sk_c)
+    else:
+        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, scale)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched" if factored else mode)
     saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
     stats = {name: torch.zeros((1, 2, 2, q8.shape[2]), device="cuda") for name in ("dq", "dkdv")}
     attention_backward(saved, do8, do8t, sdo, delta, mode, causal, scale, n, (q.shape, k.shape), (q.dtype, k.dtype),
-                       ds_stats=stats)
+                       ds_stats=stats, factored=factored)
     out = {}
     for name, t in stats.items():
         rowsum, rowabs = t[:, :, 0, :n], t[:, :, 1, :n]
@@ -125,10 +134,10 @@ def _kernel_rowsum_residuals(mode, causal=True, n=1000, d=128):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_matched_row_sums_at_fp32_roundoff(causal):
-    res = {mode: _kernel_rowsum_residuals(mode, causal) for mode in MODES}
+    res = {mode: _kernel_rowsum_residuals(mode, causal) for mode in ALL_MODES}
     print(res)
     for kernel in ("dq", "dkdv"):
-        assert res["matched"][kernel] < 1e-5, res
+        assert res["matched"][kernel] < 1e-5 and res["matched_factored"][kernel] < 1e-5, res
         assert res["stale"][kernel] > 30 * res["matched"][kernel], res
         assert res["consistent"][kernel] > 30 * res["matched"][kernel], res
 

@@ -24,6 +24,8 @@ CASES = [  # (mode, causal, n, h, h_kv, d); D = 64 runs the paired forward tiles
     ("consistent", False, 80, 2, 2, 64),
     ("matched", False, 80, 2, 2, 64),
     ("stale", True, 80, 2, 1, 128),  # D = 128 launches dK and dV separately (backward_config)
+    ("matched_factored", True, 130, 4, 2, 128),  # the factored scale layout: every kernel FACTORED
+    ("matched_factored", False, 80, 2, 2, 64),
 ]
 
 
@@ -96,8 +98,7 @@ def _measure() -> dict:
             )
         out["cases"].append(row)
     out["tma"] = _tma_forward(gen)
-    out["factored"] = _factored_forward(gen)
-    out["factored_dv"] = _factored_dv(gen)
+    out["factored"] = _factored_outliers(gen)
     out["dq_atomic"] = _dq_atomic(gen)
     return out
 
@@ -133,73 +134,32 @@ def _dq_atomic(gen) -> list[dict]:
     return rows
 
 
-def _factored_forward(gen) -> list[dict]:
-    """The forward kernel in the factored scale layout (``FACTORED``: P̂ at the fixed scale 1/448 relative to the
-    running max, V̂ per channel) against the reference's ``matched_factored`` forward and against FP64."""
+def _factored_outliers(gen) -> list[dict]:
+    """``matched_factored`` (every kernel in the factored scale layout: P̂ at the fixed scale 1/448 against V̂ and dÔ
+    per channel, dŜ per query row against K̂ᶜ and Q' = s ⊙ Q per channel) on inputs with an outlier channel in one
+    head of each operand — what per-channel scales are for, and under GQA the heads' channel scales differ, so dK and
+    dV are rescaled per head — against the reference simulation and FP64."""
     import torch
 
     from deltamatch.kernels.measures import relative_error
     from deltamatch.kernels.reference import attention_exact, attention_reference
-    from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-    from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_operand, quantize_per_channel
+    from deltamatch.kernels.triton_attention import triton_attention
 
     rows = []
-    for causal, n, h, h_kv, d in ((True, 130, 2, 1, 64), (False, 80, 2, 2, 128)):
-        q = (torch.randn(1, n, h, d, generator=gen) * 1.5).to(torch.bfloat16)
-        k = (torch.randn(1, n, h_kv, d, generator=gen) * 1.5 + 0.5).to(torch.bfloat16)
-        v = torch.randn(1, n, h_kv, d, generator=gen).to(torch.bfloat16)
-        v[:, :, :, 3] *= 30  # an outlier channel: a per-channel scale is what the layout is for
-        q8, _, sq = quantize_operand(q, BLOCK_Q)
-        k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True)
-        _, v8t, sv = quantize_per_channel(v, "v")
-        o = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d ** -0.5,
-                              config={**forward_config(d), "PAIRED": False, "FACTORED": True})[0].double()
-        ref = attention_reference(q, k, v, causal, "matched_factored").double()
-        exact = attention_exact(q.double(), k.double(), v.double(), causal)
-        rows.append(dict(causal=causal, n=n, d=d, kernel_vs_reference=relative_error(o, ref),
-                         kernel_vs_exact=relative_error(o, exact), reference_vs_exact=relative_error(ref, exact),
-                         finite=bool(torch.isfinite(o).all())))
-    return rows
-
-
-def _factored_dv(gen) -> list[dict]:
-    """The dV launch in the factored scale layout (``FACTORED``: Pᵀ at the fixed scale 1/448, dÔ per channel, dV
-    accumulated in place; GQA rescales per head) against the reference's ``matched_factored`` dV and FP64."""
-    import math
-
-    import torch
-
-    from deltamatch.kernels import triton_bwd
-    from deltamatch.kernels.measures import relative_error
-    from deltamatch.kernels.reference import attention_exact, attention_reference
-    from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-    from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand,
-                                                 quantize_per_channel)
-
-    rows = []
-    for causal, n, h, h_kv, d in ((True, 130, 4, 2, 128), (False, 80, 2, 2, 64)):
-        q, k, v, do = (torch.randn(1, n, hh, d, generator=gen).to(torch.bfloat16) for hh in (h, h_kv, h_kv, h))
-        do[:, :, 0, 3] *= 20  # an outlier channel in one head: the heads' channel scales differ
-        q8, q8t, sq = quantize_operand(q, BLOCK_Q)
-        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True)
-        v8, v8t, sv = quantize_operand(v, BLOCK_KV)
-        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d ** -0.5,
-                                    config={**forward_config(d), "PAIRED": False})
-        do8, _, sdo, delta = quantize_do_and_delta(do, o, "matched")
-        _, do8t_channel, sdo_channel = quantize_per_channel(do, "do")
-        saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, v8t=v8t, sq=sq, sk=sk, sv=sv, lse2=lse2)
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        config = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, SPLIT=True, FACTORED=True)
-        triton_bwd._launch_dkdv(saved, do8, do8t_channel, sdo, delta, dk, dv, None, causal,
-                                d ** -0.5 * math.log2(math.e), d ** -0.5, n, config, sdo_channel=sdo_channel)
-        grads = {"reference": _grads_of(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"),
-                                        q, k, v, do, torch.bfloat16)[3].double(),
-                 "exact": _grads_of(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do,
-                                    torch.float64)[3].double()}
-        kernel = dv.double()
-        rows.append(dict(causal=causal, n=n, d=d, kernel_vs_reference=relative_error(kernel, grads["reference"]),
-                         reference_vs_exact=relative_error(grads["reference"], grads["exact"]),
-                         finite=bool(torch.isfinite(kernel).all()), untouched_dk=bool((dk == 0).all())))
+    for causal, n, h, h_kv, d in ((True, 130, 4, 2, 128), (False, 70, 2, 1, 64)):
+        q, k, v, do = (torch.randn(1, n, hh, d, generator=gen) for hh in (h, h_kv, h_kv, h))
+        for x, channel, factor in ((q, 5, 8.0), (k, 9, 8.0), (v, 3, 30.0), (do, 3, 20.0)):
+            x[:, :, 0, channel] *= factor
+        outs = {}
+        for name, fn in (("kernel", lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")),
+                         ("reference", lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored")),
+                         ("exact", lambda a, b, c: attention_exact(a, b, c, causal))):
+            dtype = torch.float64 if name == "exact" else torch.bfloat16
+            outs[name] = [t.double() for t in _grads_of(fn, q, k, v, do, dtype)]
+        rows.append({part: dict(kernel_vs_reference=relative_error(outs["kernel"][i], outs["reference"][i]),
+                                reference_vs_exact=relative_error(outs["reference"][i], outs["exact"][i]),
+                                finite=bool(torch.isfinite(outs["kernel"][i]).all()))
+                     for i, part in enumerate(("o", "dq", "dk", "dv"))})
     return rows
 
 
@@ -267,20 +227,13 @@ def test_atomic_dq_matches_the_reference_and_leaves_o_dk_dv_alone(measured):
         assert m["atomic_vs_reference"] < 0.25 * m["reference_vs_exact"], m
 
 
-def test_factored_dv_matches_its_reference_simulation(measured):
-    assert len(measured["factored_dv"]) == 2
-    for m in measured["factored_dv"]:
-        assert m["finite"] and m["untouched_dk"], m
-        assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], m
-        assert m["reference_vs_exact"] < 0.12, m
-
-
-def test_factored_forward_matches_its_reference_simulation(measured):
+def test_factored_layout_matches_its_reference_simulation_with_outlier_channels(measured):
     assert len(measured["factored"]) == 2
-    for m in measured["factored"]:
-        assert m["finite"], m
-        assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], m
-        assert m["reference_vs_exact"] < 0.12, m  # it is FP8, not garbage
+    for row in measured["factored"]:
+        for part, m in row.items():
+            assert m["finite"], (part, m)
+            assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)
+            assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])

@@ -32,12 +32,15 @@ SWEEP = {
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True), KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True),
                     KV(128, 8, 2, SPLIT=True, TMA=True), KV(128, 8, 2, SEPARATE=True, TMA=True),
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True),
-                    KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True)],
-              dv=[KV(64, 4, 2, SPLIT=True, TMA=True, DV_ONLY=True), KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True),
-                  KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True)],
+                    KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True), KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True),
+                    KV(64, 4, 2, SPLIT=True, FACTORED=True)],
+              dv=[KV(64, 4, 2, SPLIT=True, TMA=True, DV_ONLY=True),
+                  KV(64, 4, 2, SPLIT=True, TMA=True, DV_ONLY=True, FACTORED=True)],
               dq=[F(64, 4, 3), F(64, 4, 4), F(128, 8, 3), F(64, 4, 3, TMA=True), F(64, 4, 4, TMA=True),
-                  F(128, 8, 3, TMA=True)],
-              delta=[F(128, 8, 3), F(64, 4, 3), F(128, 8, 3, TMA=True), F(64, 4, 3, TMA=True)]),
+                  F(64, 4, 3, TMA=True, FACTORED=True), F(64, 4, 4, TMA=True, FACTORED=True),
+                  F(64, 4, 3, FACTORED=True)],
+              delta=[F(128, 8, 3), F(128, 8, 3, TMA=True), F(128, 8, 3, ROW_SCALES=True),
+                     F(128, 8, 3, TMA=True, ROW_SCALES=True)]),
     256: dict(fwd=[F(64, 4, 2), F(64, 4, 2, PAIRED=True), F(64, 8, 2, PAIRED=True), F(64, 4, 2, TMA=True),
                    F(64, 4, 1, TMA=True), F(64, 8, 2, PAIRED=True, TMA=True)],
               dkdv=[KV(64, 8, 1, SPLIT=False), KV(64, 8, 1, SEPARATE=True), KV(64, 4, 1, SEPARATE=True),
@@ -51,6 +54,9 @@ def variants(d):
 
 
 def setup(d, n=SEQ, causal=True):
+    import math
+
+    from deltamatch.kernels import triton_bwd
     from deltamatch.kernels.triton_fwd import attention_forward
     from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
 
@@ -63,9 +69,18 @@ def setup(d, n=SEQ, causal=True):
     o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, d**-0.5)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "stale")
     saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, v8t=v8t, sq=sq, sk=sk, sv=sv, lse2=lse2)
-    _, saved["v8t_channel"], saved["sv_channel"] = quantize_per_channel(v, "v")  # the factored layout's V̂, dÔ
-    _, saved["do8t_channel"], saved["sdo_channel"] = quantize_per_channel(do, "do")
-    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, q=q, k=k, b=b, h=h, n=n, d=d, causal=causal)
+    # the factored layout's operands (kernels/README.md): V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q' = s ⊙ Q for dK, with s
+    # the dŜ row scales of matched's δ pass
+    _, saved["v8t_channel"], saved["sv_channel"] = quantize_per_channel(v, "v")
+    rs, matched_delta = torch.ones_like(delta), torch.empty_like(delta)
+    triton_bwd._launch_delta_matched(saved, do8, sdo, matched_delta, causal, d**-0.5 * math.log2(math.e), n,
+                                     triton_bwd.backward_config(d)["delta"], row_scales=rs)
+    factored = dict(rs=rs)
+    _, factored["do8t"], factored["sdoc"] = quantize_per_channel(do, "do")
+    _, factored["q8t"], factored["sqc"] = quantize_per_channel(q, "q", row_scales=rs)
+    _, factored["k8t"], factored["skc"] = quantize_per_channel(k, "k", mean=k.mean(dim=1, dtype=torch.float32))
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, q=q, k=k, b=b, h=h, n=n, d=d, causal=causal,
+                factored=factored)
 
 
 def launcher(kind, cfg, st):
@@ -88,15 +103,16 @@ def launcher(kind, cfg, st):
                                          st["q"].dtype, causal, scale, config=cfg)[0]
 
         return run, lambda: out["o"]
-    if kind == "delta":
+    if kind == "delta":  # ROW_SCALES: also the factored layout's dŜ row scales
         delta = torch.zeros_like(st["delta"])
-        return (lambda: triton_bwd._launch_delta_matched(s, st["do8"], st["sdo"], delta, causal, qk, n, cfg),
+        cfg = dict(cfg)
+        rs = torch.ones_like(delta) if cfg.pop("ROW_SCALES", False) else None
+        return (lambda: triton_bwd._launch_delta_matched(s, st["do8"], st["sdo"], delta, causal, qk, n, cfg, rs),
                 lambda: delta[..., :n])
     if kind == "dv":  # the dV launch alone: the paper layout's, or the factored one (per-channel dÔ codes)
         dk, dv = torch.zeros_like(st["k"]), torch.zeros_like(st["k"])
-        do8t, sdo_channel = ((s["do8t_channel"], s["sdo_channel"]) if cfg.get("FACTORED") else (st["do8t"], None))
-        return (lambda: triton_bwd._launch_dkdv(s, st["do8"], do8t, st["sdo"], st["delta"], dk, dv, None, causal, qk,
-                                                scale, n, cfg, sdo_channel=sdo_channel), lambda: dv)
+        return (lambda: triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None,
+                                                causal, qk, scale, n, cfg, factored=st["factored"]), lambda: dv)
     if kind == "dkdv":
         dk, dv = torch.zeros_like(st["k"]), torch.zeros_like(st["k"])
         dq_acc = torch.zeros(s["q8"].shape, device="cuda") if cfg.get("DQ_ATOMIC") else None  # + dQ by atomics
@@ -105,12 +121,12 @@ def launcher(kind, cfg, st):
             if dq_acc is not None:
                 dq_acc.zero_()
             triton_bwd._launch_dkdv(s, st["do8"], st["do8t"], st["sdo"], st["delta"], dk, dv, None, causal, qk,
-                                    scale, n, cfg, dq_acc)
+                                    scale, n, cfg, dq_acc, factored=st["factored"])
 
         return run, lambda: torch.cat([dk, dv])
     dq = torch.zeros_like(st["q"])
-    return (lambda: triton_bwd._launch_dq(s, st["do8"], st["sdo"], st["delta"], dq, None, causal, qk, scale, n, cfg),
-            lambda: dq)
+    return (lambda: triton_bwd._launch_dq(s, st["do8"], st["sdo"], st["delta"], dq, None, causal, qk, scale, n, cfg,
+                                          factored=st["factored"]), lambda: dq)
 
 
 MATMULS = dict(fwd=2, delta=2, dkdv=4, dq=3, dv=2)  # dv: S recomputed, then dV
