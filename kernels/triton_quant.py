@@ -157,7 +157,7 @@ def _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride
     if CENTRE:
         x = x - tl.load(mean_ptr + bh * HEAD_DIM + offs_d)[None, :]
     if ROW_SCALED:
-        x = x * tl.load(row_scale_ptr + bh * N_PAD + rows, mask=valid, other=0.0)[:, None]
+        x = x * tl.load(row_scale_ptr + bh * N_PAD + rows)[:, None]  # N_pad long; padded rows zeroed below
     return tl.where(valid[:, None], x, 0.0)
 
 
