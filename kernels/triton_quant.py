@@ -9,7 +9,9 @@ a multiple of 128, the largest quantisation block; padded rows are zero codes an
 Scales follow kernels/README.md: one FP32 scale per ``BLOCK_ROWS`` tokens × D (128 for Q and dO, 64 for K and V),
 ``s = amax / 448`` (1 for an all-zero block), ``code = rne_e4m3(clamp(x / s, ±448))``. K is centred per (batch, kv
 head) first. The dO pass also forms the row-wise δ of the ``stale`` (Σ dO·O) and ``consistent`` (Σ dÔ·O) methods,
-since it holds both dO and its dequantised codes.
+since it holds both dO and its dequantised codes. The factored layout's per-channel pass (``quantize_per_channel``)
+takes one scale per channel over every token instead, so it needs the whole (batch, head) before any cast: one launch
+gathers the amax, a second reads x again and casts.
 
 Triton's interpreter casts FP32 to FP8 by truncation, so with ``ROUND_FP32`` the kernels first round to the E4M3 grid
 in FP32 arithmetic (``round_e4m3_fp32``), after which any cast is exact. On the GPU the hardware cast (``cvt.rn``) is
@@ -69,14 +71,21 @@ def scale_from_amax(amax):
 
 
 @triton.jit
+def _load_rows(x_ptr, b, h, N, stride_xb, stride_xn, stride_xh, rows, HEAD_DIM: tl.constexpr):
+    """One ``[BLOCK_ROWS, D]`` block of ``x`` (public layout) in FP32, zero in rows ``>= N``."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    ptrs = x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
+    ptrs = ptrs + rows.to(tl.int64)[:, None] * stride_xn + offs_d[None, :]
+    return tl.load(ptrs, mask=(rows < N)[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
                  HEAD_DIM: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr):
     """Load one ``[BLOCK_ROWS, D]`` block of ``x`` (public layout), centre it, return (x, codes, scale)."""
     offs_d = tl.arange(0, HEAD_DIM)
     valid = rows < N
-    ptrs = x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
-    ptrs = ptrs + rows.to(tl.int64)[:, None] * stride_xn + offs_d[None, :]
-    x = tl.load(ptrs, mask=valid[:, None], other=0.0).to(tl.float32)  # [BLOCK_ROWS, D]
+    x = _load_rows(x_ptr, b, h, N, stride_xb, stride_xn, stride_xh, rows, HEAD_DIM)  # [BLOCK_ROWS, D]
     if CENTRE:
         mean = tl.load(mean_ptr + (b * H + h).to(tl.int64) * HEAD_DIM + offs_d)  # [D]
         x = tl.where(valid[:, None], x - mean[None, :], 0.0)
@@ -136,6 +145,65 @@ def _quant_do_delta_pass_kernel(
         tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + rows, tl.sum(do * o, 1))
 
 
+@triton.jit
+def _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
+                       HEAD_DIM: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr):
+    """One ``[BLOCK_ROWS, D]`` block of the per-channel operand in FP32, ``(x - mean) * row_scale`` in that order
+    (the PyTorch twin's), zero in padded rows so that they never raise an amax."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    valid = rows < N
+    bh = (b * H + h).to(tl.int64)
+    x = _load_rows(x_ptr, b, h, N, stride_xb, stride_xn, stride_xh, rows, HEAD_DIM)  # [BLOCK_ROWS, D]
+    if CENTRE:
+        x = x - tl.load(mean_ptr + bh * HEAD_DIM + offs_d)[None, :]
+    if ROW_SCALED:
+        x = x * tl.load(row_scale_ptr + bh * N_PAD + rows)[:, None]  # N_pad long; padded rows zeroed below
+    return tl.where(valid[:, None], x, 0.0)
+
+
+@triton.jit
+def _per_channel_amax_pass_kernel(
+    x_ptr, mean_ptr, row_scale_ptr,  # x (B, N, H, D); mean (B, H, D) when CENTRE; row scales (B, H, N_pad)
+    amax_ptr,  # (B, H, D) fp32, zero on entry
+    stride_xb, stride_xn, stride_xh,
+    N, N_PAD, H,
+    HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
+):
+    """Per-channel max |x| of one block of rows, folded into the (batch, head)'s amax. Every value is >= 0, so the
+    float atomic max is exact and the result does not depend on the order the blocks arrive in."""
+    pid_r, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
+                           HEAD_DIM, CENTRE, ROW_SCALED)
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.atomic_max(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, tl.max(tl.abs(x), 0), sem="relaxed")
+
+
+@triton.jit
+def _per_channel_quant_pass_kernel(
+    x_ptr, mean_ptr, row_scale_ptr, amax_ptr,  # as the amax pass; amax (B, H, D) complete
+    x8_ptr, x8t_ptr, scale_ptr,  # codes (B, H, N_pad, D), (B, H, D, N_pad); scales (B, H, D)
+    stride_xb, stride_xn, stride_xh,
+    N, N_PAD, H,
+    HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
+    ROUND_FP32: tl.constexpr,
+):
+    """Recompute the block, cast it with its channels' scales, store both code layouts; the first block of each
+    (batch, head) stores the scales."""
+    pid_r, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
+                           HEAD_DIM, CENTRE, ROW_SCALED)
+    offs_d = tl.arange(0, HEAD_DIM)
+    scale = scale_from_amax(tl.load(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d))  # [D]
+    codes = to_e4m3(tl.math.div_rn(x, scale[None, :]), ROUND_FP32)
+    _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM)
+    if pid_r == 0:
+        tl.store(scale_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, scale)
+
+
 def _check_public(x: torch.Tensor, name: str) -> None:
     if x.dim() != 4 or x.stride(-1) != 1:
         raise ValueError(f"{name} must be (B, N, H, D) with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
@@ -166,25 +234,55 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     return x8, x8t, scales
 
 
+def _check_per_channel(x: torch.Tensor, name: str, mean: torch.Tensor | None, row_scales: torch.Tensor | None):
+    _check_public(x, name)
+    b, n, h, d = x.shape
+    if mean is not None and (mean.shape != (b, h, d) or mean.dtype != torch.float32):
+        raise ValueError(f"mean must be FP32 (B, H, D) = {(b, h, d)}, got {mean.dtype} {tuple(mean.shape)}")
+    if row_scales is not None and (row_scales.shape != (b, h, padded_len(n)) or row_scales.dtype != torch.float32):
+        raise ValueError(f"row_scales must be FP32 (B, H, N_pad) = {(b, h, padded_len(n))}, got "
+                         f"{row_scales.dtype} {tuple(row_scales.shape)}")
+
+
 def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
                          row_scales: torch.Tensor | None = None):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
     the factored layout's operand of a token-contracting matmul (V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q̂' for dK;
     kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
-    ``row_scales`` (B, H, N_pad) FP32 multiplies each token first (Q' = s ⊙ Q, s the dŜ row scales). PyTorch ops — an
-    amax over the tokens, then the cast — the same rounding as ``quant.quantize_tiles(x, None, 1)``; not yet a fused
-    pass."""
-    _check_public(x, name)
+    ``row_scales`` (B, H, N_pad) FP32 multiplies each token next (Q' = s ⊙ Q, s the dŜ row scales).
+
+    A scale spans every token, so this is two launches over the same grid of 128-row blocks: the first folds each
+    block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and scales.
+    Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against."""
+    _check_per_channel(x, name, mean, row_scales)
+    b, n, h, d = x.shape
+    n_pad = padded_len(n)
+    x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
+    x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
+    scales = torch.empty((b, h, d), device=x.device, dtype=torch.float32)
+    amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
+    flags = dict(HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=mean is not None, ROW_SCALED=row_scales is not None,
+                 num_warps=_warps(BLOCK_Q, d))
+    operands = (x, amax if mean is None else mean.contiguous(),  # amax stands in for an absent operand, never read
+                amax if row_scales is None else row_scales.contiguous())
+    shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
+    grid = (n_pad // BLOCK_Q, b * h)
+    _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
+    _per_channel_quant_pass_kernel[grid](*operands, amax, x8, x8t, scales, *shape, **flags,
+                                         ROUND_FP32=round_fp32_in_kernels())
+    return x8, x8t, scales
+
+
+def quantize_per_channel_torch(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
+                               row_scales: torch.Tensor | None = None):
+    """``quantize_per_channel`` in PyTorch ops, its reference: an amax over the tokens, then the cast, the rounding
+    of ``quant.quantize_tiles(inner, None, 1)`` on the same FP32 ``inner = (x - mean) * row_scales``."""
+    _check_per_channel(x, name, mean, row_scales)
     b, n, h, d = x.shape
     inner = x.float().transpose(1, 2)  # (B, H, N, D)
     if mean is not None:
-        if mean.shape != (b, h, d) or mean.dtype != torch.float32:
-            raise ValueError(f"mean must be FP32 (B, H, D) = {(b, h, d)}, got {mean.dtype} {tuple(mean.shape)}")
         inner = inner - mean[:, :, None, :]
     if row_scales is not None:
-        if row_scales.shape != (b, h, padded_len(n)) or row_scales.dtype != torch.float32:
-            raise ValueError(f"row_scales must be FP32 (B, H, N_pad) = {(b, h, padded_len(n))}, got "
-                             f"{row_scales.dtype} {tuple(row_scales.shape)}")
         inner = inner * row_scales[:, :, :n, None]
     scales = quant._scales_from_amax(inner.abs().amax(dim=2))  # (B, H, D)
     x8 = torch.zeros((b, h, padded_len(n), d), device=x.device, dtype=torch.float8_e4m3fn)

@@ -103,12 +103,14 @@ def test_rounding_disabled_is_identity():
 
 
 def test_per_channel_codes_equal_the_reference_quantiser_bit_for_bit():
-    from deltamatch.kernels.triton_quant import quantize_per_channel
+    """The PyTorch twin of the per-channel pass; the Triton pass is checked against it in the interpreter
+    (test_triton_quant_interpreter.py)."""
+    from deltamatch.kernels.triton_quant import quantize_per_channel_torch
 
     gen = torch.Generator().manual_seed(3)
     x = (torch.randn(2, 70, 3, 64, generator=gen) * 2).to(torch.bfloat16)
     x[:, :, :, 7] *= 50  # an outlier channel gets its own scale
-    x8, x8t, scales = quantize_per_channel(x, "v")
+    x8, x8t, scales = quantize_per_channel_torch(x, "v")
     inner = x.float().transpose(1, 2)
     expected, expected_scales = quant.quantize_tiles(inner, None, 1)
     assert x8.shape == (2, 3, 128, 64) and x8t.shape == (2, 3, 64, 128) and scales.shape == (2, 3, 64)
@@ -116,12 +118,12 @@ def test_per_channel_codes_equal_the_reference_quantiser_bit_for_bit():
     assert torch.equal(x8[:, :, :70].float() * scales[:, :, None, :], expected)
     assert torch.equal(x8.float().transpose(-1, -2), x8t.float()) and (x8[:, :, 70:].float() == 0).all()
     with pytest.raises(ValueError, match="v"):
-        quantize_per_channel(x[0], "v")
+        quantize_per_channel_torch(x[0], "v")
 
 
 def test_per_channel_codes_of_centred_and_row_scaled_operands():
     """K̂ᶜ (K less the token mean the K pass uses) and Q̂' (Q times dŜ's row scales) of the factored layout."""
-    from deltamatch.kernels.triton_quant import padded_len, quantize_per_channel
+    from deltamatch.kernels.triton_quant import padded_len, quantize_per_channel_torch
 
     gen = torch.Generator().manual_seed(4)
     x = (torch.randn(1, 130, 2, 64, generator=gen) + 3).to(torch.bfloat16)
@@ -129,11 +131,11 @@ def test_per_channel_codes_of_centred_and_row_scaled_operands():
     rows = torch.rand(1, 2, padded_len(130), generator=gen) + 0.5
     for kwargs, inner in (({"mean": mean}, x.float().transpose(1, 2) - mean[:, :, None]),
                           ({"row_scales": rows}, x.float().transpose(1, 2) * rows[:, :, :130, None])):
-        x8, _, scales = quantize_per_channel(x, "k", **kwargs)
+        x8, _, scales = quantize_per_channel_torch(x, "k", **kwargs)
         expected, expected_scales = quant.quantize_tiles(inner, None, 1)
         assert torch.equal(scales, expected_scales[..., 0, :])
         assert torch.equal(x8[:, :, :130].float() * scales[:, :, None, :], expected)
     with pytest.raises(ValueError, match="mean"):
-        quantize_per_channel(x, "k", mean=mean.double())
+        quantize_per_channel_torch(x, "k", mean=mean.double())
     with pytest.raises(ValueError, match="row_scales"):
-        quantize_per_channel(x, "q", row_scales=rows[:, :, :130])
+        quantize_per_channel_torch(x, "q", row_scales=rows[:, :, :130])
