@@ -78,7 +78,8 @@ def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL, load_variants
     """Every kernel at its launch configuration for ``head_dim``: the attention kernels once per setting in
     ``causal`` (and with ``load_variants`` each with its tiles loaded the other way), then the quantisation passes
     (they have no mask)."""
-    return [spec for c in causal for spec in attention_specs(head_dim, c, load_variants)] + quant_specs(head_dim)
+    return ([spec for c in causal for spec in attention_specs(head_dim, c, load_variants) + factored_specs(head_dim, c)]
+            + quant_specs(head_dim))
 
 
 def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) -> list[KernelSpec]:
@@ -103,8 +104,8 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
     c, o = split(bwd["delta"])
     specs.append(KernelSpec("attn_bwd_delta_matched", variant, triton_bwd._attn_bwd_delta_matched_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
-                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr")}, 2, copies=2,
-                            constexprs={**c, "HEAD_DIM": head_dim, "CAUSAL": causal}, options=o))
+                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr", "rs_ptr")}, 2,
+                            copies=2, constexprs={**c, "HEAD_DIM": head_dim, "CAUSAL": causal}, options=o))
     c, o = split({"SPLIT": True, **bwd["dkdv"]})
     separate = c.pop("SEPARATE", False)
     parts = [("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
@@ -113,7 +114,7 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
         specs.append(KernelSpec(name, variant, triton_bwd._attn_bwd_dkdv_kernel,
                                 {**_fp8("q8_ptr", "q8t_ptr", "k8_ptr", "v8_ptr", "do8_ptr", "do8t_ptr", "k8t_ptr"),
                                  **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr",
-                                         "dq_acc_ptr", "sdoc_ptr"),
+                                         "dq_acc_ptr", "sdoc_ptr", "sqc_ptr", "rs_ptr"),
                                  "dk_ptr": "*bf16", "dv_ptr": "*bf16", "stats_ptr": "*fp32"},
                                 matmuls + atomic, copies=2 if c["SPLIT"] else 1,
                                 constexprs={**c, **common, "DS_STATS": False, **flags, "DQ_ATOMIC": atomic},
@@ -121,7 +122,8 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
     c, o = split(bwd["dq"])
     specs.append(KernelSpec("attn_bwd_dq", variant, triton_bwd._attn_bwd_dq_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "k8t_ptr", "v8_ptr", "do8_ptr"),
-                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr"),
+                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr", "skc_ptr",
+                                     "rs_ptr"),
                              "dq_ptr": "*bf16", "stats_ptr": "*fp32"}, 3, copies=2,
                             constexprs={**c, **common, "DS_STATS": False}, options=o))
     if load_variants:
@@ -129,6 +131,47 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
                                       constexprs={**spec.constexprs, "TMA": not tma})
                   for spec in specs for tma in [bool(spec.constexprs.get("TMA"))]]
     return specs
+
+
+def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
+    """``matched_factored``'s kernels as ``triton_attention`` launches them (variant ``<mask>-factored``): the forward,
+    the δ pass with dŜ's row scales, dK and dV as two launches and dQ, all ``FACTORED``; then the per-channel
+    quantisation passes (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), which have no mask and come with the causal ones."""
+    bwd = triton_bwd.factored_config(triton_bwd.backward_config(head_dim))
+    fwd = triton_fwd.forward_config(head_dim, factored=True)
+    factored = {"causal": "causal-factored", "non-causal": "non-causal-factored"}
+    specs = []
+    for spec in attention_specs(head_dim, causal):
+        if spec.name == "attn_bwd_dkdv":  # the factored layout always launches dK and dV apart
+            spec = dataclasses.replace(spec, constexprs={**spec.constexprs, "DO_DK": True, "DO_DV": False},
+                                       name="attn_bwd_dk", matmuls=3)
+            specs.append(dataclasses.replace(spec, constexprs={**spec.constexprs, "DO_DK": False, "DO_DV": True},
+                                             name="attn_bwd_dv", matmuls=2))
+        specs.append(spec)
+    out = []
+    for spec in specs:
+        kind = {"attn_fwd": fwd, "attn_bwd_delta_matched": bwd["delta"], "attn_bwd_dq": bwd["dq"]}.get(spec.name,
+                                                                                                       bwd["dkdv"])
+        extra = {k: v for k, v in kind.items() if k not in ("num_warps", "num_stages")}
+        extra = {"ROW_SCALES": True, **extra} if spec.name == "attn_bwd_delta_matched" else extra
+        constexprs = {**spec.constexprs, **extra}
+        constexprs.pop("SEPARATE", None)
+        out.append(dataclasses.replace(spec, variant=factored[spec.variant], constexprs=constexprs,
+                                       copies=2 if spec.name != "attn_fwd" or not constexprs.get("PAIRED") else 4,
+                                       options={k: kind[k] for k in ("num_warps", "num_stages")}))
+    if not causal:
+        return out
+    for variant, centre, row_scaled in (("v_channel", False, False), ("k_channel", True, False),
+                                        ("q_channel", False, True)):
+        pointers = {"x_ptr": "*bf16", "mean_ptr": "*fp32", "row_scale_ptr": "*fp32", "amax_ptr": "*fp32"}
+        flags = dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, CENTRE=centre, ROW_SCALED=row_scaled)
+        warps = dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))
+        out.append(KernelSpec("per_channel_amax_pass", variant, triton_quant._per_channel_amax_pass_kernel, pointers,
+                              0, constexprs=flags, options=warps))
+        out.append(KernelSpec("per_channel_quant_pass", variant, triton_quant._per_channel_quant_pass_kernel,
+                              {**pointers, **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"}, 0,
+                              constexprs={**flags, "ROUND_FP32": False}, options=warps))
+    return out
 
 
 def quant_specs(head_dim: int) -> list[KernelSpec]:

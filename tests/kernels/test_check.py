@@ -1,8 +1,9 @@
 """The AOT build check: every one of the seven attention matmuls compiles to an FP8 (E4M3) wgmma for sm_90a.
 
 Compiling every kernel of every head dim takes minutes on a CI core, so the tests compile a representative subset
-(D = 128 in full: both masks and every quantisation variant; D = 64 causal and D = 256 non-causal attention kernels,
-and the stale dO pass at D = 256) and ``dm-kernel-check`` compiles everything (46 kernels; 76 with ``--load-variants``).
+(D = 128 in full: both masks, every quantisation variant and ``matched_factored``'s causal kernels; D = 64 causal and
+D = 256 non-causal attention kernels, and the stale dO pass at D = 256) and ``dm-kernel-check`` compiles everything
+(94 kernels; 122 with ``--load-variants``).
 """
 
 import json
@@ -14,13 +15,14 @@ from deltamatch.kernels import check
 # which of the spec's seven matmuls (kernels/README.md) each kernel computes
 MATMULS = {"attn_fwd": {1, 2}, "attn_bwd_dkdv": {3, 4, 5, 7}, "attn_bwd_dk": {3, 4, 7}, "attn_bwd_dv": {3, 5},
            "attn_bwd_dq": {3, 4, 6}, "attn_bwd_delta_matched": {3, 4}, "quant_pass": set(),
-           "quant_do_delta_pass": set()}
+           "quant_do_delta_pass": set(), "per_channel_amax_pass": set(), "per_channel_quant_pass": set()}
 
 
 def _subset():
     yield from ((128, spec) for spec in check.attention_specs(128, causal=True, load_variants=True))
     yield from ((128, spec) for spec in check.attention_specs(128, causal=False))
     yield from ((128, spec) for spec in check.quant_specs(128))
+    yield from ((128, spec) for spec in check.factored_specs(128, causal=True))
     yield from ((64, spec) for spec in check.attention_specs(64, causal=True))
     yield from ((256, spec) for spec in check.attention_specs(256, causal=False))
     # the stale dO pass at D = 256 runs on 32 registers (its 256 div.rn slow-path calls make ptxas spill the block)
@@ -44,6 +46,12 @@ def test_the_default_covers_both_masks_and_every_quant_variant():
     assert {s.variant for s in check.attention_specs(64, True, load_variants=True)} == {"causal", "causal-tma"}
     assert {v for n, v in variants if n == "quant_pass"} == {"q", "k", "v"}
     assert {v for n, v in variants if n == "quant_do_delta_pass"} == {"do_matched", "do_stale", "do_consistent"}
+    for name in ("attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv", "attn_bwd_dq"):  # matched_factored
+        factored = [s for s in specs if (s.name, s.variant) == (name, "causal-factored")]
+        assert len(factored) == 1 and factored[0].constexprs.get("FACTORED", name == "attn_bwd_delta_matched"), name
+    assert next(s for s in specs if s.variant == "causal-factored" and s.name.endswith("delta_matched")).constexprs[
+        "ROW_SCALES"]
+    assert {v for n, v in variants if n.startswith("per_channel")} == {"v_channel", "k_channel", "q_channel"}
     k = next(s for s in check.kernel_specs(64) if s.variant == "k")
     assert k.constexprs["CENTRE"] and k.constexprs["BLOCK_ROWS"] == 64
 
