@@ -17,7 +17,7 @@ from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward
 from deltamatch.kernels.triton_fwd import attention_forward, forward_config
 from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand,
-                                             quantize_per_channel)
+                                             quantize_per_channel, token_mean)
 from deltamatch.methods import implemented_by
 
 MODES = implemented_by("triton")
@@ -28,13 +28,14 @@ DTYPES = (torch.bfloat16, torch.float16)
 class _TritonFP8Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, mode: str, softmax_scale: float):
+        k_mean = token_mean(k)
         q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
-        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k")
+        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean)
         v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
         factored = ()
         if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
             _, v8t_c, sv_c = quantize_per_channel(v, "v")
-            _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k.mean(dim=1, dtype=torch.float32).contiguous())
+            _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean)
             o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
                                         config=forward_config(q.shape[-1], factored=True))
             factored = (q, k8t_c, sk_c)

@@ -387,7 +387,7 @@ def _attn_bwd_dq_kernel(
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, TMA: tl.constexpr = False,
     FACTORED: tl.constexpr = False,
 ):
-    """dQ of one query block; FACTORED: in the factored scale layout, ``k8t_ptr`` holding K̂ᶜ's codes (``_dq_tiles``)."""
+    """dQ of one query block; FACTORED: the factored scale layout, ``k8t_ptr`` holding K̂ᶜ's codes (``_dq_tiles``)."""
     tl.static_assert(BLOCK_N == 64, "dŜ and K̂ scales are per 64 keys along dQ's contraction")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)

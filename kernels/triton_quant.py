@@ -214,8 +214,15 @@ def _warps(rows: int, head_dim: int) -> int:
     return 8 if rows * head_dim >= 128 * 128 else 4
 
 
-def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x"):
-    """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean.
+def token_mean(x: torch.Tensor) -> torch.Tensor:
+    """The FP32 mean over tokens of a public-layout ``(B, N, H, D)`` tensor, ``(B, H, D)``: K's centring."""
+    return x.mean(dim=1, dtype=torch.float32).contiguous()
+
+
+def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x",
+                     mean: torch.Tensor | None = None):
+    """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean
+    (``mean``, when the caller has it already: ``token_mean(x)``).
 
     ``name`` is the operand's name in errors (``q``, ``k``, ``v``)."""
     _check_public(x, name)
@@ -224,7 +231,11 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
     x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
     scales = torch.empty((b, h, n_pad // block_rows), device=x.device, dtype=torch.float32)
-    mean = x.mean(dim=1, dtype=torch.float32).contiguous() if centre else scales  # (B, H, D); else unused
+    if centre:
+        mean = token_mean(x) if mean is None else mean
+        _check_per_channel(x, name, mean, None)
+    else:
+        mean = scales  # unused
     grid = (n_pad // block_rows, b * h)
     _quant_pass_kernel[grid](
         x, mean, x8, x8t, scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,

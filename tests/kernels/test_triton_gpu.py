@@ -103,7 +103,8 @@ def _kernel_rowsum_residuals(mode, causal=True, n=1000, d=128):
     kernels' DS_STATS diagnostics): ``{"dq": r, "dkdv": r}``."""
     from deltamatch.kernels.triton_bwd import attention_backward
     from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
+    from deltamatch.kernels.triton_quant import (quantize_do_and_delta, quantize_operand, quantize_per_channel,
+                                                 token_mean)
 
     q, k, v, do = make(b=1, n=n, h=2, hk=2, d=d)
     scale = d**-0.5
@@ -113,7 +114,7 @@ def _kernel_rowsum_residuals(mode, causal=True, n=1000, d=128):
     factored = None
     if mode == "matched_factored":  # as triton_attention runs it: V̂ per channel for PV, K̂ᶜ kept for dQ
         _, v8t, sv_pv = quantize_per_channel(v, "v")
-        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k.mean(dim=1, dtype=torch.float32).contiguous())
+        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=token_mean(k))
         o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv_pv, q.shape, q.dtype, causal, scale,
                                     config=forward_config(d, factored=True))
         factored = dict(q=q, do=do, k8t=k8t_c, skc=sk_c)

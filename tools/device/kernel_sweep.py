@@ -32,7 +32,8 @@ SWEEP = {
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True), KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True),
                     KV(128, 8, 2, SPLIT=True, TMA=True), KV(128, 8, 2, SEPARATE=True, TMA=True),
                     KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True, DQ_ATOMIC=True),
-                    KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True), KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True),
+                    KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True),
+                    KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True),
                     KV(64, 4, 2, SPLIT=True, FACTORED=True)],
               dv=[KV(64, 4, 2, SPLIT=True, TMA=True, DV_ONLY=True),
                   KV(64, 4, 2, SPLIT=True, TMA=True, DV_ONLY=True, FACTORED=True)],
@@ -58,7 +59,8 @@ def setup(d, n=SEQ, causal=True):
 
     from deltamatch.kernels import triton_bwd
     from deltamatch.kernels.triton_fwd import attention_forward
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
+    from deltamatch.kernels.triton_quant import (quantize_do_and_delta, quantize_operand, quantize_per_channel,
+                                                 token_mean)
 
     h = 2048 // d
     b = 64 // h
@@ -78,7 +80,7 @@ def setup(d, n=SEQ, causal=True):
     factored = dict(rs=rs)
     _, factored["do8t"], factored["sdoc"] = quantize_per_channel(do, "do")
     _, factored["q8t"], factored["sqc"] = quantize_per_channel(q, "q", row_scales=rs)
-    _, factored["k8t"], factored["skc"] = quantize_per_channel(k, "k", mean=k.mean(dim=1, dtype=torch.float32))
+    _, factored["k8t"], factored["skc"] = quantize_per_channel(k, "k", mean=token_mean(k))
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, q=q, k=k, b=b, h=h, n=n, d=d, causal=causal,
                 factored=factored)
 
