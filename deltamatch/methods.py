@@ -122,9 +122,10 @@ METHODS: dict[str, AttentionMethod] = {
                         "key- and query-contracting products, P by its running max, dS per query row).",
                         ("reference",), p_encoding="running_max", scale_layout="factored"),
         AttentionMethod("matched_factored", True, "matched", "block", "Delta-Matching, factored scales",
-                        "Delta-Matching under the factored scale layout proposed for a faster kernel (every operand's "
-                        "scale constant along its matmul's contraction); δ as in Delta-Matching, from the FP32 "
-                        "products of the FP8 dÔ and V̂.", _BLOCK_FP8, p_encoding="running_max",
+                        "Delta-Matching under the factored scale layout, which lets the kernels accumulate FP8 "
+                        "products in place (every operand's scale constant along its matmul's contraction); δ as in "
+                        "Delta-Matching, from the FP32 products of the FP8 dÔ and V̂.", _BLOCK_FP8,
+                        p_encoding="running_max",
                         scale_layout="factored"),
         AttentionMethod("cudnn_fp8", True, "stale", "tensor", "cuDNN/TE FP8",
                         "the cuDNN / Transformer Engine FP8 attention baseline (per-tensor scales).",
