@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_fwd import ensure_allocator, env_switch, tma_enabled
+from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE, ensure_allocator, env_switch, tma_enabled
 from deltamatch.kernels.triton_quant import BLOCK_KV, round_fp32_in_kernels, to_e4m3
 
 DS_TILE = 64
@@ -160,7 +160,7 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr,
                 DO_DK: tl.constexpr, DO_DV: tl.constexpr, TMA: tl.constexpr = False,
-                DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False):
+                DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None):
     """Accumulate dV and (unscaled) dK of one key block over the query tiles [lo, hi) of one query head, skipping
     from ``jump_from`` to ``jump_to`` (one loop body serves both masked ranges: the diagonal and the ragged end).
     With TMA the four code arguments are descriptors of (B·H, rows, cols) views (``_descriptors``).
@@ -201,7 +201,8 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
             else:
                 do_tok = tl.load(do8t_ptr + row_base + offs_d[:, None] * N_PAD + offs_m[None, :])  # [D, BLOCK_M]
             if FACTORED:  # matmul 5: dV += P̂ᵀ dÔ, accumulated in place (every scale factors out of the dot)
-                dv = tl.dot(to_e4m3(pT * 448.0, ROUND_FP32), tl.trans(do_tok), dv)
+                dv = tl.dot(to_e4m3(pT * 448.0, ROUND_FP32), tl.trans(do_tok), dv,
+                            max_num_imprecise_acc=ACC_PROMOTE)
             else:
                 # matmul 5: dV += P̂ᵀ dÔ, Pᵀ scaled per key row for this 64-query group
                 pt_max = tl.max(pT, 1)
@@ -227,7 +228,7 @@ def _dkdv_tiles(dk, dv, k, v, s_k, s_v, q8_ptr, q8t_ptr, do8_ptr, do8t_ptr, sq_p
             if FACTORED:  # matmul 7: dK += dŜᵀ Q̂', dŜ per query row, Q' = s ⊙ Q per channel: in place
                 s_row = tl.load(rs_ptr + bh.to(tl.int64) * N_PAD + offs_m, mask=offs_m < N, other=1.0)
                 ds8 = to_e4m3(dsT * (1.0 / s_row)[None, :], ROUND_FP32)
-                dk = tl.dot(ds8, tl.trans(q_tok), dk)
+                dk = tl.dot(ds8, tl.trans(q_tok), dk, max_num_imprecise_acc=ACC_PROMOTE)
             else:
                 # matmul 7: dK += dŜᵀ Q̂, one dŜ scale per 64×64 tile
                 s_ds = _tile_scale_rows(tl.max(tl.abs(dsT), 1), BLOCK_N)
@@ -253,7 +254,7 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, SPLIT: tl.constexpr = True,
     DO_DK: tl.constexpr = True, DO_DV: tl.constexpr = True, TMA: tl.constexpr = False,
-    DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False,
+    DQ_ATOMIC: tl.constexpr = False, FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None,
 ):
     """dK and dV of one key block (DO_DK / DO_DV: only one of them, when the two run as separate launches), and with
     DQ_ATOMIC the block's share of dQ (atomic adds; the dQ kernel is then not launched). FACTORED: the factored scale
@@ -326,12 +327,12 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
                                  lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
                                  0, 0, k_tok, dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32,
-                                 DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED)
+                                 DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
         # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
         dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
                              delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail, k_tok,
                              dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK,
-                             DO_DV, TMA, DQ_ATOMIC, FACTORED)
+                             DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
@@ -348,7 +349,8 @@ def _attn_bwd_dkdv_kernel(
 def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base,
               skv_base, offs_m, qk_scale, N, N_PAD, lo, hi, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr,
-              DS_STATS: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0, FACTORED: tl.constexpr = False, s_row=None):
+              DS_STATS: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0, FACTORED: tl.constexpr = False, s_row=None,
+              ACC_PROMOTE: tl.constexpr = None):
     """dQ of one query block over the key tiles [lo, hi). FACTORED: dŜ with one scale per query row (``s_row``)
     against K̂ᶜ with one scale per channel (``k8t_ptr`` holds those codes), accumulated in place; the caller applies
     both scales."""
@@ -366,7 +368,8 @@ def _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k8_ptr, k8t_ptr,
         else:
             k_tok = tl.load(k8t_ptr + kv_base + offs_d[:, None] * N_PAD + cols[None, :])  # [D, BLOCK_N]
         if FACTORED:  # matmul 6: dQ += dŜ K̂ᶜ, accumulated in place
-            dq = tl.dot(to_e4m3(ds * (1.0 / s_row)[:, None], ROUND_FP32), tl.trans(k_tok), dq)
+            dq = tl.dot(to_e4m3(ds * (1.0 / s_row)[:, None], ROUND_FP32), tl.trans(k_tok), dq,
+                        max_num_imprecise_acc=ACC_PROMOTE)
         else:
             s_ds = _tile_scale_rows(tl.max(tl.abs(ds), 1), BLOCK_M)
             ds8 = to_e4m3(ds * (1.0 / s_ds)[:, None], ROUND_FP32)
@@ -385,7 +388,7 @@ def _attn_bwd_dq_kernel(
     qk_scale, softmax_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, DS_STATS: tl.constexpr = False, TMA: tl.constexpr = False,
-    FACTORED: tl.constexpr = False,
+    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None,
 ):
     """dQ of one query block; FACTORED: the factored scale layout, ``k8t_ptr`` holding K̂ᶜ's codes (``_dq_tiles``)."""
     tl.static_assert(BLOCK_N == 64, "dŜ and K̂ scales are per 64 keys along dQ's contraction")
@@ -415,10 +418,12 @@ def _attn_bwd_dq_kernel(
         kt_src = k8t_ptr
     dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k_src, kt_src, v_src, sk_ptr,
                                    sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, 0, full_end, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv, FACTORED, s_row)
+                                   BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv, FACTORED, s_row,
+                                   ACC_PROMOTE)
     dq, rowsum, rowabs = _dq_tiles(dq, q, do, s_q, s_do, lse, delta, rowsum, rowabs, k_src, kt_src, v_src, sk_ptr,
                                    sv_ptr, kv_base, skv_base, offs_m, qk_scale, N, N_PAD, full_end, hi, HEAD_DIM,
-                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv, FACTORED, s_row)
+                                   BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, TMA, bh_kv, FACTORED, s_row,
+                                   ACC_PROMOTE)
     if DS_STATS:
         stats = stats_ptr + bh.to(tl.int64) * 2 * N_PAD + offs_m
         tl.store(stats, rowsum, mask=offs_m < N)
@@ -532,7 +537,8 @@ def factored_config(config: dict) -> dict:
     """``backward_config`` for the factored scale layout: dK and dV as two launches (each holds one accumulator in
     units of its operand's channel scales), the deterministic dQ kernel, every kernel ``FACTORED``."""
     dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
-    return dict(dkdv={**dkdv, "FACTORED": True}, dq={**config["dq"], "FACTORED": True}, delta=dict(config["delta"]))
+    factored = dict(FACTORED=True, ACC_PROMOTE=FACTORED_ACC_PROMOTE)
+    return dict(dkdv={**dkdv, **factored}, dq={**config["dq"], **factored}, delta=dict(config["delta"]))
 
 
 def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bool, softmax_scale: float,

@@ -47,12 +47,15 @@ def _load_vt(vt_base, start_n, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.conste
 def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m, qk_scale, N, N_PAD,
                     lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, TMA: tl.constexpr = False,
-                    FACTORED: tl.constexpr = False):
+                    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None):
     """Online softmax over the key tiles [lo, hi); only MASKED tiles (the diagonal, the ragged end) pay for a mask.
 
     FACTORED (the factored scale layout, kernels/README.md): P relative to the running max (<= 1) is cast at the
     fixed scale 1/448 and V̂ has one scale per channel, so no scale varies along PV's contraction and the wgmma
-    accumulates into ``acc`` itself; the kernel applies V̂'s channel scales once, after the loop."""
+    accumulates into ``acc`` itself; the kernel applies V̂'s channel scales once, after the loop. ``ACC_PROMOTE``: the
+    dot's ``max_num_imprecise_acc`` — Hopper's FP8 wgmma adds products into its accumulator at reduced precision, and
+    Triton's default there (2^30) never promotes, so ``acc`` would sum every key in it; 64 adds each tile's products
+    into ``acc`` in FP32, as the paper layout's per-tile promotion does (``FACTORED_ACC_PROMOTE``)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
@@ -73,7 +76,7 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
         vt = _load_vt(vt_base, start_n, N_PAD, HEAD_DIM, BLOCK_N, TMA)  # [D, BLOCK_N], keys contiguous
         if FACTORED:  # matmul 2: O += P̂ V̂, accumulated in place (every scale factors out of the dot)
             p8 = to_e4m3(p * 448.0, ROUND_FP32)
-            acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None])
+            acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None], max_num_imprecise_acc=ACC_PROMOTE)
         else:
             # P̂: one scale per row for this 64-key group; its amax is exp2(m_tile − m_new) (0 for a fully masked row)
             p_max = tl.math.exp2(m_tile - m_new)
@@ -128,7 +131,7 @@ def _attn_fwd_kernel(
     N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, PAIRED: tl.constexpr = False, TMA: tl.constexpr = False,
-    FACTORED: tl.constexpr = False,
+    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None,
 ):
     tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
     tl.static_assert(not (PAIRED and FACTORED), "the factored layout runs the single-tile loop")
@@ -176,10 +179,10 @@ def _attn_fwd_kernel(
     else:
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32, TMA, FACTORED)
+                                        ROUND_FP32, TMA, FACTORED, ACC_PROMOTE)
     acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                     qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32,
-                                    TMA, FACTORED)
+                                    TMA, FACTORED, ACC_PROMOTE)
 
     if FACTORED:  # P̂'s fixed scale and V̂'s channel scales, once per output element
         s_vc = tl.load(sv_ptr + bh_kv.to(tl.int64) * HEAD_DIM + offs_d)
@@ -201,6 +204,11 @@ def ensure_allocator() -> None:
     if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
+
+FACTORED_ACC_PROMOTE = 64
+"""The factored layout's in-place dots add each 64-deep tile's FP8 products into their FP32 accumulator in FP32
+(``max_num_imprecise_acc``), as precise as the paper layout's per-tile promotion without its scale multiply; ``None``
+would leave every product of the loop to the tensor core's reduced-precision accumulation (the sweep times both)."""
 
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
@@ -231,7 +239,7 @@ def forward_config(head_dim: int, factored: bool = False) -> dict:
     """
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if factored:
-        return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True}
+        return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": FACTORED_ACC_PROMOTE}
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)
     if head_dim <= 128:
