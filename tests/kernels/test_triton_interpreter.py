@@ -1,22 +1,19 @@
 """The Triton FP8 kernels in Triton's CPU interpreter, against the PyTorch reference simulation of the same spec.
 
-``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel, i.e. at import, so the cases run in a child
-process started with it set (this file run as a script prints one JSON object of measurements); the assertions stay
-in the parent. The child poisons ``torch.empty`` with NaN as tests/conftest.py does for in-process tests, so an
-output a kernel leaves unwritten shows up as NaN. The interpreter casts FP32 to FP8 by truncation, so the kernels
-round to the E4M3 grid in FP32 first (``ROUND_FP32``), which this also exercises.
+The cases run in a child process under the interpreter, which poisons ``torch.empty`` with NaN (triton_child.py).
+The interpreter casts FP32 to FP8 by truncation, so the kernels round to the E4M3 grid in FP32 first
+(``ROUND_FP32``), which this also exercises.
 
 Tolerances: kernel and reference see the same codes for Q, K, V, dO; they differ in accumulation order and in a few
 FP8 roundings of P and dS (the kernel quantises P before normalising, and multiplies by the reciprocal scale), so the
 kernel–reference distance must be far below the FP8 error itself (kernel or reference against FP64).
 """
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from triton_child import child_main, patch_interpreter_index, run_child
 
 CASES = [  # (mode, causal, n, h, h_kv, d); D = 64 runs the paired forward tiles and the fused dK/dV kernel
     ("matched", True, 130, 2, 1, 64),
@@ -27,21 +24,6 @@ CASES = [  # (mode, causal, n, h, h_kv, d); D = 64 runs the paired forward tiles
     ("matched_factored", True, 130, 4, 2, 128),  # the factored scale layout: every kernel FACTORED
     ("matched_factored", False, 80, 2, 2, 64),
 ]
-
-
-def _patch_interpreter_index():
-    """Triton 3.6's interpreter turns a 1-element array into a loop bound with ``int(array)``, which NumPy ≥ 2.4
-    rejects for 1-d arrays; take the element instead (loop bounds that depend on ``tl.program_id``)."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
 
 
 def _grads_of(fn, q, k, v, do, dtype) -> list:
@@ -61,7 +43,7 @@ def _measure() -> dict:
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_quant import quantize_operand
 
-    _patch_interpreter_index()
+    patch_interpreter_index()
     out = {"quant": {}, "cases": [], "poisoned": bool(torch.isnan(torch.empty(4)).all())}
     gen = torch.Generator().manual_seed(0)
     x = (torch.randn(1, 200, 2, 64, generator=gen) * 3).to(torch.bfloat16)
@@ -197,10 +179,7 @@ def _tma_forward(gen) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def measured():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, timeout=600)
 
 
 def test_the_child_poisons_unwritten_memory(measured):
@@ -268,9 +247,4 @@ def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_override
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for poison.py
-    from poison import poison_torch_empty  # conftest.py's fixture does not reach this child
-
-    poison_torch_empty()
-    print(json.dumps(_measure()))
-
+    child_main(_measure)

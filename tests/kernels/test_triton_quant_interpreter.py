@@ -1,19 +1,14 @@
 """The per-channel quantisation pass (``quantize_per_channel``) in Triton's CPU interpreter, bit for bit against its
 PyTorch twin ``quantize_per_channel_torch`` and against ``quant.quantize_tiles(inner, None, 1)``.
 
-As in test_triton_interpreter.py, ``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel (at import),
-so the cases run in a child process (this file run as a script prints one JSON object) and the assertions stay in the
-parent. The child poisons ``torch.empty`` with NaN, so a code, transposed code or scale the kernels leave unwritten
-differs from the twin's.
+The cases run in a child process under the interpreter (triton_child.py), which poisons ``torch.empty`` with NaN, so
+a code, transposed code or scale the kernels leave unwritten differs from the twin's.
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from triton_child import child_main, patch_interpreter_index, run_child
 
 CASES = [  # (name, dtype, b, n, h, d, mean, row_scales)
     ("plain bf16", "bfloat16", 2, 130, 3, 64, False, False),
@@ -51,9 +46,8 @@ def _measure() -> dict:
     from deltamatch.kernels import quant
     from deltamatch.kernels.triton_quant import quantize_per_channel, quantize_per_channel_torch
 
-    from test_triton_interpreter import _patch_interpreter_index
 
-    _patch_interpreter_index()
+    patch_interpreter_index()
     gen = torch.Generator().manual_seed(0)
     out = {"poisoned": bool(torch.isnan(torch.empty(4)).all()), "cases": {}}
     for name, dtype, b, n, h, d, mean, row_scales in CASES:
@@ -80,10 +74,7 @@ def _measure() -> dict:
 
 @pytest.fixture(scope="module")
 def measured():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(__file__, timeout=300)
 
 
 def test_the_child_poisons_unwritten_memory(measured):
@@ -122,8 +113,4 @@ def test_bad_inputs_are_refused_by_name_before_any_launch():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for poison.py
-    from poison import poison_torch_empty  # conftest.py's fixture does not reach this child
-
-    poison_torch_empty()
-    print(json.dumps(_measure()))
+    child_main(_measure)
