@@ -138,27 +138,20 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     the δ pass with dŜ's row scales, dK and dV as two launches and dQ, all ``FACTORED``; then the per-channel
     quantisation passes (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), which have no mask and come with the causal ones."""
     bwd = triton_bwd.factored_config(triton_bwd.backward_config(head_dim))
-    fwd = triton_fwd.forward_config(head_dim, factored=True)
-    factored = {"causal": "causal-factored", "non-causal": "non-causal-factored"}
-    specs = []
-    for spec in attention_specs(head_dim, causal):
-        if spec.name == "attn_bwd_dkdv":  # the factored layout always launches dK and dV apart
-            spec = dataclasses.replace(spec, constexprs={**spec.constexprs, "DO_DK": True, "DO_DV": False},
-                                       name="attn_bwd_dk", matmuls=3)
-            specs.append(dataclasses.replace(spec, constexprs={**spec.constexprs, "DO_DK": False, "DO_DV": True},
-                                             name="attn_bwd_dv", matmuls=2))
-        specs.append(spec)
+    configs = {"attn_fwd": triton_fwd.forward_config(head_dim, factored=True), "attn_bwd_dq": bwd["dq"],
+               "attn_bwd_delta_matched": {**bwd["delta"], "ROW_SCALES": True}}
+    variant = f"{'causal' if causal else 'non-causal'}-factored"
     out = []
-    for spec in specs:
-        kind = {"attn_fwd": fwd, "attn_bwd_delta_matched": bwd["delta"], "attn_bwd_dq": bwd["dq"]}.get(spec.name,
-                                                                                                       bwd["dkdv"])
-        extra = {k: v for k, v in kind.items() if k not in ("num_warps", "num_stages")}
-        extra = {"ROW_SCALES": True, **extra} if spec.name == "attn_bwd_delta_matched" else extra
-        constexprs = {**spec.constexprs, **extra}
-        constexprs.pop("SEPARATE", None)
-        out.append(dataclasses.replace(spec, variant=factored[spec.variant], constexprs=constexprs,
-                                       copies=2 if spec.name != "attn_fwd" or not constexprs.get("PAIRED") else 4,
-                                       options={k: kind[k] for k in ("num_warps", "num_stages")}))
+    for spec in attention_specs(head_dim, causal):
+        parts = [(spec.name, spec.matmuls, {})]
+        if spec.name == "attn_bwd_dkdv":  # the factored layout always launches dK and dV apart
+            parts = [("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
+        cfg = configs.get(spec.name, bwd["dkdv"])
+        options = {k: cfg[k] for k in ("num_warps", "num_stages")}
+        constexprs = {**spec.constexprs, **{k: v for k, v in cfg.items() if k not in options}}
+        for name, matmuls, flags in parts:  # single key tiles (never PAIRED), masked and unmasked loops: 2 copies
+            out.append(dataclasses.replace(spec, name=name, variant=variant, matmuls=matmuls, copies=2,
+                                           constexprs={**constexprs, **flags}, options=options))
     if not causal:
         return out
     for variant, centre, row_scaled in (("v_channel", False, False), ("k_channel", True, False),
