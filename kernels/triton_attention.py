@@ -25,39 +25,57 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 
 
+SAVED = ("q8", "q8t", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2")
+"""What every mode's backward reads: FP8 codes, block scales, lse2."""
+FACTORED_SAVED = ("q", "k8t", "skc")
+"""What ``matched_factored``'s backward also reads: Q (for Q' = s ⊙ Q) and K̂ᶜ (codes, channel scales)."""
+
+
+def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
+    """Quantise and run the forward kernel: ``(o, saved, factored)`` — ``saved`` the tensors of ``SAVED``,
+    ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None)."""
+    k_mean = token_mean(k)
+    q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
+    k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean)
+    v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
+    factored = None
+    if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
+        _, v8t_c, sv_c = quantize_per_channel(v, "v")
+        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean)
+        o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
+                                    config=forward_config(q.shape[-1], factored=True))
+        factored = dict(q=q, k8t=k8t_c, skc=sk_c)
+    else:
+        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
+    saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
+    return o, saved, factored
+
+
+def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: str, softmax_scale: float,
+                 shapes: tuple, dtypes: tuple, ds_stats: dict | None = None):
+    """Quantise dO (and form the stale / consistent δ), run the backward kernels: ``(dq, dk, dv)``. ``ds_stats``:
+    the dS row-sum diagnostics of ``triton_bwd.attention_backward``."""
+    do = do.contiguous()
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode)
+    return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,
+                              ds_stats=ds_stats, factored=dict(factored, do=do) if factored else None)
+
+
 class _TritonFP8Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, mode: str, softmax_scale: float):
-        k_mean = token_mean(k)
-        q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
-        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean)
-        v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
-        factored = ()
-        if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
-            _, v8t_c, sv_c = quantize_per_channel(v, "v")
-            _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean)
-            o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
-                                        config=forward_config(q.shape[-1], factored=True))
-            factored = (q, k8t_c, sk_c)
-        else:
-            o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
-        ctx.save_for_backward(q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o, *factored)
-        ctx.meta = (causal, mode, softmax_scale, q.shape, k.shape, q.dtype, k.dtype)
+        o, saved, factored = fp8_forward(q, k, v, causal, mode, softmax_scale)
+        ctx.save_for_backward(o, *saved.values(), *(factored.values() if factored else ()))
+        ctx.meta = (causal, mode, softmax_scale, (q.shape, k.shape), (q.dtype, k.dtype))
         return o
 
     @staticmethod
     def backward(ctx, do):
-        causal, mode, softmax_scale, q_shape, k_shape, q_dtype, k_dtype = ctx.meta
-        q8, q8t, k8, k8t, v8, sq, sk, sv, lse2, o, *factored = ctx.saved_tensors
-        saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
-        do = do.contiguous()
-        do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched" if factored else mode)
-        if factored:
-            q, k8t_c, sk_c = factored
-            factored = dict(q=q, do=do, k8t=k8t_c, skc=sk_c)
-        dq, dk, dv = attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale,
-                                        q_shape[1], (q_shape, k_shape), (q_dtype, k_dtype),
-                                        factored=factored or None)
+        causal, mode, softmax_scale, shapes, dtypes = ctx.meta
+        o, *tensors = ctx.saved_tensors
+        saved = dict(zip(SAVED, tensors))
+        factored = dict(zip(FACTORED_SAVED, tensors[len(SAVED):])) if len(tensors) > len(SAVED) else None
+        dq, dk, dv = fp8_backward(saved, factored, o, do, causal, mode, softmax_scale, shapes, dtypes)
         return dq, dk, dv, None, None, None
 
 

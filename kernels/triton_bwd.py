@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE, ensure_allocator, env_switch, tma_enabled
-from deltamatch.kernels.triton_quant import BLOCK_KV, round_fp32_in_kernels, to_e4m3
+from deltamatch.kernels.triton_quant import BLOCK_KV, quantize_per_channel, round_fp32_in_kernels, to_e4m3
 
 DS_TILE = 64
 """dŜ scale tile (queries × keys)."""
@@ -562,8 +562,6 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
     dk = torch.empty(shapes[1], device=device, dtype=dtypes[1])
     dv = torch.empty(shapes[1], device=device, dtype=dtypes[1])
     if mode == "matched_factored":
-        from deltamatch.kernels.triton_quant import quantize_per_channel
-
         if factored is None:
             raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
         cfg = factored_config(cfg) if not cfg["dq"].get("FACTORED") else cfg

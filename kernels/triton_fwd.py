@@ -237,9 +237,9 @@ def forward_config(head_dim: int, factored: bool = False) -> dict:
     ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128 (:func:`tma_enabled`).
     ``factored``: the factored scale layout's forward (``FACTORED``, single key tiles).
     """
-    tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if factored:
         return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": FACTORED_ACC_PROMOTE}
+    tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)
     if head_dim <= 128:

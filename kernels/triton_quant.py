@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from deltamatch.kernels import quant
+from deltamatch.methods import get_method
 
 E4M3_MAX = 448.0
 BLOCK_Q = 128
@@ -305,7 +306,8 @@ DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 
 def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
-    """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for ``matched``."""
+    """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for the methods whose
+    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it)."""
     _check_public(do, "do")
     _check_public(o, "o")
     b, n, h, d = do.shape
@@ -317,7 +319,7 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
     _quant_do_delta_pass_kernel[(n_pad // BLOCK_Q, b * h)](
         do, o, do8, do8t, scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
-        HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[mode], ROUND_FP32=round_fp32_in_kernels(),
+        HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[get_method(mode).delta], ROUND_FP32=round_fp32_in_kernels(),
         num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta

@@ -101,30 +101,13 @@ def test_deterministic(mode, monkeypatch):
 def _kernel_rowsum_residuals(mode, causal=True, n=1000, d=128):
     """Median over rows of |Σ_j dS_ij| / Σ_j |dS_ij| of the dS each backward kernel forms before its cast (the
     kernels' DS_STATS diagnostics): ``{"dq": r, "dkdv": r}``."""
-    from deltamatch.kernels.triton_bwd import attention_backward
-    from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-    from deltamatch.kernels.triton_quant import (quantize_do_and_delta, quantize_operand, quantize_per_channel,
-                                                 token_mean)
+    from deltamatch.kernels.triton_attention import fp8_backward, fp8_forward
 
     q, k, v, do = make(b=1, n=n, h=2, hk=2, d=d)
     scale = d**-0.5
-    q8, q8t, sq = quantize_operand(q, 128)
-    k8, k8t, sk = quantize_operand(k, 64, centre=True)
-    v8, v8t, sv = quantize_operand(v, 64)
-    factored = None
-    if mode == "matched_factored":  # as triton_attention runs it: V̂ per channel for PV, K̂ᶜ kept for dQ
-        _, v8t, sv_pv = quantize_per_channel(v, "v")
-        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=token_mean(k))
-        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv_pv, q.shape, q.dtype, causal, scale,
-                                    config=forward_config(d, factored=True))
-        factored = dict(q=q, do=do, k8t=k8t_c, skc=sk_c)
-    else:
-        o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, scale)
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched" if factored else mode)
-    saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
-    stats = {name: torch.zeros((1, 2, 2, q8.shape[2]), device="cuda") for name in ("dq", "dkdv")}
-    attention_backward(saved, do8, do8t, sdo, delta, mode, causal, scale, n, (q.shape, k.shape), (q.dtype, k.dtype),
-                       ds_stats=stats, factored=factored)
+    o, saved, factored = fp8_forward(q, k, v, causal, mode, scale)
+    stats = {name: torch.zeros((1, 2, 2, saved["q8"].shape[2]), device="cuda") for name in ("dq", "dkdv")}
+    fp8_backward(saved, factored, o, do, causal, mode, scale, (q.shape, k.shape), (q.dtype, k.dtype), ds_stats=stats)
     out = {}
     for name, t in stats.items():
         rowsum, rowabs = t[:, :, 0, :n], t[:, :, 1, :n]
