@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE, ensure_allocator, env_switch, tma_enabled
+from deltamatch.kernels.triton_fwd import ensure_allocator, env_switch, factored_acc_promote, tma_enabled
 from deltamatch.kernels.triton_quant import BLOCK_KV, quantize_per_channel, round_fp32_in_kernels, to_e4m3
 
 DS_TILE = 64
@@ -537,7 +537,7 @@ def factored_config(config: dict) -> dict:
     """``backward_config`` for the factored scale layout: dK and dV as two launches (each holds one accumulator in
     units of its operand's channel scales), the deterministic dQ kernel, every kernel ``FACTORED``."""
     dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
-    factored = dict(FACTORED=True, ACC_PROMOTE=FACTORED_ACC_PROMOTE)
+    factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote())
     return dict(dkdv={**dkdv, **factored}, dq={**config["dq"], **factored}, delta=dict(config["delta"]))
 
 

@@ -210,6 +210,16 @@ FACTORED_ACC_PROMOTE = 64
 (``max_num_imprecise_acc``), as precise as the paper layout's per-tile promotion without its scale multiply; ``None``
 would leave every product of the loop to the tensor core's reduced-precision accumulation (the sweep times both)."""
 
+ACC_PROMOTE_SWITCH = "DELTAMATCH_KERNEL_ACC_PROMOTE"
+"""``0``: the factored dots never promote (Triton's default, every product of the loop in the tensor core's
+accumulator); ``1`` or unset: every 64-deep tile promoted (``FACTORED_ACC_PROMOTE``). An A/B switch for the H200."""
+
+
+def factored_acc_promote() -> int | None:
+    """``max_num_imprecise_acc`` of the factored layout's dots under :data:`ACC_PROMOTE_SWITCH`."""
+    return None if env_switch(ACC_PROMOTE_SWITCH) is False else FACTORED_ACC_PROMOTE
+
+
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
 everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5)."""
@@ -238,7 +248,8 @@ def forward_config(head_dim: int, factored: bool = False) -> dict:
     ``factored``: the factored scale layout's forward (``FACTORED``, single key tiles).
     """
     if factored:
-        return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": FACTORED_ACC_PROMOTE}
+        return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True,
+                "ACC_PROMOTE": factored_acc_promote()}
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)

@@ -246,5 +246,22 @@ def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_override
         forward_config(128)
 
 
+
+def test_factored_dots_promote_every_tile_unless_the_switch_says_0(monkeypatch):
+    from deltamatch.kernels.triton_bwd import backward_config, factored_config
+    from deltamatch.kernels.triton_fwd import ACC_PROMOTE_SWITCH, FACTORED_ACC_PROMOTE, forward_config
+
+    def promotes():
+        configs = [forward_config(128, factored=True), *factored_config(backward_config(128)).values()]
+        return [c.get("ACC_PROMOTE") for c in configs]
+
+    monkeypatch.delenv(ACC_PROMOTE_SWITCH, raising=False)
+    assert promotes() == [FACTORED_ACC_PROMOTE] * 3 + [None]  # the δ pass has no in-place dot
+    monkeypatch.setenv(ACC_PROMOTE_SWITCH, "0")
+    assert promotes() == [None] * 4
+    monkeypatch.setenv(ACC_PROMOTE_SWITCH, "2")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_ACC_PROMOTE='2'"):
+        forward_config(128, factored=True)
+
 if __name__ == "__main__":
     child_main(_measure)

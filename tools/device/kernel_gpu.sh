@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call for the kernel work: install, GPU tests, benchmark; logs and tables under $OUT.
 # Usage (from the repo root, on the H200): bash tools/device/kernel_gpu.sh STAGES [quick|full]
-#   STAGES: comma-separated of tests, tma, dqatomic, sweep, bench (or all = tests,bench)
+#   STAGES: comma-separated of tests, tma, dqatomic, promote, sweep, bench (or all = tests,bench)
 #   tma, dqatomic: A/B of DELTAMATCH_KERNEL_TMA / DELTAMATCH_KERNEL_DQ_ATOMIC: the GPU kernel tests with the switch on,
 #        then the bench at D = 128, causal, N 8K and 16K, off and on in one run (kernels/NOTES.md)
+#   promote: the same for DELTAMATCH_KERNEL_ACC_PROMOTE, tests with it at 0 (the factored dots unpromoted)
 set -uo pipefail
 WHAT=${1:-all}
 SIZE=${2:-quick}
@@ -23,17 +24,18 @@ if has tests; then
   stamp tests done
 fi
 
-# A/B of a kernel switch in one call: the GPU kernel tests with the switch on, then the bench at D = 128 (causal,
-# N 8K and 16K) with it off and on; files $OUT/{gpu_tests,bench}_<name>*.
-ab() {  # name switch
-  local name=$1 switch=$2
-  env "$switch=1" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=5 \
+# A/B of a kernel switch in one call: the GPU kernel tests with the switch at TESTED (default 1), then the bench at
+# D = 128 (causal, N 8K and 16K) of METHODS with it off and on; files $OUT/{gpu_tests,bench}_<name>*.
+ab() {  # name switch [tested [methods...]]
+  local name=$1 switch=$2 tested=${3:-1}; shift 3 2>/dev/null || shift $#
+  local methods=${*:-stale matched sdpa_cudnn_bf16}
+  env "$switch=$tested" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=5 \
     tests/kernels/test_triton_gpu.py > "$OUT/gpu_tests_$name.log" 2>&1; tail -8 "$OUT/gpu_tests_$name.log"
   stamp "$name tests done"
   for t in 0 1; do env "$switch=$t" python3 tools/device/prewarm.py 128 1 & done; wait
   for t in 0 1; do
     env "$switch=$t" python3 -m deltamatch.kernels.bench --out "$OUT/bench_$name$t" --head-dims 128 \
-      --seq-lens 8192 16384 --causal-only --methods stale matched sdpa_cudnn_bf16 2>&1 | grep -v "shapes:" \
+      --seq-lens 8192 16384 --causal-only --methods $methods 2>&1 | grep -v "shapes:" \
       | tee "$OUT/bench_$name$t.log"
     rm -f "$OUT/bench_$name$t"/*.md
   done
@@ -41,6 +43,8 @@ ab() {  # name switch
 }
 has tma && ab tma DELTAMATCH_KERNEL_TMA  # TMA loads (kernels/NOTES.md v5; launched at D = 128 since)
 has dqatomic && ab dqatomic DELTAMATCH_KERNEL_DQ_ATOMIC  # dQ by atomic adds in the dK launch
+# the factored dots without per-tile promotion: its tests (the 8K one says whether it is accurate enough), then timed
+has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factored sdpa_cudnn_bf16
 
 if has sweep; then
   python3 tools/device/kernel_sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | grep -v "^\[" | tee "$OUT/sweep.log" | tail -60
