@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deltamatch-installed
-PYTEST_ARGS ?=
+# two workers, each directory with minutes-long shared fixtures kept on one (tests/conftest.py); the 25 slowest named
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 
 .PHONY: run test test-cluster kernel-check setup clean
 
