@@ -96,11 +96,15 @@ def _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, r
 
 
 @triton.jit
-def _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM: tl.constexpr):
+def _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM: tl.constexpr, STORES: tl.constexpr = 3):
+    """Store the token-major codes (bit 1 of ``STORES``) and the channel-major copy (bit 2). Every launch stores
+    both; the bits exist for the H200 sweep, which times each store alone (tools/device/kernel_sweep.py)."""
     offs_d = tl.arange(0, HEAD_DIM)
     base = bh.to(tl.int64) * N_PAD * HEAD_DIM
-    tl.store(x8_ptr + base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], codes)
-    tl.store(x8t_ptr + base + offs_d[:, None] * N_PAD + rows[None, :], tl.trans(codes))
+    if STORES & 1:
+        tl.store(x8_ptr + base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], codes)
+    if STORES & 2:
+        tl.store(x8t_ptr + base + offs_d[:, None] * N_PAD + rows[None, :], tl.trans(codes))
 
 
 @triton.jit
@@ -110,13 +114,14 @@ def _quant_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
+    STORES: tl.constexpr = 3,
 ):
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     _, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
                                    HEAD_DIM, CENTRE, ROUND_FP32)
-    _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM)
+    _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
 
 

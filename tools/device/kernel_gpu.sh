@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the kernel work: install, GPU tests, benchmark; logs and tables under $OUT.
 # Usage (from the repo root, on the H200): bash tools/device/kernel_gpu.sh STAGES [quick|full]
-#   STAGES: comma-separated of tests, tma, dqatomic, promote, sweep, bench (or all = tests,bench)
+#   STAGES: comma-separated of tests, tma, dqatomic, promote, quant, sweep, bench (or all = tests,bench)
 #   tma, dqatomic: A/B of DELTAMATCH_KERNEL_TMA / DELTAMATCH_KERNEL_DQ_ATOMIC: the GPU kernel tests with the switch on,
 #        then the bench at D = 128, causal, N 8K and 16K, off and on in one run (kernels/NOTES.md)
 #   promote: the same for DELTAMATCH_KERNEL_ACC_PROMOTE, tests with it at 0 (the factored dots unpromoted)
@@ -45,6 +45,11 @@ has tma && ab tma DELTAMATCH_KERNEL_TMA  # TMA loads (kernels/NOTES.md v5; launc
 has dqatomic && ab dqatomic DELTAMATCH_KERNEL_DQ_ATOMIC  # dQ by atomic adds in the dK launch
 # the factored dots without per-tile promotion: its tests (the 8K one says whether it is accurate enough), then timed
 has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factored sdpa_cudnn_bf16
+
+if has quant; then  # the quantisation passes alone at D = 128, with the store diagnostics (which store costs what)
+  python3 tools/device/kernel_sweep.py --out "$OUT" --quant-only --head-dims 128 2>&1 | tee "$OUT/quant.log" | tail -20
+  stamp quant done
+fi
 
 if has sweep; then
   python3 tools/device/kernel_sweep.py --out "$OUT" ${SWEEP_ARGS:-} 2>&1 | grep -v "^\[" | tee "$OUT/sweep.log" | tail -60

@@ -155,6 +155,7 @@ def quant_rows(d, n=SEQ) -> list[dict]:
               "dO per channel": (lambda: quantize_per_channel(x, "do"), 4 * elems),
               "k centred per channel": (lambda: quantize_per_channel(x, "k", mean=mean), 4 * elems),
               "q row-scaled per channel": (lambda: quantize_per_channel(x, "q", row_scales=row_scales), 4 * elems)}
+    passes.update(_store_diagnostics(x, elems))
     rows = []
     for name, (fn, nbytes) in passes.items():
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -168,12 +169,47 @@ def quant_rows(d, n=SEQ) -> list[dict]:
     return rows
 
 
+def _store_diagnostics(x, elems) -> dict:
+    """Where a pass's time goes: the q pass with one of its two code stores, with neither (load, amax, cast only), and
+    the per-channel pass's amax launch alone (its atomic column max). Bytes are what each variant moves."""
+    from deltamatch.kernels.triton_quant import (BLOCK_Q, _per_channel_amax_pass_kernel, _quant_pass_kernel,
+                                                 _warps, padded_len, round_fp32_in_kernels)
+
+    b, n, h, d = x.shape
+    n_pad = padded_len(n)
+    x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
+    x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
+    scales = torch.empty((b, h, n_pad // BLOCK_Q), device=x.device, dtype=torch.float32)
+    amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
+    shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
+    grid = (n_pad // BLOCK_Q, b * h)
+
+    def q_pass(stores):
+        return lambda: _quant_pass_kernel[grid](x, scales, x8, x8t, scales, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q,
+                                                CENTRE=False, ROUND_FP32=round_fp32_in_kernels(), STORES=stores,
+                                                num_warps=_warps(BLOCK_Q, d))
+
+    def amax_pass():
+        _per_channel_amax_pass_kernel[grid](x, amax, amax, amax, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
+                                            ROW_SCALED=False, num_warps=_warps(BLOCK_Q, d))
+
+    return {"q, token-major store only": (q_pass(1), 3 * elems), "q, channel-major store only": (q_pass(2), 3 * elems),
+            "q, no code store (load, amax)": (q_pass(0), 2 * elems), "per-channel amax launch": (amax_pass, 2 * elems)}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64, 256])
     parser.add_argument("--worker", type=str, default=None, help="i/n: compile every n-th variant, starting at i")
+    parser.add_argument("--quant-only", action="store_true", help="time the quantisation passes only")
     args = parser.parse_args()
+    if args.quant_only:
+        rows = [r for d in args.head_dims for r in quant_rows(d)]
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "quant_sweep.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        return
     jobs = [(d, kind, cfg) for d in args.head_dims for kind, cfg in variants(d)]
     if args.worker:
         i, n = map(int, args.worker.split("/"))
