@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the kernel work: install, GPU tests, benchmark; logs and tables under $OUT.
 # Usage (from the repo root, on the H200): bash tools/device/kernel_gpu.sh STAGES [quick|full]
-#   STAGES: comma-separated of tests, tma, dqatomic, promote, quant, sweep, bench (or all = tests,bench)
+#   STAGES: comma-separated of tests, tma, dqatomic, promote, quant, memory, sweep, bench (or all = tests,bench)
 #   tma, dqatomic: A/B of DELTAMATCH_KERNEL_TMA / DELTAMATCH_KERNEL_DQ_ATOMIC: the GPU kernel tests with the switch on,
 #        then the bench at D = 128, causal, N 8K and 16K, off and on in one run (kernels/NOTES.md)
 #   promote: the same for DELTAMATCH_KERNEL_ACC_PROMOTE, tests with it at 0 (the factored dots unpromoted)
@@ -49,6 +49,14 @@ has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factor
 if has quant; then  # the quantisation passes alone at D = 128, with the store diagnostics (which store costs what)
   python3 tools/device/kernel_sweep.py --out "$OUT" --quant-only --head-dims 128 2>&1 | tee "$OUT/quant.log" | tail -20
   stamp quant done
+fi
+
+if has memory; then  # the backward's peak extra memory at 16K and 64K (B 1, H 16, D 128), after one short timing row
+  python3 -m deltamatch.kernels.bench --out "$OUT/memory" --head-dims 128 --seq-lens 8192 --causal-only --memory \
+    --methods stale consistent matched matched_factored sdpa_cudnn_bf16 sdpa_flash_bf16 2>&1 | grep -v "shapes:" \
+    | tee "$OUT/memory.log" | tail -12
+  cat "$OUT/memory/kernel_memory.md" 2>/dev/null | tail -14
+  stamp memory done
 fi
 
 if has sweep; then
