@@ -19,19 +19,7 @@ def _has_sm90() -> bool:
 GPU_TEST_TIMEOUT_S = 240
 
 
-# The suite runs on two xdist workers (`make test`: ``-n 2 --dist loadgroup``): the SLURM scenarios mostly wait on
-# the scheduler while the other worker computes. Each of these directories shares session or module fixtures that
-# take minutes to build (the SLURM cluster and its scenarios, the shrunk pipeline run, lm-eval's tasks), so all of its
-# tests run on one worker and build them once.
-XDIST_GROUPS = ("cluster", "workflow", "evals")
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        top = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
-        if top in XDIST_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(top))
     if _has_sm90():
         if config.pluginmanager.hasplugin("timeout"):
             for item in items:
