@@ -105,14 +105,15 @@ def _run_nvcc(args: list[str]) -> None:
 
 
 def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False) -> Path:
-    """Build ``out_dir/libdm_attn_sm90.so`` unless its stamp matches the sources and flags; return its path."""
-    nvcc = find_nvcc()
+    """Build ``out_dir/libdm_attn_sm90.so`` unless its stamp matches the sources and flags (then no nvcc is needed,
+    e.g. for a carried build); return its path."""
     files = sources()
     out = Path(out_dir) / LIBRARY
     stamp_file = out.with_name(out.name + ".stamp")
     stamp = _stamp(files, NVCC_FLAGS)
     if not force and out.exists() and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
         return out
+    nvcc = find_nvcc()
     with atomic_path(out) as tmp:
         _run_nvcc([nvcc, *NVCC_FLAGS, "-o", str(tmp), *map(str, (f for f in files if f.suffix == ".cu"))])
     write_text(stamp_file, stamp + "\n")

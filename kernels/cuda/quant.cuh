@@ -2,8 +2,9 @@
 //
 // What it promises (kernels/README.md, "Quantisation"): round to nearest, ties to even, with E4M3's subnormals; finite
 // values beyond +-448 and +-inf saturate to +-448 (code 0x7E / 0xFE), which is the spec's clamp-then-round; NaN stays
-// NaN. torch's float8_e4m3fn cast agrees on every value of magnitude up to 464 (the tie between 448 and 480, which
-// rounds to even, 448) and gives NaN above that, so the two are bit-equal on clamp(x, -448, 448).
+// NaN. So it is bit-equal to torch's float8_e4m3fn cast of clamp(x, -448, 448), and to the unclamped cast up to
+// magnitude 464 (the tie between 448 and 480, which rounds to even, 448). Above 464 torch's cast is not relied on:
+// c10's scalar conversion gives NaN there (480 is no E4M3 value), torch 2.13's CPU cast saturates.
 #pragma once
 #include <cstdint>
 
