@@ -123,13 +123,13 @@ def test_kernels_run_on_torchs_current_stream():
     src = torch.randn(1 << 20, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     a, b = integer_codes(64, gen), integer_codes(128, gen)
-    x, a_late = torch.zeros_like(src), torch.zeros_like(a)
+    x, a_late = torch.zeros_like(src), torch.zeros(a.shape, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)  # about 50 ms of spinning on the side stream
         x.copy_(src)
-        a_late.copy_(a)
+        a_late.copy_(a.view(torch.uint8))
         codes = cuda_lib.quantize_e4m3(x)
         product = cuda_lib.wgmma_rs_tile(a_late, b, from_accumulator=True)
     side.synchronize()
