@@ -18,7 +18,8 @@ where TMA is, variant ``…-pointers``), and every quantisation-pass variant the
   FP8 warp-group dot, at least one ``wgmma … e4m3`` per dot in the PTX, none without a dot, and exactly one QGMMA per
   such wgmma in the SASS (ptxas lowers each to one instruction; a mismatch means the SASS is not what the PTX asks).
 
-Triton ships ``ptxas`` and ``cuobjdump`` with its NVIDIA backend, so this runs in CPU CI.
+Triton ships ``ptxas`` and ``cuobjdump`` with its NVIDIA backend, so this runs in CPU CI. ``--cuda`` checks the CUDA
+C++ library instead (``cuda_check``: each kernel's QGMMA as ``cuda_build.KERNELS`` declares them).
 """
 
 import argparse
@@ -303,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also compile each attention kernel with its tiles loaded the other way: through TMA "
                         "(variant '<mask>-tma') where pointers are launched, through pointers ('<mask>-pointers') "
                         "where TMA is")
+    parser.add_argument("--cuda", action="store_true",
+                        help="check the CUDA library instead of the Triton kernels: build build/cuda/libdm_attn_sm90.so "
+                        "(when stale) and compare each kernel's SASS with its declared QGMMA (kernels/cuda_check.py)")
     parser.add_argument("--gpu-tests", metavar="DIR", help="then, on a Hopper GPU, run the GPU correctness tests in DIR "
                         "(pytest -m gpu: the Triton and cuDNN kernels against the reference); skipped elsewhere")
     args = parser.parse_args(argv)
@@ -313,7 +317,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"dm-kernel-check: error: {err}\n")
     causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[cfg.causal]
     rows = []
-    for d in cfg.head_dims:
+    if args.cuda:
+        from deltamatch.kernels import cuda_build, cuda_check
+
+        try:
+            rows = cuda_check.check()
+        except cuda_build.CudaBuildError as err:
+            parser.exit(1, f"dm-kernel-check: error: {err}\n")
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    for d in [] if args.cuda else cfg.head_dims:
         for spec in kernel_specs(d, causal, cfg.load_variants):
             row = analyse(spec, d)
             print(json.dumps(row), flush=True)

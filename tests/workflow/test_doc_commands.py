@@ -95,6 +95,8 @@ HOW = {
     "dm-report all --results results/default": "run: the page, self-contained",
     "python -m deltamatch.kernels.hardware": "run: exit 0, records that this machine has no Hopper GPU",
     "dm-kernel-check --gpu-tests": "fragment: dm-kernel-check's parser",
+    "dm-kernel-check --cuda": "fragment: dm-kernel-check's parser (tests/kernels/test_cuda_build.py::"
+                              "test_dm_kernel_check_cuda_prints_the_rows runs it)",
     "dm-publish --citation": "fragment: dm-publish's parser",
     "dm-sweep --config": "fragment: dm-sweep's parser",
     "pytest -m gpu tests/kernels tests/models": "parse: registered marker, marked tests there (they need an sm90 GPU)",
@@ -456,6 +458,7 @@ def test_sweep_and_benchmarks_parse():
 def test_options_named_in_sentences_parse(tmp_path):
     assert parse("dm-sweep", [*_words("dm-sweep --config")[1:], "sweep.yaml"]).config == "sweep.yaml"
     assert parse("dm-kernel-check", [*_words("dm-kernel-check --gpu-tests")[1:], "tests/kernels"]).gpu_tests
+    assert parse("dm-kernel-check", _words("dm-kernel-check --cuda")[1:]).cuda
     args = parse("dm-publish", ["--checkpoint", "ckpt", "--repo-id", "me/x", *_words("dm-publish --citation")[1:],
                                 "reports/paper_reported.yaml", "--dry-run", "--out", str(tmp_path)])
     assert args.citation == "reports/paper_reported.yaml"

@@ -17,4 +17,4 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"
   export PYTHONPATH=/tmp/shim${PYTHONPATH:+:$PYTHONPATH}
   echo "pip install -e . failed; using the PYTHONPATH shim" | tee -a "$OUT/install.log"
 fi
-python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, torch.cuda.get_device_name())"
+python3 -c "import importlib.util, torch, triton; fla = importlib.util.find_spec('fla') and __import__('fla'); print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__ if fla else '(not carried)', torch.cuda.get_device_name())"

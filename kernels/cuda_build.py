@@ -1,0 +1,159 @@
+"""Build of the CUDA C++ kernels (``kernels/cuda/*.cu``) into one ``extern "C"`` library, ``libdm_attn_sm90.so``.
+
+``dm-cuda-build [--out DIR] [--force]`` compiles with nvcc for sm_90a only (``-gencode=arch=compute_90a,code=sm_90a``:
+wgmma and setmaxnreg need the ``a`` target, and the ``-arch=sm_90a`` shorthand also ran a plain sm_90 pass that
+rejected them, /work/.library/device/HOPPER.md) into ``build/cuda/`` (git-ignored; the device call carries it). The
+CUDA runtime, libstdc++ and libgcc are linked statically, so the library needs only libc: it loads through ctypes
+under any torch (kernels/CUDA_BACKWARD.md section 4: torch's C++ ABI differs between the torch here and the device's).
+
+The kernels use inline PTX (``kernels/cuda/wgmma.cuh``), not CuTe/CUTLASS: the M0/M1 primitives need descriptors,
+two wgmma shapes and a cvt, a build takes about 2 s with no header download, and the PTX states the fragment layouts
+the tests pin down. CuTe comes with the TMA pipeline (M2), through a header-fetch script into ``.cache/``.
+
+A build is skipped when ``build/cuda/libdm_attn_sm90.so.stamp`` holds the hash of the sources and the flags.
+``KERNELS`` declares each kernel's matrix instructions; ``deltamatch.kernels.cuda_check`` holds the SASS to it.
+"""
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from deltamatch.atomic import atomic_path, write_text
+
+SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
+LIBRARY = "libdm_attn_sm90.so"
+BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "cuda"
+"""``build/cuda`` in the checkout (this module lives in ``kernels/``)."""
+ARCH = "-gencode=arch=compute_90a,code=sm_90a"
+NVCC_FLAGS = ("-std=c++17", "-O3", ARCH, "-lineinfo", "-Xcompiler", "-fPIC,-static-libstdc++,-static-libgcc",
+              "-shared", "-cudart", "static")
+NVCC_ENV = "NVCC"
+"""Environment variable naming the nvcc to use (default: ``nvcc`` on the PATH, then /usr/local/cuda/bin/nvcc)."""
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    """One ``__global__`` function of the library and the matrix instructions its SASS must hold."""
+
+    name: str
+    """Its ``extern "C"`` name, as cuobjdump prints it."""
+    qgmma: str | None
+    """The only QGMMA form allowed (``QGMMA.64x64x32.F32.E4M3.E4M3``), ``None`` for a kernel without matmuls."""
+    count: int
+    """How many of those instructions (the same number of ``wgmma.mma_async … e4m3`` in the PTX)."""
+
+
+def _qgmma(n: int) -> str:
+    return f"QGMMA.64x{n}x32.F32.E4M3.E4M3"
+
+
+KERNELS = (
+    CudaKernel("dm_wgmma_ss_n64_noswizzle", _qgmma(64), 4),  # four k = 32 steps over K = 128
+    CudaKernel("dm_wgmma_ss_n64_swizzle128", _qgmma(64), 4),
+    CudaKernel("dm_wgmma_ss_n128_swizzle128", _qgmma(128), 4),
+    CudaKernel("dm_wgmma_rs_n64_swizzle128", _qgmma(64), 4),
+    CudaKernel("dm_wgmma_rs_n128_swizzle128", _qgmma(128), 4),
+    CudaKernel("dm_quant_e4m3", None, 0),
+)
+
+
+class CudaBuildError(RuntimeError):
+    """The library cannot be built here; the message says what is missing."""
+
+
+def find_nvcc() -> str:
+    """The nvcc to build with: ``$NVCC``, ``nvcc`` on the PATH, or /usr/local/cuda/bin/nvcc."""
+    if os.environ.get(NVCC_ENV):
+        found = shutil.which(os.environ[NVCC_ENV])
+        if not found:
+            raise CudaBuildError(f"${NVCC_ENV}={os.environ[NVCC_ENV]!r} is not an executable")
+        return found
+    found = shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
+    if not found:
+        raise CudaBuildError("nvcc not found (not on the PATH, not /usr/local/cuda/bin/nvcc; set $NVCC): the CUDA "
+                             "kernels need the CUDA 13 toolkit to build")
+    return found
+
+
+def sources() -> list[Path]:
+    """The ``.cu`` files compiled into the library and the headers they include (they all enter the stamp)."""
+    if not SOURCE_DIR.is_dir():
+        raise CudaBuildError(f"CUDA sources not found at {SOURCE_DIR}: the library builds from a source checkout")
+    return sorted(SOURCE_DIR.glob("*.cu")) + sorted(SOURCE_DIR.glob("*.cuh"))
+
+
+def _stamp(files: list[Path], flags: tuple[str, ...]) -> str:
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
+def _run_nvcc(args: list[str]) -> None:
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode:
+        text = done.stderr + done.stdout
+        hint = ""
+        if "cuda_runtime.h" in text or "cuda_fp8" in text:
+            hint = " (the CUDA headers are missing: is this nvcc's toolkit complete?)"
+        raise CudaBuildError(f"nvcc failed{hint}: {' '.join(args)}\n{text[-4000:]}")
+
+
+def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False) -> Path:
+    """Build ``out_dir/libdm_attn_sm90.so`` unless its stamp matches the sources and flags (then no nvcc is needed,
+    e.g. for a carried build); return its path."""
+    files = sources()
+    out = Path(out_dir) / LIBRARY
+    stamp_file = out.with_name(out.name + ".stamp")
+    stamp = _stamp(files, NVCC_FLAGS)
+    if not force and out.exists() and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+        return out
+    nvcc = find_nvcc()
+    with atomic_path(out) as tmp:
+        _run_nvcc([nvcc, *NVCC_FLAGS, "-o", str(tmp), *map(str, (f for f in files if f.suffix == ".cu"))])
+    write_text(stamp_file, stamp + "\n")
+    return out
+
+
+def ptx(out_dir: str | os.PathLike) -> Path:
+    """The PTX of the library's sources (one file per ``.cu``, concatenated), for the instruction counts."""
+    nvcc = find_nvcc()
+    texts = []
+    for cu in (f for f in sources() if f.suffix == ".cu"):
+        target = Path(out_dir) / f"{cu.stem}.ptx"
+        _run_nvcc([nvcc, "-std=c++17", "-O3", ARCH, "-ptx", "-o", str(target), str(cu)])
+        texts.append(target.read_text())
+    path = Path(out_dir) / "all.ptx"
+    path.write_text("\n".join(texts))
+    return path
+
+
+def needed_libraries(library: str | os.PathLike) -> list[str]:
+    """The shared libraries ``library`` names as NEEDED (readelf; empty where readelf is missing)."""
+    if not shutil.which("readelf"):
+        return []
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    return [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(BUILD_DIR), help=f"output folder (default {BUILD_DIR})")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
+    args = parser.parse_args(argv)
+    try:
+        path = build(args.out, force=args.force)
+    except CudaBuildError as err:
+        print(f"dm-cuda-build: error: {err}", file=sys.stderr)
+        return 1
+    print(f"{path} ({path.stat().st_size} bytes; needs {', '.join(needed_libraries(path)) or 'nothing listed'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

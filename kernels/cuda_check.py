@@ -1,0 +1,97 @@
+"""Build check of the CUDA library without a GPU: its SASS against the matrix instructions each kernel declares.
+
+``dm-kernel-check --cuda`` builds ``build/cuda/libdm_attn_sm90.so`` (``cuda_build.build``; skipped when up to date)
+and prints one JSON row per ``__global__`` function in the same schema as the Triton rows (``deltamatch.kernels.check``):
+
+- ``qgmma``: QGMMA instructions in the SASS, and ``qgmma_forms`` by form (``QGMMA.64x64x32.F32.E4M3.E4M3``: 2);
+  ``expected``: the form and count ``cuda_build.KERNELS`` declares;
+- ``fp8_wgmma``: ``wgmma.mma_async … e4m3`` in the PTX of the same source (ptxas lowers each to one QGMMA);
+- ``other_mma``: any other matrix instruction (HGMMA, HMMA, IMMA, non-FP8 wgmma, ``mma.sync``);
+- ``registers``, ``sass_registers``, ``spill_bytes`` (STACK + LOCAL), ``stack_bytes``, ``shared_bytes`` from
+  ``cuobjdump --dump-resource-usage`` and the SASS, read with the cuobjdump that Triton ships;
+- ``problems`` and ``ok``: a kernel in the SASS but not declared (or the reverse) is a problem too.
+"""
+
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from deltamatch.kernels import cuda_build
+from deltamatch.kernels.check import _cuobjdump
+
+OTHER_MMA = re.compile(r"\b(HGMMA|HMMA|IMMA)\b")
+
+
+def _by_function(text: str, header: str) -> dict[str, str]:
+    """Split cuobjdump output into each function's part, keyed by name (``header`` precedes every name)."""
+    parts = re.split(rf"{header}\s*(\w+)", text)
+    return {name: body for name, body in zip(parts[1::2], parts[2::2])}
+
+
+def _ptx_entries(ptx: str) -> dict[str, str]:
+    parts = re.split(r"\.entry\s+(\w+)\s*\(", ptx)
+    return {name: body for name, body in zip(parts[1::2], parts[2::2])}
+
+
+def analyse_library(library: str | Path, ptx: str) -> list[dict]:
+    """One row per kernel in ``library``'s SASS and per kernel ``cuda_build.KERNELS`` declares."""
+    def dump(flag: str) -> str:
+        return subprocess.run([_cuobjdump(), flag, str(library)], capture_output=True, text=True, check=True).stdout
+
+    sass = _by_function(dump("-sass"), r"Function\s*:")
+    usage = _by_function(dump("--dump-resource-usage"), r"Function")
+    entries = _ptx_entries(ptx)
+    declared = {k.name: k for k in cuda_build.KERNELS}
+    rows = []
+    for name in sorted(set(sass) | set(declared)):
+        code, kernel = sass.get(name, ""), declared.get(name)
+        res = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage.get(name, ""))}
+        forms = Counter(re.findall(r"\b(QGMMA\.[\w.]+)", code))
+        wgmma = [ln for ln in entries.get(name, "").splitlines() if "wgmma.mma_async" in ln]
+        fp8 = sum(".e4m3.e4m3" in ln for ln in wgmma)
+        row = dict(
+            name=name, variant="cuda", head_dim=None,
+            expected=f"{kernel.qgmma} x{kernel.count}" if kernel and kernel.qgmma else None,
+            fp8_wgmma=fp8, qgmma=sum(forms.values()), qgmma_forms=dict(forms),
+            other_mma=len(wgmma) - fp8 + entries.get(name, "").count("mma.sync") + len(OTHER_MMA.findall(code)),
+            registers=res.get("REG"),
+            sass_registers=max((int(r) + 1 for r in re.findall(r"\bR(\d+)\b", code)), default=0),
+            spill_bytes=res.get("LOCAL", 0) + res.get("STACK", 0), stack_bytes=res.get("STACK", 0),
+            shared_bytes=res.get("SHARED"),
+        )
+        row["problems"] = problems(row, kernel, in_sass=name in sass)
+        row["ok"] = not row["problems"]
+        rows.append(row)
+    return rows
+
+
+def problems(row: dict, kernel: cuda_build.CudaKernel | None, in_sass: bool) -> list[str]:
+    """What disagrees between one kernel's SASS, its PTX and its declaration (empty when it passes)."""
+    if kernel is None:
+        return ["in the SASS but not declared in cuda_build.KERNELS"]
+    if not in_sass:
+        return ["declared in cuda_build.KERNELS but not in the library's SASS"]
+    found = []
+    want = {kernel.qgmma: kernel.count} if kernel.qgmma else {}
+    if row["qgmma_forms"] != want:
+        found.append(f"SASS: QGMMA {row['qgmma_forms']}, declared {want}")
+    if row["fp8_wgmma"] != kernel.count:
+        found.append(f"PTX: {row['fp8_wgmma']} e4m3 wgmma.mma_async, declared {kernel.count}")
+    if row["other_mma"]:
+        found.append(f"{row['other_mma']} MMA instructions that are not FP8 wgmma")
+    if row["spill_bytes"]:
+        found.append(f"{row['spill_bytes']} bytes of stack/local memory per thread")
+    if row["registers"] is None or row["registers"] < row["sass_registers"]:
+        found.append(f"register count {row['registers']} does not cover R0..R{row['sass_registers'] - 1} in the SASS")
+    return found
+
+
+def check(out_dir: str | Path | None = None) -> list[dict]:
+    """Build the library in ``out_dir`` (default ``build/cuda``; when stale) and analyse it; raises
+    ``cuda_build.CudaBuildError``."""
+    library = cuda_build.build(out_dir or cuda_build.BUILD_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = cuda_build.ptx(tmp).read_text()
+    return analyse_library(library, ptx)

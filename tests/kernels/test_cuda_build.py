@@ -1,0 +1,120 @@
+"""The CUDA library without a GPU: nvcc builds it for sm_90a, each kernel's SASS holds the QGMMA it declares, the
+loader says why it cannot run, and the A-fragment permutation's algorithm is right (a model of the register shuffle).
+
+One build per module (about 2-4 s of nvcc), into a temporary folder; skipped with the reason where nvcc is missing.
+"""
+
+import json
+
+import pytest
+import torch
+
+from deltamatch.kernels import check, cuda_build, cuda_check, cuda_lib
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    try:
+        cuda_build.find_nvcc()
+    except cuda_build.CudaBuildError as err:
+        pytest.skip(str(err))
+    return cuda_build.build(tmp_path_factory.mktemp("cuda"))
+
+
+def test_the_library_needs_only_libc(library):
+    needed = cuda_build.needed_libraries(library)
+    assert needed, "readelf listed nothing"
+    assert not [n for n in needed if not n.startswith(("libc.so", "ld-linux", "libm.so", "libdl.so", "libpthread",
+                                                        "librt.so"))], needed  # cudart, libstdc++, libgcc: static
+
+
+def test_every_kernel_has_the_declared_qgmma_and_no_spills(library, tmp_path):
+    rows = cuda_check.analyse_library(library, cuda_build.ptx(tmp_path).read_text())
+    assert [r["name"] for r in rows] == sorted(k.name for k in cuda_build.KERNELS)
+    for r in rows:
+        assert r["ok"], r
+    qgmma = {r["name"]: r["qgmma_forms"] for r in rows}
+    assert qgmma["dm_wgmma_rs_n128_swizzle128"] == {"QGMMA.64x128x32.F32.E4M3.E4M3": 4}
+    assert qgmma["dm_quant_e4m3"] == {}
+
+
+def test_an_up_to_date_build_is_kept_and_needs_no_nvcc(library, monkeypatch):
+    before = library.stat().st_mtime_ns
+    monkeypatch.setenv(cuda_build.NVCC_ENV, "/nonexistent/nvcc")  # a carried build/cuda on a machine without nvcc
+    assert cuda_build.build(library.parent) == library and library.stat().st_mtime_ns == before
+
+
+def test_dm_kernel_check_cuda_prints_the_rows(library, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cuda_build, "BUILD_DIR", library.parent)  # up to date there: no rebuild
+    assert check.main(["--cuda", "--out", str(tmp_path / "rows.jsonl")]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["name"] for r in printed} == {k.name for k in cuda_build.KERNELS}
+    assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == len(printed)
+
+
+@pytest.mark.parametrize("row, kernel, problem", [
+    (dict(qgmma_forms={"QGMMA.64x64x32.F32.E4M3.E4M3": 3}, fp8_wgmma=4), "dm_wgmma_ss_n64_swizzle128", "SASS: QGMMA"),
+    (dict(qgmma_forms={"QGMMA.64x128x32.F32.E4M3.E4M3": 4}, fp8_wgmma=4), "dm_wgmma_ss_n64_swizzle128", "SASS"),
+    (dict(fp8_wgmma=2), "dm_wgmma_ss_n64_swizzle128", "PTX: 2"),
+    (dict(other_mma=1), "dm_wgmma_ss_n64_swizzle128", "not FP8 wgmma"),
+    (dict(spill_bytes=16), "dm_wgmma_ss_n64_swizzle128", "stack/local"),
+    (dict(qgmma_forms={}, fp8_wgmma=0), "dm_quant_e4m3", None),
+    (dict(), "dm_unknown", "not declared"),
+])
+def test_check_names_what_disagrees(row, kernel, problem):
+    good = dict(qgmma_forms={"QGMMA.64x64x32.F32.E4M3.E4M3": 4}, fp8_wgmma=4, other_mma=0, spill_bytes=0,
+                registers=64, sass_registers=60)
+    declared = {k.name: k for k in cuda_build.KERNELS}.get(kernel)
+    found = cuda_check.problems({**good, **row}, declared, in_sass=True)
+    assert (found == []) if problem is None else (problem in found[0]), found
+
+
+def test_missing_nvcc_is_a_clear_error_when_a_build_is_needed(monkeypatch, tmp_path):
+    monkeypatch.setenv(cuda_build.NVCC_ENV, "/nonexistent/nvcc")
+    with pytest.raises(cuda_build.CudaBuildError, match="NVCC"):
+        cuda_build.build(tmp_path)
+
+
+def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
+    lib, reason = cuda_lib.load(tmp_path / "missing.so")
+    assert lib is None and "missing" in reason and "dm-cuda-build" in reason
+    opened, why = cuda_lib._open(str(library))  # it dlopens without a GPU, and its ABI version matches
+    assert opened is not None and why == ""
+    if not torch.cuda.is_available():
+        lib, reason = cuda_lib.load(library)
+        assert lib is None and "no CUDA GPU" in reason
+
+
+def test_the_wrappers_check_their_inputs_before_needing_the_library():
+    codes = torch.zeros(64, 128, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        cuda_lib.wgmma_ss_tile(codes, codes)
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        cuda_lib.wgmma_rs_tile(codes.float(), codes)
+    with pytest.raises(ValueError, match="N in"):
+        cuda_lib.wgmma_ss_tile(codes, codes[:32])
+    with pytest.raises(ValueError, match="expected torch.float32"):
+        cuda_lib.quantize_e4m3(codes)
+
+
+def _acc_to_a_fragment(words: list[int]) -> list[int]:
+    """kernels/cuda/wgmma.cuh ``acc_to_a_fragment`` for the 32 lanes of a warp (the shuffle and the byte permute)."""
+    out = []
+    for lane in range(32):
+        q, quad = lane % 4, lane & ~3
+        first, second = words[quad | (2 * q) % 4], words[quad | (2 * q + 1) % 4]
+        low, high = (0, 1) if q < 2 else (2, 3)  # __byte_perm 0x5410 / 0x7632
+        byte = [(w >> (8 * i)) & 0xFF for w in (first, second) for i in range(4)]  # __byte_perm's numbering
+        out.append(byte[low] | byte[high] << 8 | byte[4 + low] << 16 | byte[4 + high] << 24)
+    return out
+
+
+def test_the_permutation_turns_accumulator_order_into_the_a_fragment():
+    """A code per (row g, column c) of a 16-wide half row: 16 g + c. Lane (g, q) holds columns {2q, 2q+1, 8+2q, 9+2q}
+    in accumulator order (CuTe's CLayout_64xN) and must end with 4q .. 4q+3 (ALayout_64x32)."""
+    def word(codes):
+        return sum(c << (8 * i) for i, c in enumerate(codes))
+
+    lanes = [(lane // 4, lane % 4) for lane in range(32)]
+    acc = [word([16 * g + 2 * q, 16 * g + 2 * q + 1, 16 * g + 8 + 2 * q, 16 * g + 9 + 2 * q]) for g, q in lanes]
+    assert _acc_to_a_fragment(acc) == [word([16 * g + 4 * q + i for i in range(4)]) for g, q in lanes]
