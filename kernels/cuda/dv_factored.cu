@@ -44,9 +44,8 @@ struct __align__(1024) Smem {
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
+  const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -108,7 +107,9 @@ __device__ __forceinline__ void load_tile(Smem& s, int stage, const DvFactoredPa
     const int row = i / (kBlockM / 16), chunk = i % (kBlockM / 16);
     cp_async16(s.dot[stage] + DoTile::chunk_offset(row, chunk), dot + int64_t(row) * p.n_pad + 16 * chunk);
   }
-  if (threadIdx.x < kBlockM / 4) cp_async16(s.lse[stage] + 4 * threadIdx.x, p.lse2 + bh * p.n_pad + start_m + 4 * threadIdx.x);
+  if (threadIdx.x < kBlockM / 4) {
+    cp_async16(s.lse[stage] + 4 * threadIdx.x, p.lse2 + bh * p.n_pad + start_m + 4 * threadIdx.x);
+  }
 }
 
 template <bool PROMOTE>
