@@ -97,13 +97,11 @@ struct Schedule {
 __device__ __forceinline__ void load_tile(Smem& s, int stage, const DvFactoredParams& p, int64_t bh, int start_m) {
   const uint8_t* q = p.q8 + (bh * p.n_pad + start_m) * kHeadDim;
   const uint8_t* dot = p.do8t + bh * kHeadDim * p.n_pad + start_m;
+  static_assert(kBlockM * kHeadDim / 16 % kThreads == 0, "whole 16-byte chunks per thread");
 #pragma unroll
-  for (int i = threadIdx.x; i < kBlockM * kHeadDim / 16; i += kThreads) {  // 4 per thread
-    const int row = i / (kHeadDim / 16), chunk = i % (kHeadDim / 16);
-    cp_async16(s.q[stage] + QTile::chunk_offset(row, chunk), q + 16 * i);
-  }
-#pragma unroll
-  for (int i = threadIdx.x; i < kHeadDim * kBlockM / 16; i += kThreads) {  // 4 per thread
+  for (int c = 0; c < kBlockM * kHeadDim / 16 / kThreads; ++c) {  // 4 chunks of Q̂ and 4 of dÔᶜᵀ per thread
+    const int i = threadIdx.x + c * kThreads;
+    cp_async16(s.q[stage] + QTile::chunk_offset(i / (kHeadDim / 16), i % (kHeadDim / 16)), q + 16 * i);
     const int row = i / (kBlockM / 16), chunk = i % (kBlockM / 16);
     cp_async16(s.dot[stage] + DoTile::chunk_offset(row, chunk), dot + int64_t(row) * p.n_pad + 16 * chunk);
   }
@@ -124,7 +122,9 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
 
   // K̂ once, with the first tile (one cp.async group)
   const uint8_t* k = p.k8 + (int64_t(bh_kv) * p.n_pad + start_n) * kHeadDim;
-  for (int i = threadIdx.x; i < kBlockN * kHeadDim / 16; i += kThreads) {
+#pragma unroll
+  for (int c = 0; c < kBlockN * kHeadDim / 16 / kThreads; ++c) {
+    const int i = threadIdx.x + c * kThreads;
     cp_async16(s.k + QTile::chunk_offset(i / (kHeadDim / 16), i % (kHeadDim / 16)), k + 16 * i);
   }
   if (total > 0) load_tile(s, 0, p, head(0), sched.start_m(0));
