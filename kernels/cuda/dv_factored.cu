@@ -14,6 +14,9 @@
 //     max_num_imprecise_acc = 64 does; otherwise the wgmma accumulates into dV itself over the whole loop;
 //   - GQA: before each query head dV *= s_prev[d] / s_next[d] (div.full, Triton's `/`); after the loop
 //     dV * (s_dOᶜ[d] * (1/448)) in the output dtype, keys < N only.
+// Every FP32 multiply and add outside the one explicit FMA is written __fmul_rn / __fadd_rn (PTX mul.rn / add.rn),
+// which ptxas never contracts into an FMA: Triton's PTX has none of them next to a contractible partner, so each is
+// one IEEE rounding there too.
 // Loads: cp.async into two shared-memory stages (the next tile's Q̂, dÔᶜᵀ and lse2 land while this one computes).
 // No warp specialisation yet (M6): overlap comes from the 2-3 CTAs an SM holds.
 #include <cuda_bf16.h>
@@ -151,8 +154,8 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
         for (int c = 0; c < 2; ++c) {
           const float next = p.sdoc[bh * kHeadDim + 8 * i + 2 * q + c];
           const float ratio = div_full(scale_col[2 * i + c], next);
-          dv[4 * i + c] *= ratio;
-          dv[4 * i + 2 + c] *= ratio;
+          dv[4 * i + c] = __fmul_rn(dv[4 * i + c], ratio);
+          dv[4 * i + 2 + c] = __fmul_rn(dv[4 * i + 2 + c], ratio);
           scale_col[2 * i + c] = next;
         }
       }
@@ -173,7 +176,7 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
     fence_operands(st);
 
     // P = exp2(Sᵀ · scale − lse2), masked on the masked tiles; P̂ᵀ = e4m3(P · 448) as A fragments
-    const float row_scale = (s_q * p.qk_scale) * s_k;
+    const float row_scale = __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k);
     const bool masked = it >= sched.unmasked;
 #pragma unroll
     for (int i = 0; i < kBlockM / 8; ++i) {
@@ -186,7 +189,7 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
           const bool visible = key < p.n && query < p.n && (!p.causal || query >= key);
           pv = visible ? pv : 0.0f;
         }
-        st[4 * i + v] = fminf(fmaxf(pv * 448.0f, -448.0f), 448.0f);
+        st[4 * i + v] = fminf(fmaxf(__fmul_rn(pv, 448.0f), -448.0f), 448.0f);
       }
     }
     uint32_t frag[DoTile::kSteps][4];
@@ -213,7 +216,7 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
       wgmma_wait<0>();
       fence_operands(part);
 #pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) dv[i] += part[i];
+      for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = __fadd_rn(dv[i], part[i]);
     } else {
       fence_operands(dv);
       wgmma_fence();
@@ -234,12 +237,12 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
 #pragma unroll
   for (int i = 0; i < kHeadDim / 8; ++i) {
     const int col = 8 * i + 2 * q;
-    const float c0 = scale_col[2 * i] * kInv448, c1 = scale_col[2 * i + 1] * kInv448;
+    const float c0 = __fmul_rn(scale_col[2 * i], kInv448), c1 = __fmul_rn(scale_col[2 * i + 1], kInv448);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int key = start_n + 16 * warp + g + 8 * half;
       if (key >= p.n) continue;
-      const float x0 = dv[4 * i + 2 * half] * c0, x1 = dv[4 * i + 2 * half + 1] * c1;
+      const float x0 = __fmul_rn(dv[4 * i + 2 * half], c0), x1 = __fmul_rn(dv[4 * i + 2 * half + 1], c1);
       const int64_t at = int64_t(b) * p.stride_b + int64_t(key) * p.stride_n + int64_t(h_kv) * p.stride_h + col;
       if (p.out_fp16) {
         *reinterpret_cast<__half2*>(static_cast<__half*>(p.dv) + at) = __floats2half2_rn(x0, x1);
