@@ -272,7 +272,9 @@ def test_factored_dv_is_tritons_bit_for_bit(dv_operands, n, causal, promote):
     torch.cuda.synchronize()
     assert torch.isfinite(ours).all()
     diff = (ours.float() - theirs.float()).abs()
-    assert torch.equal(ours, theirs), f"{int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}"
+    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]  # (b, key, kv head, d): which tiles to look at
+    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max "
+                                       f"{diff.max().item():.3e}, first at {where}")
 
 
 @pytest.mark.parametrize("n, causal, promote", DV_CASES + GQA_CASES)
