@@ -7,8 +7,9 @@ CUDA runtime, libstdc++ and libgcc are linked statically, so the library needs o
 under any torch (kernels/CUDA_BACKWARD.md section 4: torch's C++ ABI differs between the torch here and the device's).
 
 The kernels use inline PTX (``kernels/cuda/wgmma.cuh``), not CuTe/CUTLASS: the M0/M1 primitives need descriptors,
-two wgmma shapes and a cvt, a build takes about 2 s with no header download, and the PTX states the fragment layouts
-the tests pin down. CuTe comes with the TMA pipeline (M2), through a header-fetch script into ``.cache/``.
+two wgmma shapes and a cvt, a build takes a few seconds with no header download, and the PTX states the fragment
+layouts the tests pin down. The M2 dV kernel (``dv_factored.cu``) stays in inline PTX too, with cp.async loads; CuTe
+and TMA can come with the warp-specialised pipeline (M3/M6).
 
 A build is skipped when ``build/cuda/libdm_attn_sm90.so.stamp`` holds the hash of the sources and the flags.
 ``KERNELS`` declares each kernel's matrix instructions; ``deltamatch.kernels.cuda_check`` holds the SASS to it.
@@ -46,6 +47,18 @@ class CudaKernel:
     """The only QGMMA form allowed (``QGMMA.64x64x32.F32.E4M3.E4M3``), ``None`` for a kernel without matmuls."""
     count: int
     """How many of those instructions (the same number of ``wgmma.mma_async … e4m3`` in the PTX)."""
+    forms: dict[str, int] | None = None
+    """For a kernel with several QGMMA forms: each form and its count (then ``qgmma`` is None and ``count`` 0)."""
+
+    def expected_forms(self) -> dict[str, int]:
+        """Every QGMMA form the SASS must hold, with its count."""
+        if self.forms:
+            return dict(self.forms)
+        return {self.qgmma: self.count} if self.qgmma else {}
+
+    def expected_wgmma(self) -> int:
+        """How many e4m3 ``wgmma.mma_async`` the PTX must hold."""
+        return sum(self.expected_forms().values())
 
 
 def _qgmma(n: int) -> str:
@@ -59,7 +72,15 @@ KERNELS = (
     CudaKernel("dm_wgmma_rs_n64_swizzle128", _qgmma(64), 4),
     CudaKernel("dm_wgmma_rs_n128_swizzle128", _qgmma(128), 4),
     CudaKernel("dm_quant_e4m3", None, 0),
+    CudaKernel("dm_dpt_tile_n64", _qgmma(64), 4),  # the swapped dP̂ᵀ tile, V̂ dÔᵀ over D = 128
 )
+DV_KERNELS = (
+    # the factored dV (dv_factored.cu), one loop body per query tile: Sᵀ = K̂ Q̂ᵀ (four SS m64n64k32 over D = 128),
+    # then dV += P̂ᵀ dÔᶜ (two RS m64n128k32 over 64 queries)
+    CudaKernel("dm_dv_factored_promoted", None, 0, forms={_qgmma(64): 4, _qgmma(128): 2}),
+    CudaKernel("dm_dv_factored_unpromoted", None, 0, forms={_qgmma(64): 4, _qgmma(128): 2}),
+)
+KERNELS = KERNELS + DV_KERNELS
 
 
 class CudaBuildError(RuntimeError):

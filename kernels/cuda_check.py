@@ -53,7 +53,7 @@ def analyse_library(library: str | Path, ptx: str) -> list[dict]:
         fp8 = sum(".e4m3.e4m3" in ln for ln in wgmma)
         row = dict(
             name=name, variant="cuda", head_dim=None,
-            expected=f"{kernel.qgmma} x{kernel.count}" if kernel and kernel.qgmma else None,
+            expected=(", ".join(f"{f} x{c}" for f, c in kernel.expected_forms().items()) or None) if kernel else None,
             fp8_wgmma=fp8, qgmma=sum(forms.values()), qgmma_forms=dict(forms),
             other_mma=len(wgmma) - fp8 + entries.get(name, "").count("mma.sync") + len(OTHER_MMA.findall(code)),
             registers=res.get("REG"),
@@ -74,11 +74,11 @@ def problems(row: dict, kernel: cuda_build.CudaKernel | None, in_sass: bool) -> 
     if not in_sass:
         return ["declared in cuda_build.KERNELS but not in the library's SASS"]
     found = []
-    want = {kernel.qgmma: kernel.count} if kernel.qgmma else {}
+    want = kernel.expected_forms()
     if row["qgmma_forms"] != want:
         found.append(f"SASS: QGMMA {row['qgmma_forms']}, declared {want}")
-    if row["fp8_wgmma"] != kernel.count:
-        found.append(f"PTX: {row['fp8_wgmma']} e4m3 wgmma.mma_async, declared {kernel.count}")
+    if row["fp8_wgmma"] != kernel.expected_wgmma():
+        found.append(f"PTX: {row['fp8_wgmma']} e4m3 wgmma.mma_async, declared {kernel.expected_wgmma()}")
     if row["other_mma"]:
         found.append(f"{row['other_mma']} MMA instructions that are not FP8 wgmma")
     if row["spill_bytes"]:

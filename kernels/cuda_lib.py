@@ -17,7 +17,11 @@ Primitives (M1 of kernels/CUDA_BACKWARD.md), on E4M3 codes given as ``torch.floa
   from shared memory (N = 64 or 128; ``swizzle=False`` lays them out without the 128-byte swizzle, N = 64 only);
 - ``wgmma_rs_tile`` → the same with ``a`` from registers (``from_accumulator=True``: loaded in FP32-accumulator order
   and permuted into the A fragment, as P and dS will be);
-- ``quantize_e4m3(x, mul)`` → ``e4m3(x * mul)`` with ``cvt.rn.satfinite`` (saturating at ±448; ``kernels/cuda/quant.cuh``).
+- ``quantize_e4m3(x, mul)`` → ``e4m3(x * mul)`` with ``cvt.rn.satfinite`` (saturating at ±448; ``kernels/cuda/quant.cuh``);
+- ``dpt_tile(v [64, 128], do [64, 128], s_v, s_do)`` → the swapped dP̂ᵀ tile ``v @ do.T · (s_v · s_do)`` [64, 64].
+
+M2: ``dv_factored(...)``, the factored layout's dV (``kernels/cuda/dv_factored.cu``) on the operands Triton's factored
+dV launch reads; D = 128, any GQA group, bf16 or fp16 out.
 """
 
 import ctypes
@@ -29,7 +33,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -42,7 +46,21 @@ SIGNATURES = {
     "dm_wgmma_ss_tile": ((_P, _P, _P, _I, _I, _I, _P), _I),
     "dm_wgmma_rs_tile": ((_P, _P, _P, _I, _I, _I, _P), _I),
     "dm_quant_e4m3_launch": ((_P, _P, _I64, _F, _I, _P), _I),
+    "dm_dpt_tile": ((_P, _P, _F, _F, _P, _I, _P), _I),
+    "dm_dv_factored": ((_P, _I, _I, _P), _I),
+    "dm_dv_factored_params_size": ((), _I),
 }
+DV_HEAD_DIM = 128
+"""The head dim the factored dV kernel is built for."""
+
+
+class DvFactoredParams(ctypes.Structure):
+    """``DvFactoredParams`` of ``kernels/cuda/dv_factored.cuh``, field for field."""
+
+    _fields_ = [("q8", _P), ("k8", _P), ("do8t", _P), ("sq", _P), ("sk", _P), ("sdoc", _P), ("lse2", _P), ("dv", _P),
+                ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
+                ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F),
+                ("causal", _I), ("out_fp16", _I)]
 
 
 def library_path() -> Path:
@@ -62,6 +80,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot load {path}: {err}"
     if (found := lib.dm_attn_sm90_abi_version()) != ABI_VERSION:
         return None, f"{path} has ABI version {found}, this code needs {ABI_VERSION}: rebuild it (dm-cuda-build)"
+    if (size := lib.dm_dv_factored_params_size()) != ctypes.sizeof(DvFactoredParams):
+        return None, f"{path}: DvFactoredParams is {size} bytes there, {ctypes.sizeof(DvFactoredParams)} here"
     return lib, ""
 
 
@@ -144,3 +164,59 @@ def quantize_e4m3(x: torch.Tensor, mul: float = 1.0) -> torch.Tensor:
     _call(_library(), "dm_quant_e4m3_launch", x.data_ptr(), codes.data_ptr(), x.numel(), float(mul),
           *_launch_args(x))
     return codes.view(torch.float8_e4m3fn)
+
+
+def dpt_tile(v: torch.Tensor, do: torch.Tensor, s_v: float, s_do: float) -> torch.Tensor:
+    """The swapped dP̂ᵀ tile: ``v [64, 128] @ do [64, 128]ᵀ · (s_v · s_do)`` in FP32 [64 keys, 64 queries], V̂ rows as
+    wgmma's A operand (SS), the scale product rounded to FP32 first as Triton's kernels do."""
+    v8, do8, out = _tile_operands(v, do)
+    if do.shape[0] != 64:
+        raise ValueError(f"do: shape {tuple(do.shape)}, expected (64, {TILE_K})")
+    _call(_library(), "dm_dpt_tile", v8.data_ptr(), do8.data_ptr(), float(s_v), float(s_do), out.data_ptr(),
+          *_launch_args(out))
+    return out
+
+
+def _fp32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if t.dtype != torch.float32 or tuple(t.shape) != shape:
+        raise ValueError(f"{name}: {t.dtype} {tuple(t.shape)}, expected torch.float32 {shape}")
+    if t.device != device or not t.is_contiguous():
+        raise ValueError(f"{name}: must be a contiguous tensor on {device}")
+    return t
+
+
+def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
+                sdoc: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool, qk_scale: float,
+                dtype: torch.dtype = torch.bfloat16, promote: bool = True) -> torch.Tensor:
+    """dV (B, N, H_kv, D) of ``matched_factored`` (kernels/README.md, "A factored scale layout") from the operands of
+    Triton's factored dV launch: ``q8`` (B, H, N_pad, D) and ``k8`` (B, H_kv, N_pad, D) codes with scales ``sq``
+    (B, H, N_pad / 128) and ``sk`` (B, H_kv, N_pad / 64); ``do8t`` the per-channel dÔᶜ codes token-major
+    (B, H, D, N_pad) with scales ``sdoc`` (B, H, D); ``lse2`` (B, H, N_pad); ``qk_scale`` = softmax_scale · log2(e).
+    ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query tile's product is added into dV in FP32;
+    otherwise the wgmma accumulates all of them."""
+    if q8.dim() != 4 or k8.dim() != 4:
+        raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
+    b, h, n_pad, d = q8.shape
+    h_kv = k8.shape[1]
+    if d != DV_HEAD_DIM:
+        raise ValueError(f"head dim {d}: the CUDA dV kernel is built for D = {DV_HEAD_DIM} only")
+    if not 0 < n <= n_pad or n_pad % 128:
+        raise ValueError(f"n = {n} with N_pad = {n_pad}: expected 0 < n <= N_pad, N_pad a multiple of 128")
+    if h_kv < 1 or h % h_kv:
+        raise ValueError(f"{h} query heads are not a multiple of {h_kv} kv heads")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype {dtype}: expected torch.bfloat16 or torch.float16")
+    q8u = _codes("q8", q8, (b, h, n_pad, d))
+    k8u = _codes("k8", k8, (b, h_kv, n_pad, d))
+    do8tu = _codes("do8t", do8t, (b, h, d, n_pad))
+    device = q8.device
+    if k8.device != device or do8t.device != device:
+        raise ValueError(f"q8 on {device}, k8 on {k8.device}, do8t on {do8t.device}: expected one device")
+    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
+              _fp32("sdoc", sdoc, (b, h, d), device), _fp32("lse2", lse2, (b, h, n_pad), device)]
+    dv = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
+    params = DvFactoredParams(q8u.data_ptr(), k8u.data_ptr(), do8tu.data_ptr(), *(t.data_ptr() for t in scales),
+                              dv.data_ptr(), dv.stride(0), dv.stride(1), dv.stride(2), b, h, h_kv, n, n_pad,
+                              float(qk_scale), int(causal), int(dtype == torch.float16))
+    _call(_library(), "dm_dv_factored", ctypes.byref(params), int(promote), *_launch_args(dv))
+    return dv

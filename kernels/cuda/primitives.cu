@@ -122,6 +122,34 @@ DM_RS_KERNEL(dm_wgmma_rs_n64_swizzle128, 64)
 DM_RS_KERNEL(dm_wgmma_rs_n128_swizzle128, 128)
 #undef DM_RS_KERNEL
 
+// The swapped dP̂ tile of the fused backward (CUDA_BACKWARD.md 3.2, matmul 4): dP̂ᵀ [64 keys, 64 queries] = V̂ dÔᵀ ·
+// (s_v · s_dO), keys as wgmma's M (V̂ rows the A operand, dÔ rows the B operand, both K-major over D = 128). The
+// Triton δ pass forms the same products unswapped (dÔ V̂ᵀ, 128 queries as M); the dS row-sum property needs the two to
+// agree bit for bit (section 3.5), which the GPU test checks.
+extern "C" __global__ void __launch_bounds__(dm::kWarpgroup, 1)
+    dm_dpt_tile_n64(const uint8_t* __restrict__ v, const uint8_t* __restrict__ d_o, float s_v, float s_do,
+                    float* __restrict__ dpt) {
+  __shared__ __align__(1024) uint8_t v_smem[dm::kTileM * dm::kTileK];
+  __shared__ __align__(1024) uint8_t do_smem[64 * dm::kTileK];
+  dm::load_tile<dm::kTileM, dm::Swizzle::k128B>(v_smem, v);
+  dm::load_tile<64, dm::Swizzle::k128B>(do_smem, d_o);
+  dm::fence_async_shared();
+  __syncthreads();
+  float d[32] = {};
+  dm::wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < dm::Tile::kSteps; ++k) {
+    dm::WgmmaE4M3<64>::ss(d, dm::Tile::desc(v_smem, k), dm::Tile::desc(do_smem, k), k > 0);
+  }
+  dm::wgmma_commit();
+  dm::wgmma_wait<0>();
+  dm::fence_operands(d);
+  const float scale = s_v * s_do;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) d[i] *= scale;
+  dm::store_accumulator<64>(dpt, d);
+}
+
 // codes[i] = e4m3(x[i] * mul), saturating; one cvt per pair, the odd last element alone.
 extern "C" __global__ void dm_quant_e4m3(const float* __restrict__ x, uint8_t* __restrict__ codes, int64_t n,
                                          float mul) {
@@ -139,7 +167,7 @@ extern "C" __global__ void dm_quant_e4m3(const float* __restrict__ x, uint8_t* _
 extern "C" {
 
 // Bumped whenever an entry point's signature changes; the loader refuses a library of another version.
-int dm_attn_sm90_abi_version(void) { return 1; }
+int dm_attn_sm90_abi_version(void) { return 2; }
 
 const char* dm_attn_sm90_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
 
@@ -164,6 +192,14 @@ int dm_wgmma_rs_tile(const void* a, const void* b, float* c, int n, int from_acc
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   kernel<<<1, dm::kWarpgroup, 0, stream>>>(static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), c,
                                            from_accumulator);
+  return cudaGetLastError();
+}
+
+// dpt [64, 64] (FP32, row-major, keys x queries) = v [64, 128] d_o [64, 128]^T * (s_v * s_do) on e4m3 codes.
+int dm_dpt_tile(const void* v, const void* d_o, float s_v, float s_do, float* dpt, int device, cudaStream_t stream) {
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  dm_dpt_tile_n64<<<1, dm::kWarpgroup, 0, stream>>>(static_cast<const uint8_t*>(v), static_cast<const uint8_t*>(d_o),
+                                                    s_v, s_do, dpt);
   return cudaGetLastError();
 }
 

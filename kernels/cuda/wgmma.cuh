@@ -51,6 +51,22 @@ struct KMajor128 {
   }
 };
 
+// A K-major tile of e4m3 codes whose rows are 64 bytes (K = 64, e.g. 64 queries of a token-major dÔᶜᵀ tile), without
+// swizzle, read by two k = 32 steps: core matrix (8 rows x 16 bytes) of row group r / 8 and chunk c at
+// (r / 8) * 512 + c * 128. LBO = 128 (the next chunk along K), SBO = 512 (the next 8 rows); a k-step moves 256 bytes.
+struct KMajor64 {
+  static constexpr int kRowBytes = 64;
+  static constexpr int kSteps = kRowBytes / 32;
+
+  __device__ __forceinline__ static int chunk_offset(int row, int chunk) {
+    return (row >> 3) * 512 + chunk * 128 + ((row & 7) << 4);
+  }
+
+  __device__ __forceinline__ static uint64_t desc(const uint8_t* tile, int k_step) {
+    return smem_desc(tile + 256 * k_step, 128, 512, Swizzle::kNone);
+  }
+};
+
 // Ordering around wgmma: fence before the first MMA (and whenever registers it reads were written since), commit the
 // issued MMAs as a group, wait until at most N groups are pending.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

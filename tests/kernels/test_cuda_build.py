@@ -4,6 +4,7 @@ loader says why it cannot run, and the A-fragment permutation's algorithm is rig
 One build per module (about 2-4 s of nvcc), into a temporary folder; skipped with the reason where nvcc is missing.
 """
 
+import ctypes
 import json
 
 import pytest
@@ -28,14 +29,31 @@ def test_the_library_needs_only_libc(library):
                                                         "librt.so"))], needed  # cudart, libstdc++, libgcc: static
 
 
-def test_every_kernel_has_the_declared_qgmma_and_no_spills(library, tmp_path):
-    rows = cuda_check.analyse_library(library, cuda_build.ptx(tmp_path).read_text())
+@pytest.fixture(scope="module")
+def rows(library, tmp_path_factory):
+    """The SASS check's rows for the library (one PTX build per module)."""
+    return cuda_check.analyse_library(library, cuda_build.ptx(tmp_path_factory.mktemp("ptx")).read_text())
+
+
+def test_every_kernel_has_the_declared_qgmma_and_no_spills(rows):
     assert [r["name"] for r in rows] == sorted(k.name for k in cuda_build.KERNELS)
     for r in rows:
         assert r["ok"], r
     qgmma = {r["name"]: r["qgmma_forms"] for r in rows}
     assert qgmma["dm_wgmma_rs_n128_swizzle128"] == {"QGMMA.64x128x32.F32.E4M3.E4M3": 4}
     assert qgmma["dm_quant_e4m3"] == {}
+    assert qgmma["dm_dpt_tile_n64"] == {"QGMMA.64x64x32.F32.E4M3.E4M3": 4}
+    for name in ("dm_dv_factored_promoted", "dm_dv_factored_unpromoted"):  # one loop body: S (SS), then dV (RS)
+        assert qgmma[name] == {"QGMMA.64x64x32.F32.E4M3.E4M3": 4, "QGMMA.64x128x32.F32.E4M3.E4M3": 2}
+
+
+def test_the_dv_kernel_fits_two_ctas_per_sm(rows):
+    """Registers and shared memory of the M2 dV kernels (recorded in CUDA_BACKWARD.md): at most 255 registers with
+    no spills (the check above), and few enough for two 128-thread CTAs per SM, the overlap this kernel relies on."""
+    by_name = {r["name"]: r for r in rows}
+    for name in ("dm_dv_factored_promoted", "dm_dv_factored_unpromoted"):
+        assert by_name[name]["registers"] * 128 * 2 <= 65536, by_name[name]
+        assert by_name[name]["shared_bytes"] * 2 <= 227 * 1024, by_name[name]
 
 
 def test_an_up_to_date_build_is_kept_and_needs_no_nvcc(library, monkeypatch):
@@ -60,6 +78,12 @@ def test_dm_kernel_check_cuda_prints_the_rows(library, monkeypatch, capsys, tmp_
     (dict(spill_bytes=16), "dm_wgmma_ss_n64_swizzle128", "stack/local"),
     (dict(qgmma_forms={}, fp8_wgmma=0), "dm_quant_e4m3", None),
     (dict(), "dm_unknown", "not declared"),
+    (dict(qgmma_forms={"QGMMA.64x64x32.F32.E4M3.E4M3": 4, "QGMMA.64x128x32.F32.E4M3.E4M3": 2}, fp8_wgmma=6),
+     "dm_dv_factored_promoted", None),
+    (dict(qgmma_forms={"QGMMA.64x64x32.F32.E4M3.E4M3": 8, "QGMMA.64x128x32.F32.E4M3.E4M3": 4}, fp8_wgmma=12),
+     "dm_dv_factored_promoted", "SASS: QGMMA"),  # e.g. the loop body duplicated
+    (dict(qgmma_forms={"QGMMA.64x64x32.F32.E4M3.E4M3": 4, "QGMMA.64x128x32.F32.E4M3.E4M3": 2}, fp8_wgmma=4),
+     "dm_dv_factored_unpromoted", "PTX: 4"),
 ])
 def test_check_names_what_disagrees(row, kernel, problem):
     good = dict(qgmma_forms={"QGMMA.64x64x32.F32.E4M3.E4M3": 4}, fp8_wgmma=4, other_mma=0, spill_bytes=0,
@@ -78,8 +102,11 @@ def test_missing_nvcc_is_a_clear_error_when_a_build_is_needed(monkeypatch, tmp_p
 def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     lib, reason = cuda_lib.load(tmp_path / "missing.so")
     assert lib is None and "missing" in reason and "dm-cuda-build" in reason
-    opened, why = cuda_lib._open(str(library))  # it dlopens without a GPU, and its ABI version matches
+    opened, why = cuda_lib._open(str(library))  # it dlopens without a GPU, its ABI version and struct size match
     assert opened is not None and why == ""
+    assert opened.dm_dv_factored_params_size() == ctypes.sizeof(cuda_lib.DvFactoredParams)
+    bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
+    assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, None) == 1  # cudaErrorInvalidValue
     if not torch.cuda.is_available():
         lib, reason = cuda_lib.load(library)
         assert lib is None and "no CUDA GPU" in reason
@@ -95,6 +122,27 @@ def test_the_wrappers_check_their_inputs_before_needing_the_library():
         cuda_lib.wgmma_ss_tile(codes, codes[:32])
     with pytest.raises(ValueError, match="expected torch.float32"):
         cuda_lib.quantize_e4m3(codes)
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        cuda_lib.dpt_tile(codes, codes, 1.0, 1.0)
+
+
+def _dv_inputs(b=1, h=2, h_kv=1, n=100, n_pad=128, d=128):
+    return dict(q8=torch.zeros(b, h, n_pad, d, dtype=torch.uint8), k8=torch.zeros(b, h_kv, n_pad, d, dtype=torch.uint8),
+                do8t=torch.zeros(b, h, d, n_pad, dtype=torch.uint8), sq=torch.ones(b, h, n_pad // 128),
+                sk=torch.ones(b, h_kv, n_pad // 64), sdoc=torch.ones(b, h, d), lse2=torch.zeros(b, h, n_pad), n=n,
+                causal=True, qk_scale=0.1)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(d=64), "built for D = 128"),
+    (dict(h=3, h_kv=2), "not a multiple"),
+    (dict(n=200), "expected 0 < n <= N_pad"),
+    (dict(), "expected a CUDA tensor"),
+])
+def test_the_dv_wrapper_checks_its_inputs_before_needing_the_library(change, message):
+    with pytest.raises(ValueError, match=message):
+        cuda_lib.dv_factored(**_dv_inputs(**change))
+
 
 
 def _acc_to_a_fragment(words: list[int]) -> list[int]:

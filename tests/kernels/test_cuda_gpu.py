@@ -12,12 +12,27 @@ The quantiser promises the spec's clamp-then-round (``cvt.rn.satfinite``): bit-e
 the tie between 448 and 480, which would be NaN; it rounds to even, 448). Above 464 the kernel saturates to ±448;
 torch's unclamped cast is not relied on there (c10's scalar conversion gives NaN, the CPU cast of torch 2.13
 saturates). NaN stays NaN.
+
+The swapped dP̂ᵀ tile (V̂ dÔᵀ, keys as wgmma's M) must equal, bit for bit, the dP̂ tile Triton's δ pass forms unswapped
+(dÔ V̂ᵀ over 128 queries), transposed: the dS row-sum property rests on it (CUDA_BACKWARD.md 3.5).
+
+The factored dV kernel (M2) follows Triton's factored dV launch operation for operation (the same wgmma shapes and
+operand roles, the same FMA, ex2.approx.ftz, clamp and cvt, the same query-tile order and FP32 adds), so on the
+operands Triton's own passes produce it is expected to give Triton's bits; the tolerance test beside the exact one
+says how far apart they are if not (10^-3 in norm: any rounding-order effect is an FP32 or one-code change far below
+that, while a layout or masking mistake moves whole P̂ entries, tens of percent). Against the reference simulation
+and FP64 it must meet the bar of test_triton_gpu.py.
 """
+
+import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from deltamatch.kernels import cuda_lib
+from deltamatch.kernels.measures import relative_error
 
 pytestmark = pytest.mark.gpu
 E4M3 = torch.float8_e4m3fn
@@ -135,3 +150,175 @@ def test_kernels_run_on_torchs_current_stream():
     side.synchronize()
     assert torch.equal(bits(codes), bits(src.to(E4M3)))
     assert torch.equal(product, a.float() @ b.float().T)
+
+
+# ---- the swapped dP̂ᵀ tile against Triton's unswapped dP̂ ------------------------------------------------------------
+
+@triton.jit
+def _dp_tile_kernel(do_ptr, v_ptr, out_ptr, s_do, s_v):
+    """dP̂ = dÔ V̂ᵀ · (s_dO · s_V) for 128 queries × 64 keys, as ``triton_bwd._recompute_p_dp`` forms it in the δ pass
+    (BLOCK_M = 128, 8 warps)."""
+    rows, keys, d = tl.arange(0, 128), tl.arange(0, 64), tl.arange(0, 128)
+    do = tl.load(do_ptr + rows[:, None] * 128 + d[None, :])  # [128, D]
+    v = tl.load(v_ptr + keys[:, None] * 128 + d[None, :])  # [64, D]
+    dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)
+    tl.store(out_ptr + rows[:, None] * 64 + keys[None, :], dp)
+
+
+def quantised_codes(rows, gen):
+    """Codes as the quantisation pass makes them: a heavy-tailed row block scaled to amax 448."""
+    x = torch.randn(rows, 128, device="cuda", generator=gen) * torch.exp(torch.randn(rows, 1, device="cuda",
+                                                                                    generator=gen))
+    x[:, 7] *= 20  # an outlier channel
+    return (x * (448.0 / x.abs().max())).clamp(-448, 448).to(E4M3)
+
+
+def test_swapped_dpt_tile_on_integer_codes_equals_torch():
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    v, do = integer_codes(64, gen), integer_codes(64, gen)
+    s_v, s_do = 0.013, 0.0071
+    ours = cuda_lib.dpt_tile(v, do, s_v, s_do)
+    scale = torch.tensor(s_v, device="cuda") * torch.tensor(s_do, device="cuda")  # FP32 product, as the kernel
+    assert torch.equal(ours, (v.float() @ do.float().T) * scale)
+
+
+@pytest.mark.parametrize("codes", ["full_range", "quantised"])
+def test_swapped_dpt_tile_is_bit_equal_to_tritons_delta_pass_tile(codes):
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    make_codes = full_range_codes if codes == "full_range" else quantised_codes
+    do, v = make_codes(128, gen), make_codes(64, gen)
+    s_do, s_v = 3.1e-3, 7.7e-4
+    dp = torch.empty(128, 64, device="cuda")
+    _dp_tile_kernel[(1,)](do, v, dp, s_do, s_v, num_warps=8)
+    for half in range(2):  # the fused kernel's query tiles are 64 long: two swapped tiles per δ-pass block
+        ours = cuda_lib.dpt_tile(v, do[64 * half: 64 * (half + 1)].contiguous(), s_v, s_do)
+        theirs = dp[64 * half: 64 * (half + 1)].T
+        diff = (ours - theirs).abs().max().item()
+        assert torch.equal(ours, theirs), f"half {half}: max |dP̂ᵀ − dP̂ᵀ_triton| = {diff:.3e}"
+
+
+# ---- M2: the factored dV against Triton's factored dV, the reference simulation and FP64 --------------------------
+
+def attention_inputs(b, n, h, hk, seed, d=128):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, n, h, d, device="cuda", generator=gen) * 1.5
+    k = torch.randn(b, n, hk, d, device="cuda", generator=gen) * 1.5 + 0.3
+    v = torch.randn(b, n, hk, d, device="cuda", generator=gen)
+    do = torch.randn(b, n, h, d, device="cuda", generator=gen)
+    return [t.to(torch.bfloat16) for t in (q, k, v, do)]
+
+
+def factored_dv_operands(q, k, v, do, causal):
+    """What matched_factored's dV launch reads, made by the project's own passes: the factored forward's codes, scales
+    and lse2, and dÔ per channel (``triton_quant.quantize_per_channel``)."""
+    from deltamatch.kernels.triton_attention import fp8_forward
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel
+
+    scale = q.shape[-1] ** -0.5
+    o, saved, _ = fp8_forward(q, k, v, causal, "matched_factored", scale)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
+    _, do8t_c, sdoc = quantize_per_channel(do, "do")
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
+                qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape, dtype=k.dtype)
+
+
+def triton_factored_dv(ops, promote):
+    """Triton's factored dV launch alone (``DV_ONLY``), promoted per 64-query tile (``ACC_PROMOTE=64``) or not."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DV_ONLY": True,
+           "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+    s = ops["saved"]
+    dk = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
+    dv = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
+    factored = dict(q8t=s["q8t"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
+    triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], ops["delta"], dk, dv, None, ops["causal"],
+                            ops["qk_scale"], ops["scale"], ops["n"], cfg, factored=factored)
+    return dv
+
+
+def cuda_factored_dv(ops, promote):
+    s = ops["saved"]
+    return cuda_lib.dv_factored(s["q8"], s["k8"], ops["do8t_c"], s["sq"], s["sk"], ops["sdoc"], s["lse2"], ops["n"],
+                                ops["causal"], ops["qk_scale"], dtype=ops["dtype"], promote=promote)
+
+
+DV_CASES = [(n, causal, promote) for n in (128, 130, 1024) for causal in (True, False) for promote in (True, False)]
+GQA_CASES = [(1000, True, True), (1000, False, False)]  # 8 query heads on 2 kv heads, each with its dÔᶜ scales
+
+
+def heads(n):
+    return (8, 2) if n == 1000 else (2, 2)
+
+
+@pytest.fixture(scope="module")
+def dv_operands():
+    cache = {}
+
+    def get(n, causal, h=2, hk=2):
+        key = (n, causal, h, hk)
+        if key not in cache:
+            cache[key] = factored_dv_operands(*attention_inputs(2, n, h, hk, seed=n + h), causal)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("n, causal, promote", DV_CASES + GQA_CASES)
+def test_factored_dv_is_tritons_bit_for_bit(dv_operands, n, causal, promote):
+    ops = dv_operands(n, causal, *heads(n))
+    ours, theirs = cuda_factored_dv(ops, promote), triton_factored_dv(ops, promote)
+    torch.cuda.synchronize()
+    assert torch.isfinite(ours).all()
+    diff = (ours.float() - theirs.float()).abs()
+    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]  # (b, key, kv head, d): which tiles to look at
+    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max "
+                                       f"{diff.max().item():.3e}, first at {where}")
+
+
+@pytest.mark.parametrize("n, causal, promote", DV_CASES + GQA_CASES)
+def test_factored_dv_within_fp8_order_of_triton(dv_operands, n, causal, promote):
+    """The fallback bound if the bits differ: 10^-3 in norm (both are ≈ 5% from FP64)."""
+    ops = dv_operands(n, causal, *heads(n))
+    ours, theirs = cuda_factored_dv(ops, promote), triton_factored_dv(ops, promote)
+    assert relative_error(ours, theirs) < 1e-3
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_factored_dv_against_reference_and_fp64(causal):
+    """As test_triton_gpu.test_against_reference_and_fp64 for dV: the kernel within a quarter of the reference's own
+    distance to FP64 from the reference simulation, and no further from FP64 than the reference (+15%)."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+
+    q, k, v, do = attention_inputs(2, 1000, 4, 2, seed=3)
+    ours = cuda_factored_dv(factored_dv_operands(q, k, v, do, causal), promote=True)
+
+    def grad_v(fn, dtype=None):
+        ins = [(t if dtype is None else t.to(dtype)).detach().clone().requires_grad_() for t in (q, k, v)]
+        fn(*ins).backward(do.to(dtype or do.dtype))
+        return ins[2].grad
+
+    ref = grad_v(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"))
+    exact = grad_v(lambda a, b, c: attention_exact(a, b, c, causal), dtype=torch.float64)
+    to_ref, to_exact, ref_to_exact = relative_error(ours, ref), relative_error(ours, exact), relative_error(ref, exact)
+    msg = f"dv: kernel-ref {to_ref:.2e} kernel-fp64 {to_exact:.2e} ref-fp64 {ref_to_exact:.2e}"
+    assert to_ref < 0.25 * ref_to_exact, msg
+    assert to_exact < 1.15 * ref_to_exact + 1e-3, msg
+    assert ref_to_exact < 0.12, msg
+
+
+def test_factored_dv_runs_on_torchs_current_stream(dv_operands):
+    ops = dv_operands(1024, True)
+    expected = cuda_factored_dv(ops, True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    lse = ops["saved"]["lse2"]
+    late = torch.zeros_like(lse)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        late.copy_(lse)
+        got = cuda_lib.dv_factored(ops["saved"]["q8"], ops["saved"]["k8"], ops["do8t_c"], ops["saved"]["sq"],
+                                   ops["saved"]["sk"], ops["sdoc"], late, ops["n"], True, ops["qk_scale"])
+    side.synchronize()
+    assert torch.equal(got, expected)

@@ -1,0 +1,91 @@
+"""Time the CUDA factored dV (M2, ``kernels/cuda/dv_factored.cu``) against Triton's factored dV launch on the same
+operands: B·H = 64, N = 8192, D = 128, causal (the shape of kernels/NOTES.md's sweep), each promoted per 64-query
+tile (the default, ``ACC_PROMOTE=64``) and not. One JSON row per variant on stdout and in ``--out``:
+``ms`` (``do_bench`` median), ``tflops`` executed (two matmuls, S and dV, halved when causal, as the sweep counts),
+and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
+
+Usage (repo root, on the H200, after the library is built): ``python tools/device/cuda_dv_bench.py --out FILE``.
+"""
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+
+def operands(b, h, n, d, causal):
+    """Random bf16 inputs through the factored forward and the dÔ passes, as matched_factored's backward sees them."""
+    from deltamatch.kernels.triton_attention import fp8_forward
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
+    scale = d**-0.5
+    o, saved, _ = fp8_forward(q, k, v, causal, "matched_factored", scale)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
+    _, do8t_c, sdoc = quantize_per_channel(do, "do")
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
+                qk=scale * math.log2(math.e), n=n, causal=causal, k=k)
+
+
+def launchers(ops, promote):
+    """(triton, cuda): closures launching each dV into its own output, and the outputs."""
+    from deltamatch.kernels import cuda_lib, triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    s = ops["saved"]
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DV_ONLY": True,
+           "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+    dk, dv = torch.empty_like(ops["k"]), torch.empty_like(ops["k"])
+    factored = dict(q8t=s["q8t"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
+    out = {}
+
+    def triton_dv():
+        triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], ops["delta"], dk, dv, None, ops["causal"],
+                                ops["qk"], ops["scale"], ops["n"], cfg, factored=factored)
+        out["triton"] = dv
+
+    def cuda_dv():
+        out["cuda"] = cuda_lib.dv_factored(s["q8"], s["k8"], ops["do8t_c"], s["sq"], s["sk"], ops["sdoc"], s["lse2"],
+                                           ops["n"], ops["causal"], ops["qk"], promote=promote)
+
+    return triton_dv, cuda_dv, out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="JSONL file for the rows")
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--bh", type=int, default=64)
+    args = parser.parse_args(argv)
+    from triton.testing import do_bench
+
+    d, h = 128, 16
+    b = args.bh // h
+    ops = operands(b, h, args.n, d, causal=True)
+    flop = 2 * 2 * args.bh * args.n**2 * d * 0.5
+    rows = []
+    for promote in (True, False):
+        triton_dv, cuda_dv, out = launchers(ops, promote)
+        triton_dv(), cuda_dv()
+        torch.cuda.synchronize()
+        diff = (out["cuda"].double() - out["triton"].double()).norm() / out["triton"].double().norm()
+        equal = torch.equal(out["cuda"], out["triton"])
+        for name, fn in (("triton", triton_dv), ("cuda", cuda_dv)):
+            ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            row = dict(kernel=f"dv_factored_{name}", promoted=promote, b_h=args.bh, n=args.n, d=d, causal=True,
+                       ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
+            if name == "cuda":
+                row.update(equal=equal, rel=float(diff))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
