@@ -316,21 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.exit(2, f"dm-kernel-check: error: {err}\n")
     causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[cfg.causal]
-    rows = []
     if args.cuda:
         from deltamatch.kernels import cuda_build, cuda_check
 
         try:
-            rows = cuda_check.check()
+            found = cuda_check.check()
         except cuda_build.CudaBuildError as err:
             parser.exit(1, f"dm-kernel-check: error: {err}\n")
-        for row in rows:
-            print(json.dumps(row), flush=True)
-    for d in [] if args.cuda else cfg.head_dims:
-        for spec in kernel_specs(d, causal, cfg.load_variants):
-            row = analyse(spec, d)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    else:
+        found = (analyse(spec, d) for d in cfg.head_dims for spec in kernel_specs(d, causal, cfg.load_variants))
+    rows = []
+    for row in found:  # a Triton row as soon as its kernel is compiled
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     if args.out:
         write_text(args.out, "".join(json.dumps(r) + "\n" for r in rows))
     if not all(r["ok"] for r in rows):

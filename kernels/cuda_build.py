@@ -43,22 +43,13 @@ class CudaKernel:
 
     name: str
     """Its ``extern "C"`` name, as cuobjdump prints it."""
-    qgmma: str | None
-    """The only QGMMA form allowed (``QGMMA.64x64x32.F32.E4M3.E4M3``), ``None`` for a kernel without matmuls."""
-    count: int
-    """How many of those instructions (the same number of ``wgmma.mma_async … e4m3`` in the PTX)."""
-    forms: dict[str, int] | None = None
-    """For a kernel with several QGMMA forms: each form and its count (then ``qgmma`` is None and ``count`` 0)."""
-
-    def expected_forms(self) -> dict[str, int]:
-        """Every QGMMA form the SASS must hold, with its count."""
-        if self.forms:
-            return dict(self.forms)
-        return {self.qgmma: self.count} if self.qgmma else {}
+    forms: dict[str, int]
+    """Each QGMMA form the SASS must hold (``QGMMA.64x64x32.F32.E4M3.E4M3``) and how many; empty for a kernel without
+    matmuls. The PTX must hold as many ``wgmma.mma_async … e4m3`` in all."""
 
     def expected_wgmma(self) -> int:
         """How many e4m3 ``wgmma.mma_async`` the PTX must hold."""
-        return sum(self.expected_forms().values())
+        return sum(self.forms.values())
 
 
 def _qgmma(n: int) -> str:
@@ -66,21 +57,18 @@ def _qgmma(n: int) -> str:
 
 
 KERNELS = (
-    CudaKernel("dm_wgmma_ss_n64_noswizzle", _qgmma(64), 4),  # four k = 32 steps over K = 128
-    CudaKernel("dm_wgmma_ss_n64_swizzle128", _qgmma(64), 4),
-    CudaKernel("dm_wgmma_ss_n128_swizzle128", _qgmma(128), 4),
-    CudaKernel("dm_wgmma_rs_n64_swizzle128", _qgmma(64), 4),
-    CudaKernel("dm_wgmma_rs_n128_swizzle128", _qgmma(128), 4),
-    CudaKernel("dm_quant_e4m3", None, 0),
-    CudaKernel("dm_dpt_tile_n64", _qgmma(64), 4),  # the swapped dP̂ᵀ tile, V̂ dÔᵀ over D = 128
-)
-DV_KERNELS = (
+    CudaKernel("dm_wgmma_ss_n64_noswizzle", {_qgmma(64): 4}),  # four k = 32 steps over K = 128
+    CudaKernel("dm_wgmma_ss_n64_swizzle128", {_qgmma(64): 4}),
+    CudaKernel("dm_wgmma_ss_n128_swizzle128", {_qgmma(128): 4}),
+    CudaKernel("dm_wgmma_rs_n64_swizzle128", {_qgmma(64): 4}),
+    CudaKernel("dm_wgmma_rs_n128_swizzle128", {_qgmma(128): 4}),
+    CudaKernel("dm_quant_e4m3", {}),
+    CudaKernel("dm_dpt_tile_n64", {_qgmma(64): 4}),  # the swapped dP̂ᵀ tile, V̂ dÔᵀ over D = 128
     # the factored dV (dv_factored.cu), one loop body per query tile: Sᵀ = K̂ Q̂ᵀ (four SS m64n64k32 over D = 128),
     # then dV += P̂ᵀ dÔᶜ (two RS m64n128k32 over 64 queries)
-    CudaKernel("dm_dv_factored_promoted", None, 0, forms={_qgmma(64): 4, _qgmma(128): 2}),
-    CudaKernel("dm_dv_factored_unpromoted", None, 0, forms={_qgmma(64): 4, _qgmma(128): 2}),
+    CudaKernel("dm_dv_factored_promoted", {_qgmma(64): 4, _qgmma(128): 2}),
+    CudaKernel("dm_dv_factored_unpromoted", {_qgmma(64): 4, _qgmma(128): 2}),
 )
-KERNELS = KERNELS + DV_KERNELS
 
 
 class CudaBuildError(RuntimeError):

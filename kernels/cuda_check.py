@@ -24,14 +24,9 @@ from deltamatch.kernels.check import _cuobjdump
 OTHER_MMA = re.compile(r"\b(HGMMA|HMMA|IMMA)\b")
 
 
-def _by_function(text: str, header: str) -> dict[str, str]:
-    """Split cuobjdump output into each function's part, keyed by name (``header`` precedes every name)."""
+def _by_name(text: str, header: str) -> dict[str, str]:
+    """Split cuobjdump or PTX text into each function's part, keyed by name (``header`` precedes every name)."""
     parts = re.split(rf"{header}\s*(\w+)", text)
-    return {name: body for name, body in zip(parts[1::2], parts[2::2])}
-
-
-def _ptx_entries(ptx: str) -> dict[str, str]:
-    parts = re.split(r"\.entry\s+(\w+)\s*\(", ptx)
     return {name: body for name, body in zip(parts[1::2], parts[2::2])}
 
 
@@ -40,9 +35,9 @@ def analyse_library(library: str | Path, ptx: str) -> list[dict]:
     def dump(flag: str) -> str:
         return subprocess.run([_cuobjdump(), flag, str(library)], capture_output=True, text=True, check=True).stdout
 
-    sass = _by_function(dump("-sass"), r"Function\s*:")
-    usage = _by_function(dump("--dump-resource-usage"), r"Function")
-    entries = _ptx_entries(ptx)
+    sass = _by_name(dump("-sass"), r"Function\s*:")
+    usage = _by_name(dump("--dump-resource-usage"), r"Function")
+    entries = _by_name(ptx, r"\.entry")
     declared = {k.name: k for k in cuda_build.KERNELS}
     rows = []
     for name in sorted(set(sass) | set(declared)):
@@ -53,7 +48,7 @@ def analyse_library(library: str | Path, ptx: str) -> list[dict]:
         fp8 = sum(".e4m3.e4m3" in ln for ln in wgmma)
         row = dict(
             name=name, variant="cuda", head_dim=None,
-            expected=(", ".join(f"{f} x{c}" for f, c in kernel.expected_forms().items()) or None) if kernel else None,
+            expected=(", ".join(f"{f} x{c}" for f, c in kernel.forms.items()) or None) if kernel else None,
             fp8_wgmma=fp8, qgmma=sum(forms.values()), qgmma_forms=dict(forms),
             other_mma=len(wgmma) - fp8 + entries.get(name, "").count("mma.sync") + len(OTHER_MMA.findall(code)),
             registers=res.get("REG"),
@@ -74,7 +69,7 @@ def problems(row: dict, kernel: cuda_build.CudaKernel | None, in_sass: bool) -> 
     if not in_sass:
         return ["declared in cuda_build.KERNELS but not in the library's SASS"]
     found = []
-    want = kernel.expected_forms()
+    want = kernel.forms
     if row["qgmma_forms"] != want:
         found.append(f"SASS: QGMMA {row['qgmma_forms']}, declared {want}")
     if row["fp8_wgmma"] != kernel.expected_wgmma():
