@@ -220,6 +220,15 @@ def _warps(rows: int, head_dim: int) -> int:
     return 8 if rows * head_dim >= 128 * 128 else 4
 
 
+def code_buffers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised E4M3 codes for a public-layout ``(B, N, H, D)`` ``x``, in both layouts the kernels read:
+    token-major ``(B, H, N_pad, D)`` and channel-major ``(B, H, D, N_pad)``."""
+    b, n, h, d = x.shape
+    n_pad = padded_len(n)
+    return (torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn),
+            torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn))
+
+
 def token_mean(x: torch.Tensor) -> torch.Tensor:
     """The FP32 mean over tokens of a public-layout ``(B, N, H, D)`` tensor, ``(B, H, D)``: K's centring."""
     return x.mean(dim=1, dtype=torch.float32).contiguous()
@@ -234,8 +243,7 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     _check_public(x, name)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
-    x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
+    x8, x8t = code_buffers(x)
     scales = torch.empty((b, h, n_pad // block_rows), device=x.device, dtype=torch.float32)
     if centre:
         mean = token_mean(x) if mean is None else mean
@@ -274,8 +282,7 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     _check_per_channel(x, name, mean, row_scales)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
-    x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
+    x8, x8t = code_buffers(x)
     scales = torch.empty((b, h, d), device=x.device, dtype=torch.float32)
     amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
     flags = dict(HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=mean is not None, ROW_SCALED=row_scales is not None,
@@ -317,8 +324,7 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
     _check_public(o, "o")
     b, n, h, d = do.shape
     n_pad = padded_len(n)
-    do8 = torch.empty((b, h, n_pad, d), device=do.device, dtype=torch.float8_e4m3fn)
-    do8t = torch.empty((b, h, d, n_pad), device=do.device, dtype=torch.float8_e4m3fn)
+    do8, do8t = code_buffers(do)
     scales = torch.empty((b, h, n_pad // BLOCK_Q), device=do.device, dtype=torch.float32)
     delta = torch.empty((b, h, n_pad), device=do.device, dtype=torch.float32)
     _quant_do_delta_pass_kernel[(n_pad // BLOCK_Q, b * h)](

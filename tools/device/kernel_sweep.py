@@ -173,12 +173,11 @@ def _store_diagnostics(x, elems) -> dict:
     """Where a pass's time goes: the q pass with one of its two code stores, with neither (load, amax, cast only), and
     the per-channel pass's amax launch alone (its atomic column max). Bytes are what each variant moves."""
     from deltamatch.kernels.triton_quant import (BLOCK_Q, _per_channel_amax_pass_kernel, _quant_pass_kernel,
-                                                 _warps, padded_len, round_fp32_in_kernels)
+                                                 _warps, code_buffers, padded_len, round_fp32_in_kernels)
 
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    x8 = torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn)
-    x8t = torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn)
+    x8, x8t = code_buffers(x)
     scales = torch.empty((b, h, n_pad // BLOCK_Q), device=x.device, dtype=torch.float32)
     amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
     shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
@@ -197,6 +196,12 @@ def _store_diagnostics(x, elems) -> dict:
             "q, no code store (load, amax)": (q_pass(0), 2 * elems), "per-channel amax launch": (amax_pass, 2 * elems)}
 
 
+def _write_rows(path: str, rows: list[dict]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -205,10 +210,7 @@ def main():
     parser.add_argument("--quant-only", action="store_true", help="time the quantisation passes only")
     args = parser.parse_args()
     if args.quant_only:
-        rows = [r for d in args.head_dims for r in quant_rows(d)]
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "quant_sweep.jsonl"), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        _write_rows(os.path.join(args.out, "quant_sweep.jsonl"), [r for d in args.head_dims for r in quant_rows(d)])
         return
     jobs = [(d, kind, cfg) for d in args.head_dims for kind, cfg in variants(d)]
     if args.worker:
@@ -253,9 +255,7 @@ def main():
         del st
         torch.cuda.empty_cache()
         rows += quant_rows(d)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "kernel_sweep.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    _write_rows(os.path.join(args.out, "kernel_sweep.jsonl"), rows)
     print("\nbest per kernel:")
     for d in args.head_dims:
         for kind in MATMULS:
