@@ -21,7 +21,8 @@ Primitives (M1 of kernels/CUDA_BACKWARD.md), on E4M3 codes given as ``torch.floa
 - ``dpt_tile(v [64, 128], do [64, 128], s_v, s_do)`` → the swapped dP̂ᵀ tile ``v @ do.T · (s_v · s_do)`` [64, 64].
 
 M2: ``dv_factored(...)``, the factored layout's dV (``kernels/cuda/dv_factored.cu``) on the operands Triton's factored
-dV launch reads; D = 128, any GQA group, bf16 or fp16 out.
+dV launch reads; D = 128, any GQA group, bf16 or fp16 out; ``variant`` picks one of ``DV_VARIANTS`` (the simple loop, or
+the pipelined one with its stage count and where K̂ lives), all meant to give the same bits.
 """
 
 import ctypes
@@ -33,7 +34,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -47,11 +48,15 @@ SIGNATURES = {
     "dm_wgmma_rs_tile": ((_P, _P, _P, _I, _I, _I, _P), _I),
     "dm_quant_e4m3_launch": ((_P, _P, _I64, _F, _I, _P), _I),
     "dm_dpt_tile": ((_P, _P, _F, _F, _P, _I, _P), _I),
-    "dm_dv_factored": ((_P, _I, _I, _P), _I),
+    "dm_dv_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_dv_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
+DV_VARIANTS = ("simple", "pipe3_ss", "pipe3_rs", "pipe5_rs")
+"""The factored dV's loop structures, in ``dm_dv_factored``'s numbering (``kernels/cuda/dv_factored.cu``): ``simple``
+waits for each tile's Sᵀ, softmax and dV in turn; ``pipeN_ss`` / ``pipeN_rs`` issue Sᵀ of the next tile with dV of this
+one and run the softmax beside dV, with N cp.async stages and K̂ in shared memory (``ss``) or in registers (``rs``)."""
 
 
 class DvFactoredParams(ctypes.Structure):
@@ -187,13 +192,15 @@ def _fp32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.devi
 
 def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
                 sdoc: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool, qk_scale: float,
-                dtype: torch.dtype = torch.bfloat16, promote: bool = True) -> torch.Tensor:
+                dtype: torch.dtype = torch.bfloat16, promote: bool = True, variant: str = "simple") -> torch.Tensor:
     """dV (B, N, H_kv, D) of ``matched_factored`` (kernels/README.md, "A factored scale layout") from the operands of
     Triton's factored dV launch: ``q8`` (B, H, N_pad, D) and ``k8`` (B, H_kv, N_pad, D) codes with scales ``sq``
     (B, H, N_pad / 128) and ``sk`` (B, H_kv, N_pad / 64); ``do8t`` the per-channel dÔᶜ codes token-major
     (B, H, D, N_pad) with scales ``sdoc`` (B, H, D); ``lse2`` (B, H, N_pad); ``qk_scale`` = softmax_scale · log2(e).
     ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query tile's product is added into dV in FP32;
-    otherwise the wgmma accumulates all of them."""
+    otherwise the wgmma accumulates all of them. ``variant``: one of ``DV_VARIANTS``."""
+    if variant not in DV_VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {DV_VARIANTS}")
     if q8.dim() != 4 or k8.dim() != 4:
         raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
     b, h, n_pad, d = q8.shape
@@ -218,5 +225,6 @@ def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torc
     params = DvFactoredParams(q8u.data_ptr(), k8u.data_ptr(), do8tu.data_ptr(), *(t.data_ptr() for t in scales),
                               dv.data_ptr(), dv.stride(0), dv.stride(1), dv.stride(2), b, h, h_kv, n, n_pad,
                               float(qk_scale), int(causal), int(dtype == torch.float16))
-    _call(_library(), "dm_dv_factored", ctypes.byref(params), int(promote), *_launch_args(dv))
+    _call(_library(), "dm_dv_factored", ctypes.byref(params), int(promote), DV_VARIANTS.index(variant),
+          *_launch_args(dv))
     return dv

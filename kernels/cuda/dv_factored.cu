@@ -7,8 +7,8 @@
 //   - one CTA (one warpgroup) per 64-key block and kv head; it loops over the group's query heads and, per head, over
 //     the 64-query tiles in Triton's order (the unmasked tiles first, then the causal diagonal, then the ragged end);
 //   - Sᵀ = K̂ Q̂ᵀ (64 keys x 64 queries, four SS m64n64k32), P = ex2.approx.ftz(fma(Sᵀ, (s_q * qk_scale) * s_k, -lse2)),
-//     masked to 0 on the masked tiles, P̂ᵀ = e4m3(clamp(P * 448, ±448)) cast in registers and permuted into A
-//     fragments (acc_to_a_fragment);
+//     masked to 0 on the masked tiles, P̂ᵀ = e4m3(P * 448) (saturating: Triton's clamp) cast in registers and permuted
+//     into A fragments (acc_to_a_fragment);
 //   - dV += P̂ᵀ dÔᶜ (two RS m64n128k32 over the tile's 64 queries, B = the token-major dÔᶜᵀ codes). PROMOTE (Triton's
 //     default, ACC_PROMOTE = 64): each tile's product starts from zero and is added into the FP32 dV, as Triton's
 //     max_num_imprecise_acc = 64 does; otherwise the wgmma accumulates into dV itself over the whole loop;
@@ -96,70 +96,135 @@ struct Schedule {
   }
 };
 
-// One query tile's operands into stage `stage`: Q̂ rows (128-byte swizzle), dÔᶜᵀ rows of 64 queries, lse2.
-__device__ __forceinline__ void load_tile(Smem& s, int stage, const DvFactoredParams& p, int64_t bh, int start_m) {
+// One query tile's operands into one shared-memory stage: Q̂ rows (128-byte swizzle), dÔᶜᵀ rows of 64 queries, lse2.
+__device__ __forceinline__ void load_tile(uint8_t* q_dst, uint8_t* dot_dst, float* lse_dst, const DvFactoredParams& p,
+                                          int64_t bh, int start_m) {
   const uint8_t* q = p.q8 + (bh * p.n_pad + start_m) * kHeadDim;
   const uint8_t* dot = p.do8t + bh * kHeadDim * p.n_pad + start_m;
   static_assert(kBlockM * kHeadDim / 16 % kThreads == 0, "whole 16-byte chunks per thread");
 #pragma unroll
   for (int c = 0; c < kBlockM * kHeadDim / 16 / kThreads; ++c) {  // 4 chunks of Q̂ and 4 of dÔᶜᵀ per thread
     const int i = threadIdx.x + c * kThreads;
-    cp_async16(s.q[stage] + QTile::chunk_offset(i / (kHeadDim / 16), i % (kHeadDim / 16)), q + 16 * i);
+    cp_async16(q_dst + QTile::chunk_offset(i / (kHeadDim / 16), i % (kHeadDim / 16)), q + 16 * i);
     const int row = i / (kBlockM / 16), chunk = i % (kBlockM / 16);
-    cp_async16(s.dot[stage] + DoTile::chunk_offset(row, chunk), dot + int64_t(row) * p.n_pad + 16 * chunk);
+    cp_async16(dot_dst + DoTile::chunk_offset(row, chunk), dot + int64_t(row) * p.n_pad + 16 * chunk);
   }
-  if (threadIdx.x < kBlockM / 4) {
-    cp_async16(s.lse[stage] + 4 * threadIdx.x, p.lse2 + bh * p.n_pad + start_m + 4 * threadIdx.x);
+  if (threadIdx.x < kBlockM / 4) cp_async16(lse_dst + 4 * threadIdx.x, p.lse2 + bh * p.n_pad + start_m + 4 * threadIdx.x);
+}
+
+// K̂ (64 keys x D) into shared memory in the 128-byte swizzle.
+__device__ __forceinline__ void load_k(uint8_t* k_dst, const DvFactoredParams& p, int bh_kv, int start_n) {
+  const uint8_t* k = p.k8 + (int64_t(bh_kv) * p.n_pad + start_n) * kHeadDim;
+#pragma unroll
+  for (int c = 0; c < kBlockN * kHeadDim / 16 / kThreads; ++c) {
+    const int i = threadIdx.x + c * kThreads;
+    cp_async16(k_dst + QTile::chunk_offset(i / (kHeadDim / 16), i % (kHeadDim / 16)), k + 16 * i);
   }
 }
 
+// P = exp2(Sᵀ · row_scale − lse2), masked to 0 on a masked tile, then P · 448, in place in Sᵀ. Triton clamps P · 448
+// to ±448 before its cast; cvt.rn.satfinite (to_fragments) saturates there itself, so the clamp is left out: the same
+// codes for every finite P (a NaN stays NaN instead of becoming ±448).
+__device__ __forceinline__ void softmax_tile(float (&st)[kBlockM / 2], const float* lse, float row_scale, bool masked,
+                                             int start_n, int start_m, const DvFactoredParams& p) {
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kBlockM / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int key = start_n + 16 * warp + g + 8 * (v / 2), col = 8 * i + 2 * q + (v % 2);
+      float pv = ex2_approx_ftz(fmaf(st[4 * i + v], row_scale, -lse[col]));
+      if (masked) {
+        const int query = start_m + col;
+        const bool visible = key < p.n && query < p.n && (!p.causal || query >= key);
+        pv = visible ? pv : 0.0f;
+      }
+      st[4 * i + v] = __fmul_rn(pv, 448.0f);
+    }
+  }
+}
+
+// P̂ᵀ = e4m3(st) as the A fragments of the dV product (two k = 32 steps over the tile's 64 queries).
+__device__ __forceinline__ void to_fragments(const float (&st)[kBlockM / 2], uint32_t (&frag)[DoTile::kSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < DoTile::kSteps; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);  // 16-query half h16, key row g or g + 8
+      frag[kk][r] = acc_to_a_fragment(cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]));
+    }
+  }
+}
+
+// The epilogue: dV · (s_dOᶜ[d] / 448) of the last query head in the output dtype, keys < N.
+__device__ __forceinline__ void store_dv(const float (&dv)[kHeadDim / 2], const float* sdoc, const DvFactoredParams& p,
+                                         int b, int h_kv, int start_n) {
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+  constexpr float kInv448 = 1.0f / 448.0f;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+    const int col = 8 * i + 2 * q;
+    const float c0 = __fmul_rn(sdoc[col], kInv448), c1 = __fmul_rn(sdoc[col + 1], kInv448);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = start_n + 16 * warp + g + 8 * half;
+      if (key >= p.n) continue;
+      const float x0 = __fmul_rn(dv[4 * i + 2 * half], c0), x1 = __fmul_rn(dv[4 * i + 2 * half + 1], c1);
+      const int64_t at = int64_t(b) * p.stride_b + int64_t(key) * p.stride_n + int64_t(h_kv) * p.stride_h + col;
+      if (p.out_fp16) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.dv) + at) = __floats2half2_rn(x0, x1);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dv) + at) = __floats2bfloat162_rn(x0, x1);
+      }
+    }
+  }
+}
+
+// dV · s_prev[d] / s_next[d] before the first tile of a query head (div.full, Triton's `/`; s_prev = 1 for the
+// first head), so that dV stays in the units of the current head's dÔᶜ scales.
+__device__ __forceinline__ void rescale_dv(float (&dv)[kHeadDim / 2], const float* prev, const float* next) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * i + 2 * q + c;
+      const float ratio = div_full(prev ? prev[col] : 1.0f, next[col]);
+      dv[4 * i + c] = __fmul_rn(dv[4 * i + c], ratio);
+      dv[4 * i + 2 + c] = __fmul_rn(dv[4 * i + 2 + c], ratio);
+    }
+  }
+}
+
+// The simple form: per tile, wait for its operands, Sᵀ, softmax, dV, each to completion (two cp.async stages).
 template <bool PROMOTE>
 __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
   const int start_n = blockIdx.x * kBlockN;
   const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
   const int group = p.h / p.h_kv;
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
   const Schedule sched(start_n, p.n, p.causal);
   const int total = sched.tiles * group;
   auto head = [&](int j) { return int64_t(b) * p.h + int64_t(h_kv) * group + j / sched.tiles; };
 
-  // K̂ once, with the first tile (one cp.async group)
-  const uint8_t* k = p.k8 + (int64_t(bh_kv) * p.n_pad + start_n) * kHeadDim;
-#pragma unroll
-  for (int c = 0; c < kBlockN * kHeadDim / 16 / kThreads; ++c) {
-    const int i = threadIdx.x + c * kThreads;
-    cp_async16(s.k + QTile::chunk_offset(i / (kHeadDim / 16), i % (kHeadDim / 16)), k + 16 * i);
-  }
-  if (total > 0) load_tile(s, 0, p, head(0), sched.start_m(0));
+  load_k(s.k, p, bh_kv, start_n);  // K̂ once, with the first tile (one cp.async group)
+  if (total > 0) load_tile(s.q[0], s.dot[0], s.lse[0], p, head(0), sched.start_m(0));
   cp_async_commit();
   const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
 
   float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
-  float scale_col[kHeadDim / 4];  // the current head's dÔᶜ scale per accumulator column: [i][v % 2] as 2i + v % 2
-#pragma unroll
-  for (int c = 0; c < kHeadDim / 4; ++c) scale_col[c] = 1.0f;
 
 #pragma unroll 1
   for (int j = 0; j < total; ++j) {
     const int it = j % sched.tiles, stage = j & 1;
     const int64_t bh = head(j);
     const int start_m = sched.start_m(it);
-    if (j + 1 < total) load_tile(s, stage ^ 1, p, head(j + 1), sched.start_m((j + 1) % sched.tiles));
+    if (j + 1 < total) {
+      const int next = stage ^ 1;
+      load_tile(s.q[next], s.dot[next], s.lse[next], p, head(j + 1), sched.start_m((j + 1) % sched.tiles));
+    }
     cp_async_commit();
     const float s_q = p.sq[bh * (p.n_pad / 128) + start_m / 128];
-    if (it == 0) {  // a new query head: dV into its dÔᶜ units (Triton: dv * (s_doc / s_next), also for the first)
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 8; ++i) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float next = p.sdoc[bh * kHeadDim + 8 * i + 2 * q + c];
-          const float ratio = div_full(scale_col[2 * i + c], next);
-          dv[4 * i + c] = __fmul_rn(dv[4 * i + c], ratio);
-          dv[4 * i + 2 + c] = __fmul_rn(dv[4 * i + 2 + c], ratio);
-          scale_col[2 * i + c] = next;
-        }
-      }
-    }
+    if (it == 0) rescale_dv(dv, j ? p.sdoc + (bh - 1) * kHeadDim : nullptr, p.sdoc + bh * kHeadDim);
     cp_async_wait<1>();
     fence_async_shared();
     __syncthreads();
@@ -175,32 +240,10 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
     wgmma_wait<0>();
     fence_operands(st);
 
-    // P = exp2(Sᵀ · scale − lse2), masked on the masked tiles; P̂ᵀ = e4m3(P · 448) as A fragments
-    const float row_scale = __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k);
-    const bool masked = it >= sched.unmasked;
-#pragma unroll
-    for (int i = 0; i < kBlockM / 8; ++i) {
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int key = start_n + 16 * warp + g + 8 * (v / 2), col = 8 * i + 2 * q + (v % 2);
-        float pv = ex2_approx_ftz(fmaf(st[4 * i + v], row_scale, -s.lse[stage][col]));
-        if (masked) {
-          const int query = start_m + col;
-          const bool visible = key < p.n && query < p.n && (!p.causal || query >= key);
-          pv = visible ? pv : 0.0f;
-        }
-        st[4 * i + v] = fminf(fmaxf(__fmul_rn(pv, 448.0f), -448.0f), 448.0f);
-      }
-    }
+    softmax_tile(st, s.lse[stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), it >= sched.unmasked, start_n,
+                 start_m, p);
     uint32_t frag[DoTile::kSteps][4];
-#pragma unroll
-    for (int kk = 0; kk < DoTile::kSteps; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);  // 16-query half h16, key row g or g + 8
-        frag[kk][r] = acc_to_a_fragment(cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]));
-      }
-    }
+    to_fragments(st, frag);
 
     // dV += P̂ᵀ dÔᶜ: [64 keys, D] over the tile's 64 queries
 #pragma unroll
@@ -231,49 +274,220 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
     __syncthreads();  // every warp is done with this stage before the next iteration loads into it
   }
   cp_async_wait<0>();
+  if (total > 0) store_dv(dv, p.sdoc + head(total - 1) * kHeadDim, p, b, h_kv, start_n);
+}
 
-  // dV · (s_dOᶜ[d] / 448) in the output dtype, keys < N
-  constexpr float kInv448 = 1.0f / 448.0f;
+// The pipelined form (the same operations on the same operands in the same order, so the same bits), after FA3's
+// intra-warpgroup overlap: per tile j, Sᵀ(j+1) and dV(j) are issued back to back; the softmax of tile j+1 runs on the
+// CUDA cores while dV(j) runs on the tensor core. Nothing is in flight across the loop's back edge (ptxas serialises
+// every wgmma of a kernel whose pipeline it cannot follow: a wgmma group pending across the back edge, with its
+// accumulator read after a wait<1>, was enough, C7515).
+//   - STAGES cp.async stages: the tile STAGES-2 ahead of the one whose Sᵀ is issued loads meanwhile;
+//   - K_RS: K̂ lives in registers as Sᵀ's A fragments (16 registers), so Sᵀ reads only Q̂ from shared memory.
+template <int STAGES>
+struct __align__(1024) PipeSmem {
+  uint8_t k[kBlockN * kHeadDim];
+  uint8_t q[STAGES][kBlockM * kHeadDim];
+  uint8_t dot[STAGES][kHeadDim * kBlockM];
+  float lse[STAGES][kBlockM];
+};
+template <int STAGES>
+constexpr int pipe_smem_bytes() { return int(sizeof(PipeSmem<STAGES>)) + 1024; }  // + room to align the base
+
+template <bool K_RS>
+__device__ __forceinline__ void issue_s(float (&st)[kBlockM / 2], const uint8_t* k, const uint32_t (&kfrag)[4][4],
+                                        const uint8_t* q) {
+  wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-    const int col = 8 * i + 2 * q;
-    const float c0 = __fmul_rn(scale_col[2 * i], kInv448), c1 = __fmul_rn(scale_col[2 * i + 1], kInv448);
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    if constexpr (K_RS) {
+      WgmmaE4M3<kBlockM>::rs(st, kfrag[kk], QTile::desc(q, kk), kk > 0);
+    } else {
+      WgmmaE4M3<kBlockM>::ss(st, QTile::desc(k, kk), QTile::desc(q, kk), kk > 0);
+    }
+  }
+  wgmma_commit();
+}
+
+template <bool PROMOTE>
+__device__ __forceinline__ void issue_dv(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2],
+                                         uint32_t (&frag)[DoTile::kSteps][4], const uint8_t* dot) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = start_n + 16 * warp + g + 8 * half;
-      if (key >= p.n) continue;
-      const float x0 = __fmul_rn(dv[4 * i + 2 * half], c0), x1 = __fmul_rn(dv[4 * i + 2 * half + 1], c1);
-      const int64_t at = int64_t(b) * p.stride_b + int64_t(key) * p.stride_n + int64_t(h_kv) * p.stride_h + col;
-      if (p.out_fp16) {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.dv) + at) = __floats2half2_rn(x0, x1);
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dv) + at) = __floats2bfloat162_rn(x0, x1);
+  for (int kk = 0; kk < DoTile::kSteps; ++kk) fence_operands(frag[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < DoTile::kSteps; ++kk) {
+    if constexpr (PROMOTE) {
+      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], DoTile::desc(dot, kk), kk > 0);
+    } else {
+      WgmmaE4M3<kHeadDim>::rs(dv, frag[kk], DoTile::desc(dot, kk), 1);
+    }
+  }
+  wgmma_commit();
+}
+
+template <bool PROMOTE>
+__device__ __forceinline__ void finish_dv(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2]) {
+  if constexpr (PROMOTE) {
+    fence_operands(part);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = __fadd_rn(dv[i], part[i]);
+  } else {
+    fence_operands(dv);
+  }
+}
+
+template <bool PROMOTE, int STAGES, bool K_RS>
+__device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactoredParams& p) {
+  static_assert(STAGES >= 3, "tile j+1 must be resident while tile j+STAGES-1 loads into tile j-1's stage");
+  PipeSmem<STAGES>& s = *reinterpret_cast<PipeSmem<STAGES>*>(
+      raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+  const int start_n = blockIdx.x * kBlockN;
+  const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
+  const int group = p.h / p.h_kv;
+  const Schedule sched(start_n, p.n, p.causal);
+  const int total = sched.tiles * group;
+  if (total == 0) return;
+  auto head = [&](int j) { return int64_t(b) * p.h + int64_t(h_kv) * group + j / sched.tiles; };
+  auto load = [&](int j) {  // tile j into stage j % STAGES (nothing past the end); always one commit group
+    if (j < total) {
+      const int st = j % STAGES;
+      load_tile(s.q[st], s.dot[st], s.lse[st], p, head(j), sched.start_m(j % sched.tiles));
+    }
+    cp_async_commit();
+  };
+  const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
+  // Sᵀ(j) → P·448 in `st`, masked (the cast saturates)
+  auto softmax = [&](int j, float (&st)[kBlockM / 2]) {
+    const int it = j % sched.tiles, start_m = sched.start_m(it);
+    const float s_q = p.sq[head(j) * (p.n_pad / 128) + start_m / 128];
+    softmax_tile(st, s.lse[j % STAGES], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), it >= sched.unmasked, start_n,
+                 start_m, p);
+  };
+
+  load_k(s.k, p, bh_kv, start_n);
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) load(j);  // K̂ rides with tile 0
+  cp_async_wait<STAGES - 2>();                   // K̂ and tile 0
+  fence_async_shared();
+  __syncthreads();
+
+  uint32_t kfrag[4][4];
+  if constexpr (K_RS) {
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = 16 * warp + g + 8 * (r % 2), chunk = 2 * kk + r / 2;
+        kfrag[kk][r] = *reinterpret_cast<const uint32_t*>(s.k + QTile::chunk_offset(row, chunk) + 4 * q);
       }
     }
   }
+
+  float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
+  float part[kHeadDim / 2];     // one tile's product (PROMOTE)
+  uint32_t frag[DoTile::kSteps][4];
+  {
+    float st[kBlockM / 2];
+    issue_s<K_RS>(st, s.k, kfrag, s.q[0]);
+    wgmma_wait<0>();
+    fence_operands(st);
+    softmax(0, st);
+    to_fragments(st, frag);
+  }
+  rescale_dv(dv, nullptr, p.sdoc + head(0) * kHeadDim);
+
+#pragma unroll 1
+  for (int j = 0; j + 1 < total; ++j) {
+    cp_async_wait<STAGES - 3>();  // this thread's copies of tile j + 1 have landed
+    fence_async_shared();
+    __syncthreads();              // everyone's have, and every warp is past dV(j - 1): its stage refills
+    load(j + STAGES - 1);
+
+    float st[kBlockM / 2];
+    issue_s<K_RS>(st, s.k, kfrag, s.q[(j + 1) % STAGES]);
+    issue_dv<PROMOTE>(dv, part, frag, s.dot[j % STAGES]);
+    wgmma_wait<1>();  // Sᵀ(j + 1); dV(j) runs on
+    fence_operands(st);
+    softmax(j + 1, st);
+    wgmma_wait<0>();  // dV(j)
+    finish_dv<PROMOTE>(dv, part);
+    if ((j + 1) % sched.tiles == 0) {  // tile j + 1 starts the next query head
+      rescale_dv(dv, p.sdoc + head(j) * kHeadDim, p.sdoc + head(j + 1) * kHeadDim);
+    }
+    to_fragments(st, frag);
+  }
+  issue_dv<PROMOTE>(dv, part, frag, s.dot[(total - 1) % STAGES]);
+  wgmma_wait<0>();
+  finish_dv<PROMOTE>(dv, part);
+  cp_async_wait<0>();
+  store_dv(dv, p.sdoc + head(total - 1) * kHeadDim, p, b, h_kv, start_n);
 }
 
 }  // namespace dv
 }  // namespace dm
 
-#define DM_DV_KERNEL(NAME, PROMOTE)                                                               \
-  extern "C" __global__ void __launch_bounds__(dm::dv::kThreads, 1) NAME(const DvFactoredParams p) { \
-    __shared__ dm::dv::Smem smem;                                                                 \
-    dm::dv::dv_block<PROMOTE>(smem, p);                                                           \
+#define DM_DV_KERNEL(NAME, PROMOTE)                                                                  \
+  extern "C" __global__ void __launch_bounds__(dm::dv::kThreads, 1) NAME(const DvFactoredParams p) {    \
+    __shared__ dm::dv::Smem smem;                                                                    \
+    dm::dv::dv_block<PROMOTE>(smem, p);                                                              \
   }
 DM_DV_KERNEL(dm_dv_factored_promoted, true)
 DM_DV_KERNEL(dm_dv_factored_unpromoted, false)
 #undef DM_DV_KERNEL
 
-extern "C" int dm_dv_factored(const DvFactoredParams* p, int promote, int device, cudaStream_t stream) {
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % 128 || p->n_pad < p->n) return cudaErrorInvalidValue;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
-  const dim3 grid((p->n + dm::dv::kBlockN - 1) / dm::dv::kBlockN, p->b * p->h_kv);
-  if (promote) {
-    dm_dv_factored_promoted<<<grid, dm::dv::kThreads, 0, stream>>>(*p);
-  } else {
-    dm_dv_factored_unpromoted<<<grid, dm::dv::kThreads, 0, stream>>>(*p);
+#define DM_DV_PIPE_KERNEL(NAME, PROMOTE, STAGES, K_RS)                                               \
+  extern "C" __global__ void __launch_bounds__(dm::dv::kThreads, 1) NAME(const DvFactoredParams p) {    \
+    extern __shared__ uint8_t smem[];                                                                \
+    dm::dv::dv_block_pipelined<PROMOTE, STAGES, K_RS>(smem, p);                                      \
   }
+DM_DV_PIPE_KERNEL(dm_dv_factored_pipe3_ss_promoted, true, 3, false)
+DM_DV_PIPE_KERNEL(dm_dv_factored_pipe3_ss_unpromoted, false, 3, false)
+DM_DV_PIPE_KERNEL(dm_dv_factored_pipe3_rs_promoted, true, 3, true)
+DM_DV_PIPE_KERNEL(dm_dv_factored_pipe3_rs_unpromoted, false, 3, true)
+DM_DV_PIPE_KERNEL(dm_dv_factored_pipe5_rs_promoted, true, 5, true)
+DM_DV_PIPE_KERNEL(dm_dv_factored_pipe5_rs_unpromoted, false, 5, true)
+#undef DM_DV_PIPE_KERNEL
+
+namespace {
+
+using DvKernel = void (*)(DvFactoredParams);
+
+// The kernel of each (variant, promote) and the dynamic shared memory it needs; the variant numbers are
+// cuda_lib.DV_VARIANTS' positions.
+struct DvLaunch {
+  DvKernel kernel;
+  int smem;
+};
+DvLaunch dv_launch(int variant, bool promote) {
+  using namespace dm::dv;
+  switch (variant) {
+    case 0: return {promote ? dm_dv_factored_promoted : dm_dv_factored_unpromoted, 0};
+    case 1: return {promote ? dm_dv_factored_pipe3_ss_promoted : dm_dv_factored_pipe3_ss_unpromoted,
+                    pipe_smem_bytes<3>()};
+    case 2: return {promote ? dm_dv_factored_pipe3_rs_promoted : dm_dv_factored_pipe3_rs_unpromoted,
+                    pipe_smem_bytes<3>()};
+    case 3: return {promote ? dm_dv_factored_pipe5_rs_promoted : dm_dv_factored_pipe5_rs_unpromoted,
+                    pipe_smem_bytes<5>()};
+    default: return {nullptr, 0};
+  }
+}
+
+}  // namespace
+
+extern "C" int dm_dv_factored(const DvFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % 128 || p->n_pad < p->n) return cudaErrorInvalidValue;
+  const DvLaunch launch = dv_launch(variant, promote != 0);
+  if (!launch.kernel) return cudaErrorInvalidValue;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  if (launch.smem > 48 * 1024) {  // above the static limit: opt in (cheap, per call, so any device is covered)
+    const cudaError_t err =
+        cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((p->n + dm::dv::kBlockN - 1) / dm::dv::kBlockN, p->b * p->h_kv);
+  launch.kernel<<<grid, dm::dv::kThreads, launch.smem, stream>>>(*p);
   return cudaGetLastError();
 }
 

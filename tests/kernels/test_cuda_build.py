@@ -106,7 +106,9 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened is not None and why == ""
     assert opened.dm_dv_factored_params_size() == ctypes.sizeof(cuda_lib.DvFactoredParams)
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
-    assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, None) == 1  # cudaErrorInvalidValue
+    assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
+    good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)
+    assert opened.dm_dv_factored(ctypes.byref(good), 1, len(cuda_lib.DV_VARIANTS), 0, None) == 1  # no such variant
     if not torch.cuda.is_available():
         lib, reason = cuda_lib.load(library)
         assert lib is None and "no CUDA GPU" in reason
@@ -126,11 +128,11 @@ def test_the_wrappers_check_their_inputs_before_needing_the_library():
         cuda_lib.dpt_tile(codes, codes, 1.0, 1.0)
 
 
-def _dv_inputs(b=1, h=2, h_kv=1, n=100, n_pad=128, d=128):
+def _dv_inputs(b=1, h=2, h_kv=1, n=100, n_pad=128, d=128, **options):
     return dict(q8=torch.zeros(b, h, n_pad, d, dtype=torch.uint8), k8=torch.zeros(b, h_kv, n_pad, d, dtype=torch.uint8),
                 do8t=torch.zeros(b, h, d, n_pad, dtype=torch.uint8), sq=torch.ones(b, h, n_pad // 128),
                 sk=torch.ones(b, h_kv, n_pad // 64), sdoc=torch.ones(b, h, d), lse2=torch.zeros(b, h, n_pad), n=n,
-                causal=True, qk_scale=0.1)
+                causal=True, qk_scale=0.1, **options)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -138,11 +140,11 @@ def _dv_inputs(b=1, h=2, h_kv=1, n=100, n_pad=128, d=128):
     (dict(h=3, h_kv=2), "not a multiple"),
     (dict(n=200), "expected 0 < n <= N_pad"),
     (dict(), "expected a CUDA tensor"),
+    (dict(variant="pipe9"), "variant 'pipe9'"),
 ])
 def test_the_dv_wrapper_checks_its_inputs_before_needing_the_library(change, message):
     with pytest.raises(ValueError, match=message):
         cuda_lib.dv_factored(**_dv_inputs(**change))
-
 
 
 def _acc_to_a_fragment(words: list[int]) -> list[int]:

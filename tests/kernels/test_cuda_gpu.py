@@ -238,10 +238,10 @@ def triton_factored_dv(ops, promote):
     return dv
 
 
-def cuda_factored_dv(ops, promote):
+def cuda_factored_dv(ops, promote, variant="simple"):
     s = ops["saved"]
     return cuda_lib.dv_factored(s["q8"], s["k8"], ops["do8t_c"], s["sq"], s["sk"], ops["sdoc"], s["lse2"], ops["n"],
-                                ops["causal"], ops["qk_scale"], dtype=ops["dtype"], promote=promote)
+                                ops["causal"], ops["qk_scale"], dtype=ops["dtype"], promote=promote, variant=variant)
 
 
 DV_CASES = [(n, causal, promote) for n in (128, 130, 1024) for causal in (True, False) for promote in (True, False)]
@@ -265,10 +265,18 @@ def dv_operands():
     return get
 
 
-@pytest.mark.parametrize("n, causal, promote", DV_CASES + GQA_CASES)
-def test_factored_dv_is_tritons_bit_for_bit(dv_operands, n, causal, promote):
+# the pipelined loops on fewer cases: one tile per key block (N = 130: the loop body never runs for the last block),
+# ragged N, many tiles, both masks, GQA
+PIPELINED_CASES = [(v, *case) for v in cuda_lib.DV_VARIANTS[1:] for case in
+                   [(130, True, True), (130, False, False), (1024, True, True), (1024, True, False), (1024, False, True),
+                    *GQA_CASES]]
+
+
+@pytest.mark.parametrize("variant, n, causal, promote", [("simple", *c) for c in DV_CASES + GQA_CASES]
+                         + PIPELINED_CASES)
+def test_factored_dv_is_tritons_bit_for_bit(dv_operands, variant, n, causal, promote):
     ops = dv_operands(n, causal, *heads(n))
-    ours, theirs = cuda_factored_dv(ops, promote), triton_factored_dv(ops, promote)
+    ours, theirs = cuda_factored_dv(ops, promote, variant), triton_factored_dv(ops, promote)
     torch.cuda.synchronize()
     assert torch.isfinite(ours).all()
     diff = (ours.float() - theirs.float()).abs()
@@ -308,9 +316,10 @@ def test_factored_dv_against_reference_and_fp64(causal):
     assert ref_to_exact < 0.12, msg
 
 
-def test_factored_dv_runs_on_torchs_current_stream(dv_operands):
+@pytest.mark.parametrize("variant", ["simple", "pipe5_rs"])  # static, and dynamic shared memory above 48 KiB
+def test_factored_dv_runs_on_torchs_current_stream(dv_operands, variant):
     ops = dv_operands(1024, True)
-    expected = cuda_factored_dv(ops, True)
+    expected = cuda_factored_dv(ops, True, variant)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     lse = ops["saved"]["lse2"]
@@ -319,6 +328,7 @@ def test_factored_dv_runs_on_torchs_current_stream(dv_operands):
         torch.cuda._sleep(100_000_000)
         late.copy_(lse)
         got = cuda_lib.dv_factored(ops["saved"]["q8"], ops["saved"]["k8"], ops["do8t_c"], ops["saved"]["sq"],
-                                   ops["saved"]["sk"], ops["sdoc"], late, ops["n"], True, ops["qk_scale"])
+                                   ops["saved"]["sk"], ops["sdoc"], late, ops["n"], True, ops["qk_scale"],
+                                   variant=variant)
     side.synchronize()
     assert torch.equal(got, expected)

@@ -1,10 +1,11 @@
 """Time the CUDA factored dV (M2, ``kernels/cuda/dv_factored.cu``) against Triton's factored dV launch on the same
 operands: B·H = 64, N = 8192, D = 128, causal (the shape of kernels/NOTES.md's sweep), each promoted per 64-query
-tile (the default, ``ACC_PROMOTE=64``) and not. One JSON row per variant on stdout and in ``--out``:
+tile (the default, ``ACC_PROMOTE=64``) and not, every CUDA loop structure (``cuda_lib.DV_VARIANTS``). One JSON row per variant on stdout and in ``--out``:
 ``ms`` (``do_bench`` median), ``tflops`` executed (two matmuls, S and dV, halved when causal, as the sweep counts),
 and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
 
-Usage (repo root, on the H200, after the library is built): ``python tools/device/cuda_dv_bench.py --out FILE``.
+Usage (repo root, on the H200, after the library is built): ``python tools/device/cuda_dv_bench.py --out FILE``;
+``--once`` launches each kernel once (promoted) for ``ncu``.
 """
 
 import argparse
@@ -47,11 +48,14 @@ def launchers(ops, promote):
                                 ops["qk"], ops["scale"], ops["n"], cfg, factored=factored)
         out["triton"] = dv
 
-    def cuda_dv():
-        out["cuda"] = cuda_lib.dv_factored(s["q8"], s["k8"], ops["do8t_c"], s["sq"], s["sk"], ops["sdoc"], s["lse2"],
-                                           ops["n"], ops["causal"], ops["qk"], promote=promote)
+    def cuda_dv(variant):
+        def launch():
+            out[variant] = cuda_lib.dv_factored(s["q8"], s["k8"], ops["do8t_c"], s["sq"], s["sk"], ops["sdoc"],
+                                                s["lse2"], ops["n"], ops["causal"], ops["qk"], promote=promote,
+                                                variant=variant)
+        return launch
 
-    return triton_dv, cuda_dv, out
+    return triton_dv, {v: cuda_dv(v) for v in cuda_lib.DV_VARIANTS}, out
 
 
 def main(argv=None) -> int:
@@ -59,6 +63,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="JSONL file for the rows")
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--bh", type=int, default=64)
+    parser.add_argument("--once", action="store_true",
+                        help="launch each kernel once, promoted, untimed (for a profiler: ncu -k ...)")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
@@ -67,18 +73,25 @@ def main(argv=None) -> int:
     ops = operands(b, h, args.n, d, causal=True)
     flop = 2 * 2 * args.bh * args.n**2 * d * 0.5
     rows = []
-    for promote in (True, False):
-        triton_dv, cuda_dv, out = launchers(ops, promote)
-        triton_dv(), cuda_dv()
+    if args.once:
+        triton_dv, cuda_dvs, _ = launchers(ops, True)
+        for fn in (triton_dv, *cuda_dvs.values()):
+            fn()
         torch.cuda.synchronize()
-        diff = (out["cuda"].double() - out["triton"].double()).norm() / out["triton"].double().norm()
-        equal = torch.equal(out["cuda"], out["triton"])
-        for name, fn in (("triton", triton_dv), ("cuda", cuda_dv)):
+        return 0
+    for promote in (True, False):
+        triton_dv, cuda_dvs, out = launchers(ops, promote)
+        triton_dv()
+        for fn in cuda_dvs.values():
+            fn()
+        torch.cuda.synchronize()
+        for name, fn in (("triton", triton_dv), *cuda_dvs.items()):
             ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-            row = dict(kernel=f"dv_factored_{name}", promoted=promote, b_h=args.bh, n=args.n, d=d, causal=True,
-                       ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
-            if name == "cuda":
-                row.update(equal=equal, rel=float(diff))
+            row = dict(kernel=f"dv_factored_{'triton' if name == 'triton' else 'cuda'}", promoted=promote,
+                       b_h=args.bh, n=args.n, d=d, causal=True, ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
+            if name != "triton":
+                diff = (out[name].double() - out["triton"].double()).norm() / out["triton"].double().norm()
+                row.update(variant=name, equal=torch.equal(out[name], out["triton"]), rel=float(diff))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.out:

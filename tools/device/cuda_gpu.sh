@@ -4,7 +4,8 @@
 # run its GPU tests (tests/kernels/test_cuda_gpu.py: M1 primitives, the swapped dP̂ᵀ tile, the M2 factored dV), time
 # the CUDA dV against Triton's factored dV at B·H = 64, N = 8192, D = 128, causal (tools/device/cuda_dv_bench.py), and
 # print a summary. About 2 minutes on a fresh machine (Triton compiles its kernels for the tests and the bench).
-# Files under $OUT (6; the device tool returns at most 8): install.log, build.log (build, ldd, SASS-check log),
+# NCU=1 adds an Nsight Compute profile of each dV kernel ($OUT/ncu.txt; ncu reads counters on Firecracker machines).
+# Files under $OUT (6, 7 with NCU=1; the device tool returns at most 8): install.log, build.log (build, ldd, SASS-check log),
 # cuda_check.jsonl, gpu_tests.log, gpu_tests.jsonl, dv_bench.jsonl.
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   bash tools/device/cuda_gpu.sh
@@ -39,12 +40,18 @@ DELTAMATCH_TEST_REPORT="$OUT/gpu_tests.jsonl" python3 -m pytest -q -p no:cachepr
 stamp "tests done"
 python3 tools/device/cuda_dv_bench.py --out "$OUT/dv_bench.jsonl" 2>&1 | tail -8
 stamp "bench done"
+if [[ ${NCU:-0} == 1 ]]; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
+  timeout 240 ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats -k 'regex:dm_dv_factored|_attn_bwd_dkdv' \
+    python3 tools/device/cuda_dv_bench.py --once > "$OUT/ncu.txt" 2>&1
+  stamp "ncu rc $?"
+fi
 echo "== summary: library $origin; ldd $not_found not found; SASS check rc $check_rc;" \
   "tests: $(tail -1 "$OUT/gpu_tests.log")"
 python3 - "$OUT/dv_bench.jsonl" <<'PY' 2>/dev/null || echo "  (no dV timings)"
 import json, sys
 for r in map(json.loads, open(sys.argv[1])):
     extra = f" equal {r['equal']} rel {r['rel']:.1e}" if "equal" in r else ""
-    print(f"  {r['kernel']:20} {'promoted  ' if r['promoted'] else 'unpromoted'} {r['ms']:.3f} ms "
+    print(f"  {r['kernel']:20} {r.get('variant', ''):9} {'promoted  ' if r['promoted'] else 'unpromoted'} {r['ms']:.3f} ms "
           f"{r['tflops']:6.1f} TFLOP/s{extra}")
 PY
