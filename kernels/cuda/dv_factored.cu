@@ -348,26 +348,37 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   const Schedule sched(start_n, p.n, p.causal);
   const int total = sched.tiles * group;
   if (total == 0) return;
-  auto head = [&](int j) { return int64_t(b) * p.h + int64_t(h_kv) * group + j / sched.tiles; };
-  auto load = [&](int j) {  // tile j into stage j % STAGES (nothing past the end); always one commit group
-    if (j < total) {
-      const int st = j % STAGES;
-      load_tile(s.q[st], s.dot[st], s.lse[st], p, head(j), sched.start_m(j % sched.tiles));
+  const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;  // the group's first query head
+  // Tile j of the CTA's sequence without divisions: its query head, its place in that head's schedule, its stage.
+  struct Cursor {
+    int j, it, stage;
+    int64_t bh;
+    __device__ void advance(int tiles) {
+      ++j;
+      if (++it == tiles) it = 0, ++bh;
+      if (++stage == STAGES) stage = 0;
+    }
+  };
+  Cursor ahead{0, 0, 0, bh0};  // the next tile to load
+  auto load = [&]() {  // tile `ahead` into its stage (nothing past the end); always one commit group
+    if (ahead.j < total) {
+      load_tile(s.q[ahead.stage], s.dot[ahead.stage], s.lse[ahead.stage], p, ahead.bh, sched.start_m(ahead.it));
     }
     cp_async_commit();
+    ahead.advance(sched.tiles);
   };
   const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
-  // Sᵀ(j) → P·448 in `st`, masked (the cast saturates)
-  auto softmax = [&](int j, float (&st)[kBlockM / 2]) {
-    const int it = j % sched.tiles, start_m = sched.start_m(it);
-    const float s_q = p.sq[head(j) * (p.n_pad / 128) + start_m / 128];
-    softmax_tile(st, s.lse[j % STAGES], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), it >= sched.unmasked, start_n,
+  // Sᵀ of tile c → P·448 in `st`, masked (the cast saturates)
+  auto softmax = [&](const Cursor& c, float (&st)[kBlockM / 2]) {
+    const int start_m = sched.start_m(c.it);
+    const float s_q = p.sq[c.bh * (p.n_pad / 128) + start_m / 128];
+    softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
                  start_m, p);
   };
 
   load_k(s.k, p, bh_kv, start_n);
 #pragma unroll
-  for (int j = 0; j < STAGES - 1; ++j) load(j);  // K̂ rides with tile 0
+  for (int j = 0; j < STAGES - 1; ++j) load();  // K̂ rides with tile 0
   cp_async_wait<STAGES - 2>();                   // K̂ and tile 0
   fence_async_shared();
   __syncthreads();
@@ -388,41 +399,43 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
   float part[kHeadDim / 2];     // one tile's product (PROMOTE)
   uint32_t frag[DoTile::kSteps][4];
+  Cursor cur{0, 0, 0, bh0};  // the tile whose P̂ᵀ is in `frag`
   {
     float st[kBlockM / 2];
     issue_s<K_RS>(st, s.k, kfrag, s.q[0]);
     wgmma_wait<0>();
     fence_operands(st);
-    softmax(0, st);
+    softmax(cur, st);
     to_fragments(st, frag);
   }
-  rescale_dv(dv, nullptr, p.sdoc + head(0) * kHeadDim);
+  rescale_dv(dv, nullptr, p.sdoc + bh0 * kHeadDim);
 
 #pragma unroll 1
-  for (int j = 0; j + 1 < total; ++j) {
-    cp_async_wait<STAGES - 3>();  // this thread's copies of tile j + 1 have landed
+  while (cur.j + 1 < total) {
+    cp_async_wait<STAGES - 3>();  // this thread's copies of the next tile have landed
     fence_async_shared();
-    __syncthreads();              // everyone's have, and every warp is past dV(j - 1): its stage refills
-    load(j + STAGES - 1);
+    __syncthreads();              // everyone's have, and every warp is past the last dV: its stage refills
+    load();
+    Cursor next = cur;
+    next.advance(sched.tiles);
 
     float st[kBlockM / 2];
-    issue_s<K_RS>(st, s.k, kfrag, s.q[(j + 1) % STAGES]);
-    issue_dv<PROMOTE>(dv, part, frag, s.dot[j % STAGES]);
-    wgmma_wait<1>();  // Sᵀ(j + 1); dV(j) runs on
+    issue_s<K_RS>(st, s.k, kfrag, s.q[next.stage]);
+    issue_dv<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
+    wgmma_wait<1>();  // Sᵀ(next); dV(cur) runs on
     fence_operands(st);
-    softmax(j + 1, st);
-    wgmma_wait<0>();  // dV(j)
+    softmax(next, st);
+    wgmma_wait<0>();  // dV(cur)
     finish_dv<PROMOTE>(dv, part);
-    if ((j + 1) % sched.tiles == 0) {  // tile j + 1 starts the next query head
-      rescale_dv(dv, p.sdoc + head(j) * kHeadDim, p.sdoc + head(j + 1) * kHeadDim);
-    }
+    if (next.it == 0) rescale_dv(dv, p.sdoc + cur.bh * kHeadDim, p.sdoc + next.bh * kHeadDim);  // a new query head
     to_fragments(st, frag);
+    cur = next;
   }
-  issue_dv<PROMOTE>(dv, part, frag, s.dot[(total - 1) % STAGES]);
+  issue_dv<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
   wgmma_wait<0>();
   finish_dv<PROMOTE>(dv, part);
   cp_async_wait<0>();
-  store_dv(dv, p.sdoc + head(total - 1) * kHeadDim, p, b, h_kv, start_n);
+  store_dv(dv, p.sdoc + cur.bh * kHeadDim, p, b, h_kv, start_n);
 }
 
 }  // namespace dv

@@ -4,12 +4,17 @@
 # run its GPU tests (tests/kernels/test_cuda_gpu.py: M1 primitives, the swapped dP̂ᵀ tile, the M2 factored dV), time
 # the CUDA dV against Triton's factored dV at B·H = 64, N = 8192, D = 128, causal (tools/device/cuda_dv_bench.py), and
 # print a summary. About 2 minutes on a fresh machine (Triton compiles its kernels for the tests and the bench).
-# NCU=1 adds an Nsight Compute profile of each dV kernel ($OUT/ncu.txt; ncu reads counters on Firecracker machines).
-# Files under $OUT (6, 7 with NCU=1; the device tool returns at most 8): install.log, build.log (build, ldd, SASS-check log),
-# cuda_check.jsonl, gpu_tests.log, gpu_tests.jsonl, dv_bench.jsonl.
+# Stages (first argument, comma-separated; default tests,bench): tests, bench, and ncu: an Nsight Compute profile of
+# Triton's dV and each CUDA dV kernel ($OUT/ncu.txt: speed of light, occupancy, the scheduler, every stall reason per
+# issued instruction, L2 sectors and requests, shared-memory bank conflicts; ncu reads counters on Firecracker machines).
+# The build, ldd and SASS check always run. Files under $OUT (at most 7; the device tool returns at most 8):
+# install.log, build.log (build, ldd, SASS-check log), cuda_check.jsonl, gpu_tests.log, gpu_tests.jsonl,
+# dv_bench.jsonl, ncu.txt.
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
-#   bash tools/device/cuda_gpu.sh
+#   bash tools/device/cuda_gpu.sh [tests,bench,ncu]
 set -uo pipefail
+WHAT=${1:-tests,bench}
+has() { [[ ",$WHAT," == *",$1,"* ]]; }
 source tools/device/setup.sh
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
@@ -35,19 +40,25 @@ for r in map(json.loads, open(sys.argv[1])):
           f"{'ok' if r['ok'] else r['problems']}")
 PY
 stamp "SASS check rc $check_rc"
-DELTAMATCH_TEST_REPORT="$OUT/gpu_tests.jsonl" python3 -m pytest -q -p no:cacheprovider -rfEs \
-  tests/kernels/test_cuda_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-stamp "tests done"
-python3 tools/device/cuda_dv_bench.py --out "$OUT/dv_bench.jsonl" 2>&1 | tail -8
-stamp "bench done"
-if [[ ${NCU:-0} == 1 ]]; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
-  timeout 240 ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-    --section Occupancy --section LaunchStats -k 'regex:dm_dv_factored|_attn_bwd_dkdv' \
-    python3 tools/device/cuda_dv_bench.py --once > "$OUT/ncu.txt" 2>&1
+if has tests; then
+  DELTAMATCH_TEST_REPORT="$OUT/gpu_tests.jsonl" timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs \
+    tests/kernels/test_cuda_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  stamp "tests done"
+fi
+if has bench; then
+  timeout 240 python3 tools/device/cuda_dv_bench.py --out "$OUT/dv_bench.jsonl" 2>&1 | tail -12
+  stamp "bench done"
+fi
+if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
+  stalls='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+  timeout 240 ncu --clock-control none --section SpeedOfLight --section SchedulerStats --section Occupancy \
+    --section LaunchStats --metrics "$stalls,lts__t_sectors.sum,lts__t_requests.sum,smsp__inst_executed.sum" \
+    --metrics l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum \
+    -k 'regex:dm_dv_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once > "$OUT/ncu.txt" 2>&1
   stamp "ncu rc $?"
 fi
 echo "== summary: library $origin; ldd $not_found not found; SASS check rc $check_rc;" \
-  "tests: $(tail -1 "$OUT/gpu_tests.log")"
+  "tests: $(tail -1 "$OUT/gpu_tests.log" 2>/dev/null)"
 python3 - "$OUT/dv_bench.jsonl" <<'PY' 2>/dev/null || echo "  (no dV timings)"
 import json, sys
 for r in map(json.loads, open(sys.argv[1])):
