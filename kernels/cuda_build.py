@@ -68,11 +68,11 @@ KERNELS = (
     # then dV += P̂ᵀ dÔᶜ (two RS m64n128k32 over 64 queries)
     CudaKernel("dm_dv_factored_promoted", {_qgmma(64): 4, _qgmma(128): 2}),
     CudaKernel("dm_dv_factored_unpromoted", {_qgmma(64): 4, _qgmma(128): 2}),
-    # its pipelined forms (Sᵀ of the next tile and dV of this one issued together, the softmax beside dV): Sᵀ of the
-    # first tile before the loop, dV of the last after it: 2 x 4 m64n64k32 (SS, or RS with K̂ in registers) and
-    # 2 x 2 m64n128k32
+    # its pipelined forms, cp.async or TMA (Sᵀ of the next tile and dV of this one issued together, the softmax beside
+    # dV): Sᵀ of the first tile before the loop, dV of the last after it: 2 x 4 m64n64k32 (SS, or RS with K̂ in
+    # registers) and 2 x 2 m64n128k32
     *(CudaKernel(f"dm_dv_factored_{variant}_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})
-      for variant in ("pipe3_ss", "pipe3_rs", "pipe5_rs") for promoted in ("promoted", "unpromoted")),
+      for variant in ("pipe3_ss", "pipe3_rs", "pipe5_rs", "tma3", "tma4") for promoted in ("promoted", "unpromoted")),
 )
 
 

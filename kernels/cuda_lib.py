@@ -53,10 +53,11 @@ SIGNATURES = {
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
-DV_VARIANTS = ("simple", "pipe3_ss", "pipe3_rs", "pipe5_rs")
+DV_VARIANTS = ("simple", "pipe3_ss", "pipe3_rs", "pipe5_rs", "tma3", "tma4")
 """The factored dV's loop structures, in ``dm_dv_factored``'s numbering (``kernels/cuda/dv_factored.cu``): ``simple``
 waits for each tile's Sᵀ, softmax and dV in turn; ``pipeN_ss`` / ``pipeN_rs`` issue Sᵀ of the next tile with dV of this
-one and run the softmax beside dV, with N cp.async stages and K̂ in shared memory (``ss``) or in registers (``rs``)."""
+one and run the softmax beside dV, with N cp.async stages and K̂ in shared memory (``ss``) or in registers (``rs``);
+``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers."""
 
 
 class DvFactoredParams(ctypes.Structure):

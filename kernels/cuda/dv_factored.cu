@@ -22,11 +22,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 
 #include "dv_factored.cuh"
 #include "quant.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace dm {
@@ -438,6 +440,163 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   store_dv(dv, p.sdoc + cur.bh * kHeadDim, p, b, h_kv, start_n);
 }
 
+// The TMA form: the pipelined loop with its loads issued by one thread through the bulk-copy engine (Triton's TMA
+// loads do the same): Q̂ and K̂ in the 128-byte swizzle, dÔᶜᵀ in the 64-byte swizzle (KMajor64Swizzle64), lse2 by a
+// plain bulk copy, all counted on the stage's `full` barrier; each warp releases a stage on its `empty` barrier once
+// its dV product has read it. No cp.async address arithmetic in the loop and no block-wide barrier.
+using DoTileTma = KMajor64Swizzle64;
+constexpr uint32_t kTileBytes = kBlockM * kHeadDim * 2 + kBlockM * sizeof(float);  // Q̂, dÔᶜᵀ, lse2
+
+template <int STAGES>
+struct __align__(1024) TmaSmem {
+  uint8_t k[kBlockN * kHeadDim];
+  uint8_t q[STAGES][kBlockM * kHeadDim];
+  uint8_t dot[STAGES][kHeadDim * kBlockM];
+  float lse[STAGES][kBlockM];
+  uint64_t full[STAGES], empty[STAGES], k_full;
+};
+template <int STAGES>
+constexpr int tma_smem_bytes() { return int(sizeof(TmaSmem<STAGES>)) + 1024; }  // + room to align the base
+
+struct TmaMaps {
+  CUtensorMap q, k, dot;  // Q̂ rows, K̂ rows (box 64 rows x 128 bytes), dÔᶜᵀ rows (box 128 channels x 64 queries)
+};
+
+template <bool PROMOTE>
+__device__ __forceinline__ void issue_dv_tma(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2],
+                                             uint32_t (&frag)[DoTileTma::kSteps][4], const uint8_t* dot) {
+#pragma unroll
+  for (int kk = 0; kk < DoTileTma::kSteps; ++kk) fence_operands(frag[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < DoTileTma::kSteps; ++kk) {
+    if constexpr (PROMOTE) {
+      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], DoTileTma::desc(dot, kk), kk > 0);
+    } else {
+      WgmmaE4M3<kHeadDim>::rs(dv, frag[kk], DoTileTma::desc(dot, kk), 1);
+    }
+  }
+  wgmma_commit();
+}
+
+template <bool PROMOTE, int STAGES>
+__device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParams& p, const TmaMaps& maps) {
+  static_assert(STAGES >= 3, "tile j+1 must be resident while tile j+STAGES-1 loads into tile j-1's stage");
+  TmaSmem<STAGES>& s = *reinterpret_cast<TmaSmem<STAGES>*>(
+      raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+  const int start_n = blockIdx.x * kBlockN;
+  const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
+  const int group = p.h / p.h_kv;
+  const Schedule sched(start_n, p.n, p.causal);
+  const int total = sched.tiles * group;
+  if (total == 0) return;
+  const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
+  const bool issuer = threadIdx.x == 0;
+  struct Cursor {  // tile j of the CTA's sequence: its query head, place in that head's schedule, stage and phase
+    int j, it, stage;
+    uint32_t phase;
+    int64_t bh;
+    __device__ void advance(int tiles) {
+      ++j;
+      if (++it == tiles) it = 0, ++bh;
+      if (++stage == STAGES) stage = 0, phase ^= 1;
+    }
+  };
+  Cursor ahead{0, 0, 0, 0, bh0};  // the next tile to load
+  auto load = [&]() {  // by the issuing thread: tile `ahead` into its stage once that stage's last reader is done
+    if (issuer && ahead.j < total) {
+      if (ahead.j >= STAGES) mbar_wait(&s.empty[ahead.stage], ahead.phase ^ 1);
+      uint64_t* full = &s.full[ahead.stage];
+      const int start_m = sched.start_m(ahead.it);
+      mbar_arrive_expect_tx(full, kTileBytes);
+      tma_load_2d(s.q[ahead.stage], &maps.q, 0, int(ahead.bh * p.n_pad + start_m), full);
+      tma_load_2d(s.dot[ahead.stage], &maps.dot, start_m, int(ahead.bh * kHeadDim), full);
+      bulk_load(s.lse[ahead.stage], p.lse2 + ahead.bh * p.n_pad + start_m, kBlockM * sizeof(float), full);
+    }
+    __syncwarp();
+    ahead.advance(sched.tiles);
+  };
+  const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
+  auto softmax = [&](const Cursor& c, float (&st)[kBlockM / 2]) {  // Sᵀ of tile c → P·448 in `st`, masked
+    const int start_m = sched.start_m(c.it);
+    const float s_q = p.sq[c.bh * (p.n_pad / 128) + start_m / 128];
+    softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
+                 start_m, p);
+  };
+
+  if (issuer) {
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) {
+      mbar_init(&s.full[i], 1);
+      mbar_init(&s.empty[i], kThreads / 32);
+    }
+    mbar_init(&s.k_full, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (issuer) {
+    mbar_arrive_expect_tx(&s.k_full, kBlockN * kHeadDim);
+    tma_load_2d(s.k, &maps.k, 0, int(int64_t(bh_kv) * p.n_pad + start_n), &s.k_full);
+  }
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) load();
+
+  mbar_wait(&s.k_full, 0);
+  uint32_t kfrag[4][4];  // K̂ as Sᵀ's A fragments
+  {
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = 16 * warp + g + 8 * (r % 2), chunk = 2 * kk + r / 2;
+        kfrag[kk][r] = *reinterpret_cast<const uint32_t*>(s.k + QTile::chunk_offset(row, chunk) + 4 * q);
+      }
+    }
+  }
+
+  float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
+  float part[kHeadDim / 2];     // one tile's product (PROMOTE)
+  uint32_t frag[DoTileTma::kSteps][4];
+  Cursor cur{0, 0, 0, 0, bh0};  // the tile whose P̂ᵀ is in `frag`
+  {
+    float st[kBlockM / 2];
+    mbar_wait(&s.full[0], 0);
+    issue_s<true>(st, s.k, kfrag, s.q[0]);
+    wgmma_wait<0>();
+    fence_operands(st);
+    softmax(cur, st);
+    to_fragments(st, frag);
+  }
+  rescale_dv(dv, nullptr, p.sdoc + bh0 * kHeadDim);
+  const bool releaser = threadIdx.x % 32 == 0;
+
+#pragma unroll 1
+  while (cur.j + 1 < total) {
+    load();
+    Cursor next = cur;
+    next.advance(sched.tiles);
+    mbar_wait(&s.full[next.stage], next.phase);
+
+    float st[kBlockM / 2];
+    issue_s<true>(st, s.k, kfrag, s.q[next.stage]);
+    issue_dv_tma<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
+    wgmma_wait<1>();  // Sᵀ(next); dV(cur) runs on
+    fence_operands(st);
+    softmax(next, st);
+    wgmma_wait<0>();  // dV(cur): this warp is done with cur's stage
+    if (releaser) mbar_arrive(&s.empty[cur.stage]);
+    finish_dv<PROMOTE>(dv, part);
+    if (next.it == 0) rescale_dv(dv, p.sdoc + cur.bh * kHeadDim, p.sdoc + next.bh * kHeadDim);  // a new query head
+    to_fragments(st, frag);
+    cur = next;
+  }
+  issue_dv_tma<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
+  wgmma_wait<0>();
+  finish_dv<PROMOTE>(dv, part);
+  store_dv(dv, p.sdoc + cur.bh * kHeadDim, p, b, h_kv, start_n);
+}
+
 }  // namespace dv
 }  // namespace dm
 
@@ -463,9 +622,48 @@ DM_DV_PIPE_KERNEL(dm_dv_factored_pipe5_rs_promoted, true, 5, true)
 DM_DV_PIPE_KERNEL(dm_dv_factored_pipe5_rs_unpromoted, false, 5, true)
 #undef DM_DV_PIPE_KERNEL
 
+#define DM_DV_TMA_KERNEL(NAME, PROMOTE, STAGES)                                                       \
+  extern "C" __global__ void __launch_bounds__(dm::dv::kThreads, 1)                                     \
+      NAME(const DvFactoredParams p, const __grid_constant__ dm::dv::TmaMaps maps) {                   \
+    extern __shared__ uint8_t smem[];                                                                \
+    dm::dv::dv_block_tma<PROMOTE, STAGES>(smem, p, maps);                                            \
+  }
+DM_DV_TMA_KERNEL(dm_dv_factored_tma3_promoted, true, 3)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma3_unpromoted, false, 3)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma4_promoted, true, 4)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma4_unpromoted, false, 4)
+#undef DM_DV_TMA_KERNEL
+
 namespace {
 
 using DvKernel = void (*)(DvFactoredParams);
+using DvTmaKernel = void (*)(DvFactoredParams, dm::dv::TmaMaps);
+
+// cuTensorMapEncodeTiled from the driver (the runtime is linked statically; the driver is whatever torch runs on).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                                             &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// A 2D map of e4m3 codes: `rows` rows of `row_bytes` bytes, boxes of box_rows x box_bytes in `swizzle`.
+bool encode_codes(CUtensorMap* map, const void* base, uint64_t row_bytes, uint64_t rows, uint32_t box_bytes,
+                  uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {row_bytes, rows}, strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_bytes, box_rows}, unit[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 // The kernel of each (variant, promote) and the dynamic shared memory it needs; the variant numbers are
 // cuda_lib.DV_VARIANTS' positions.
@@ -487,20 +685,54 @@ DvLaunch dv_launch(int variant, bool promote) {
   }
 }
 
+// The TMA variants (DV_VARIANTS from position 4 on: tma3, tma4).
+struct DvTmaLaunch {
+  DvTmaKernel kernel;
+  int smem;
+};
+DvTmaLaunch dv_tma_launch(int variant, bool promote) {
+  using namespace dm::dv;
+  switch (variant) {
+    case 4: return {promote ? dm_dv_factored_tma3_promoted : dm_dv_factored_tma3_unpromoted, tma_smem_bytes<3>()};
+    case 5: return {promote ? dm_dv_factored_tma4_promoted : dm_dv_factored_tma4_unpromoted, tma_smem_bytes<4>()};
+    default: return {nullptr, 0};
+  }
+}
+
 }  // namespace
 
 extern "C" int dm_dv_factored(const DvFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % 128 || p->n_pad < p->n) return cudaErrorInvalidValue;
   const DvLaunch launch = dv_launch(variant, promote != 0);
-  if (!launch.kernel) return cudaErrorInvalidValue;
+  const DvTmaLaunch tma = dv_tma_launch(variant, promote != 0);
+  if (!launch.kernel && !tma.kernel) return cudaErrorInvalidValue;
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
-  if (launch.smem > 48 * 1024) {  // above the static limit: opt in (cheap, per call, so any device is covered)
-    const cudaError_t err =
-        cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
-    if (err != cudaSuccess) return err;
+  const void* kernel = launch.kernel ? reinterpret_cast<const void*>(launch.kernel)
+                                     : reinterpret_cast<const void*>(tma.kernel);
+  const int smem = launch.kernel ? launch.smem : tma.smem;
+  if (smem > 48 * 1024) {  // above the static limit: opt in (cheap, per call, so any device is covered)
+    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        err != cudaSuccess) {
+      return err;
+    }
   }
   const dim3 grid((p->n + dm::dv::kBlockN - 1) / dm::dv::kBlockN, p->b * p->h_kv);
-  launch.kernel<<<grid, dm::dv::kThreads, launch.smem, stream>>>(*p);
+  if (launch.kernel) {
+    launch.kernel<<<grid, dm::dv::kThreads, smem, stream>>>(*p);
+  } else {
+    using dm::dv::kBlockM, dm::dv::kBlockN, dm::dv::kHeadDim;
+    dm::dv::TmaMaps maps;
+    const uint64_t n_pad = p->n_pad;
+    if (!encode_codes(&maps.q, p->q8, kHeadDim, uint64_t(p->b) * p->h * n_pad, kHeadDim, kBlockM,
+                      CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !encode_codes(&maps.k, p->k8, kHeadDim, uint64_t(p->b) * p->h_kv * n_pad, kHeadDim, kBlockN,
+                      CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !encode_codes(&maps.dot, p->do8t, n_pad, uint64_t(p->b) * p->h * kHeadDim, kBlockM, kHeadDim,
+                      CU_TENSOR_MAP_SWIZZLE_64B)) {
+      return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+    }
+    tma.kernel<<<grid, dm::dv::kThreads, smem, stream>>>(*p, maps);
+  }
   return cudaGetLastError();
 }
 

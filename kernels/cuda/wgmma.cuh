@@ -13,9 +13,9 @@
 
 namespace dm {
 
-// The descriptor's layout-type field (bits 62-63): no swizzle (core matrices of 8 rows x 16 bytes) or the 128-byte
-// swizzle that TMA writes.
-enum class Swizzle : uint32_t { kNone = 0, k128B = 1 };
+// The descriptor's layout-type field (bits 62-63): no swizzle (core matrices of 8 rows x 16 bytes), or the 128- or
+// 64-byte swizzle that TMA writes.
+enum class Swizzle : uint32_t { kNone = 0, k128B = 1, k64B = 2 };
 
 // A shared-memory matrix descriptor: start address, leading and stride byte offsets, all in 16-byte units.
 __device__ __forceinline__ uint64_t smem_desc(const void* start, uint32_t lbo_bytes, uint32_t sbo_bytes, Swizzle sw) {
@@ -64,6 +64,22 @@ struct KMajor64 {
 
   __device__ __forceinline__ static uint64_t desc(const uint8_t* tile, int k_step) {
     return smem_desc(tile + 256 * k_step, 128, 512, Swizzle::kNone);
+  }
+};
+
+// The same 64-byte rows as TMA's SWIZZLE_64B writes them (a box 64 bytes wide): row r at r * 64, its 16-byte chunk c at
+// chunk c ^ ((r / 2) % 4), in 512-byte atoms of 8 rows (512-byte aligned base). A k-step moves the start 32 bytes
+// inside the atom; SBO = 512 (8 rows), LBO unused (16).
+struct KMajor64Swizzle64 {
+  static constexpr int kRowBytes = 64;
+  static constexpr int kSteps = kRowBytes / 32;
+
+  __device__ __forceinline__ static int chunk_offset(int row, int chunk) {
+    return row * kRowBytes + ((chunk ^ ((row >> 1) & 3)) << 4);
+  }
+
+  __device__ __forceinline__ static uint64_t desc(const uint8_t* tile, int k_step) {
+    return smem_desc(tile + 32 * k_step, 16, 512, Swizzle::k64B);
   }
 };
 

@@ -316,7 +316,7 @@ def test_factored_dv_against_reference_and_fp64(causal):
     assert ref_to_exact < 0.12, msg
 
 
-@pytest.mark.parametrize("variant", ["simple", "pipe5_rs"])  # static, and dynamic shared memory above 48 KiB
+@pytest.mark.parametrize("variant", ["simple", "pipe5_rs", "tma4"])  # static or dynamic shared memory, TMA maps
 def test_factored_dv_runs_on_torchs_current_stream(dv_operands, variant):
     ops = dv_operands(1024, True)
     expected = cuda_factored_dv(ops, True, variant)
