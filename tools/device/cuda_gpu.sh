@@ -50,10 +50,11 @@ if has bench; then
   stamp "bench done"
 fi
 if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
-  stalls='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+  metrics='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,lts__t_sectors.sum'
+  metrics+=',lts__t_requests.sum,smsp__inst_executed.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum'
+  metrics+=',l1tex__data_pipe_lsu_wavefronts_mem_shared.sum'
   timeout 240 ncu --clock-control none --section SpeedOfLight --section SchedulerStats --section Occupancy \
-    --section LaunchStats --metrics "$stalls,lts__t_sectors.sum,lts__t_requests.sum,smsp__inst_executed.sum,$(
-    )l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum" \
+    --section LaunchStats --metrics "$metrics" \
     -k 'regex:dm_dv_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once > "$OUT/ncu.txt" 2>&1
   stamp "ncu rc $?"
 fi
