@@ -73,6 +73,7 @@ KERNELS = (
     # registers) and 2 x 2 m64n128k32
     *(CudaKernel(f"dm_dv_factored_{variant}_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})
       for variant in ("pipe3_ss", "pipe3_rs", "pipe5_rs", "tma3", "tma4") for promoted in ("promoted", "unpromoted")),
+    CudaKernel("dm_dv_factored_tma3x3_unpromoted", {_qgmma(64): 8, _qgmma(128): 4}),
 )
 
 

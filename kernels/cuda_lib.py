@@ -53,11 +53,13 @@ SIGNATURES = {
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
-DV_VARIANTS = ("simple", "pipe3_ss", "pipe3_rs", "pipe5_rs", "tma3", "tma4")
+DV_VARIANTS = ("simple", "pipe3_ss", "pipe3_rs", "pipe5_rs", "tma3", "tma4", "tma3x3")
 """The factored dV's loop structures, in ``dm_dv_factored``'s numbering (``kernels/cuda/dv_factored.cu``): ``simple``
 waits for each tile's Sᵀ, softmax and dV in turn; ``pipeN_ss`` / ``pipeN_rs`` issue Sᵀ of the next tile with dV of this
 one and run the softmax beside dV, with N cp.async stages and K̂ in shared memory (``ss``) or in registers (``rs``);
-``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers."""
+``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
+``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
+DV_UNPROMOTED_ONLY = ("tma3x3",)
 
 
 class DvFactoredParams(ctypes.Structure):
@@ -202,6 +204,8 @@ def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torc
     otherwise the wgmma accumulates all of them. ``variant``: one of ``DV_VARIANTS``."""
     if variant not in DV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DV_VARIANTS}")
+    if promote and variant in DV_UNPROMOTED_ONLY:
+        raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     if q8.dim() != 4 or k8.dim() != 4:
         raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
     b, h, n_pad, d = q8.shape

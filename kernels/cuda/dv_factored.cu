@@ -517,11 +517,11 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     ahead.advance(sched.tiles);
   };
   const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
-  auto softmax = [&](const Cursor& c, float (&st)[kBlockM / 2]) {  // Sᵀ of tile c → P·448 in `st`, masked
-    const int start_m = sched.start_m(c.it);
-    const float s_q = p.sq[c.bh * (p.n_pad / 128) + start_m / 128];
+  auto s_q_of = [&](const Cursor& c) { return p.sq[c.bh * (p.n_pad / 128) + sched.start_m(c.it) / 128]; };
+  // Sᵀ of tile c → P·448 in `st`, masked; s_q is c's Q̂ scale, read ahead (a global load's latency)
+  auto softmax = [&](const Cursor& c, float s_q, float (&st)[kBlockM / 2]) {
     softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
-                 start_m, p);
+                 sched.start_m(c.it), p);
   };
 
   if (issuer) {
@@ -561,11 +561,12 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
   Cursor cur{0, 0, 0, 0, bh0};  // the tile whose P̂ᵀ is in `frag`
   {
     float st[kBlockM / 2];
+    const float s_q = s_q_of(cur);
     mbar_wait(&s.full[0], 0);
     issue_s<true>(st, s.k, kfrag, s.q[0]);
     wgmma_wait<0>();
     fence_operands(st);
-    softmax(cur, st);
+    softmax(cur, s_q, st);
     to_fragments(st, frag);
   }
   rescale_dv(dv, nullptr, p.sdoc + bh0 * kHeadDim);
@@ -576,6 +577,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     load();
     Cursor next = cur;
     next.advance(sched.tiles);
+    const float s_q = s_q_of(next);
     mbar_wait(&s.full[next.stage], next.phase);
 
     float st[kBlockM / 2];
@@ -583,7 +585,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     issue_dv_tma<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
     wgmma_wait<1>();  // Sᵀ(next); dV(cur) runs on
     fence_operands(st);
-    softmax(next, st);
+    softmax(next, s_q, st);
     wgmma_wait<0>();  // dV(cur): this warp is done with cur's stage
     if (releaser) mbar_arrive(&s.empty[cur.stage]);
     finish_dv<PROMOTE>(dv, part);
@@ -622,16 +624,19 @@ DM_DV_PIPE_KERNEL(dm_dv_factored_pipe5_rs_promoted, true, 5, true)
 DM_DV_PIPE_KERNEL(dm_dv_factored_pipe5_rs_unpromoted, false, 5, true)
 #undef DM_DV_PIPE_KERNEL
 
-#define DM_DV_TMA_KERNEL(NAME, PROMOTE, STAGES)                                                       \
-  extern "C" __global__ void __launch_bounds__(dm::dv::kThreads, 1)                                     \
+#define DM_DV_TMA_KERNEL(NAME, PROMOTE, STAGES, MIN_CTAS)                                             \
+  extern "C" __global__ void __launch_bounds__(dm::dv::kThreads, MIN_CTAS)                              \
       NAME(const DvFactoredParams p, const __grid_constant__ dm::dv::TmaMaps maps) {                   \
     extern __shared__ uint8_t smem[];                                                                \
     dm::dv::dv_block_tma<PROMOTE, STAGES>(smem, p, maps);                                            \
   }
-DM_DV_TMA_KERNEL(dm_dv_factored_tma3_promoted, true, 3)
-DM_DV_TMA_KERNEL(dm_dv_factored_tma3_unpromoted, false, 3)
-DM_DV_TMA_KERNEL(dm_dv_factored_tma4_promoted, true, 4)
-DM_DV_TMA_KERNEL(dm_dv_factored_tma4_unpromoted, false, 4)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma3_promoted, true, 3, 1)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma3_unpromoted, false, 3, 1)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma4_promoted, true, 4, 1)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma4_unpromoted, false, 4, 1)
+// three CTAs per SM (at most 168 registers): more warps to hide the wgmma and softmax latencies; unpromoted only (the
+// promoted form's second accumulator would spill)
+DM_DV_TMA_KERNEL(dm_dv_factored_tma3x3_unpromoted, false, 3, 3)
 #undef DM_DV_TMA_KERNEL
 
 namespace {
@@ -685,7 +690,7 @@ DvLaunch dv_launch(int variant, bool promote) {
   }
 }
 
-// The TMA variants (DV_VARIANTS from position 4 on: tma3, tma4).
+// The TMA variants (DV_VARIANTS from position 4 on: tma3, tma4, tma3x3).
 struct DvTmaLaunch {
   DvTmaKernel kernel;
   int smem;
@@ -695,6 +700,7 @@ DvTmaLaunch dv_tma_launch(int variant, bool promote) {
   switch (variant) {
     case 4: return {promote ? dm_dv_factored_tma3_promoted : dm_dv_factored_tma3_unpromoted, tma_smem_bytes<3>()};
     case 5: return {promote ? dm_dv_factored_tma4_promoted : dm_dv_factored_tma4_unpromoted, tma_smem_bytes<4>()};
+    case 6: return {promote ? nullptr : dm_dv_factored_tma3x3_unpromoted, tma_smem_bytes<3>()};
     default: return {nullptr, 0};
   }
 }

@@ -141,6 +141,7 @@ def _dv_inputs(b=1, h=2, h_kv=1, n=100, n_pad=128, d=128, **options):
     (dict(n=200), "expected 0 < n <= N_pad"),
     (dict(), "expected a CUDA tensor"),
     (dict(variant="pipe9"), "variant 'pipe9'"),
+    (dict(variant="tma3x3"), "unpromoted only"),
 ])
 def test_the_dv_wrapper_checks_its_inputs_before_needing_the_library(change, message):
     with pytest.raises(ValueError, match=message):

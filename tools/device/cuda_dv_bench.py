@@ -55,7 +55,8 @@ def launchers(ops, promote):
                                                 variant=variant)
         return launch
 
-    return triton_dv, {v: cuda_dv(v) for v in cuda_lib.DV_VARIANTS}, out
+    return triton_dv, {v: cuda_dv(v) for v in cuda_lib.DV_VARIANTS
+                       if not (promote and v in cuda_lib.DV_UNPROMOTED_ONLY)}, out
 
 
 def main(argv=None) -> int:
