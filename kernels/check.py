@@ -164,7 +164,8 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
                               0, constexprs=flags, options=warps))
         out.append(KernelSpec("per_channel_quant_pass", variant, triton_quant._per_channel_quant_pass_kernel,
                               {**pointers, **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"}, 0,
-                              constexprs={**flags, "ROUND_FP32": False}, options=warps))
+                              constexprs={**flags, "ROUND_FP32": False, "STORE_MODE": triton_quant.STORE_MODE},
+                              options=warps))
     return out
 
 
@@ -176,14 +177,15 @@ def quant_specs(head_dim: int) -> list[KernelSpec]:
         specs.append(KernelSpec("quant_pass", variant, triton_quant._quant_pass_kernel,
                                 {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"),
                                  "scale_ptr": "*fp32"}, 0,
-                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False),
+                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False,
+                                                STORE_MODE=triton_quant.STORE_MODE),
                                 options=dict(num_warps=triton_quant._warps(rows, head_dim))))
     for mode, code in triton_quant.DELTA_CODES.items():
         specs.append(KernelSpec("quant_do_delta_pass", f"do_{mode}", triton_quant._quant_do_delta_pass_kernel,
                                 {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
                                  **_fp32("scale_ptr", "delta_ptr")}, 0,
                                 constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, DELTA=code,
-                                                ROUND_FP32=False),
+                                                ROUND_FP32=False, STORE_MODE=triton_quant.STORE_MODE),
                                 options=dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))))
     return specs
 

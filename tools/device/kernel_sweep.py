@@ -173,7 +173,7 @@ def _store_diagnostics(x, elems) -> dict:
     """Where a pass's time goes: the q pass with one of its two code stores, with neither (load, amax, cast only), and
     the per-channel pass's amax launch alone (its atomic column max). Bytes are what each variant moves."""
     from deltamatch.kernels.triton_quant import (BLOCK_Q, _per_channel_amax_pass_kernel, _quant_pass_kernel,
-                                                 _warps, code_buffers, padded_len, round_fp32_in_kernels)
+                                                 _warps, code_buffers, padded_len, round_fp32_in_kernels, store_flags)
 
     b, n, h, d = x.shape
     n_pad = padded_len(n)
@@ -186,7 +186,7 @@ def _store_diagnostics(x, elems) -> dict:
     def q_pass(stores):
         return lambda: _quant_pass_kernel[grid](x, scales, x8, x8t, scales, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q,
                                                 CENTRE=False, ROUND_FP32=round_fp32_in_kernels(), STORES=stores,
-                                                num_warps=_warps(BLOCK_Q, d))
+                                                **store_flags(None), num_warps=_warps(BLOCK_Q, d))
 
     def amax_pass():
         _per_channel_amax_pass_kernel[grid](x, amax, amax, amax, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
