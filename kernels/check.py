@@ -4,7 +4,8 @@
 (kernel, variant, head dim): every attention kernel causal and non-causal (``--load-variants``: each also with its tiles
 loaded the other way, through TMA descriptors where pointers are launched, variant ``…-tma``, and through pointers
 where TMA is, variant ``…-pointers``), and every quantisation-pass variant the autograd function launches
-(Q, centred K, V; dO with no, stale or consistent δ). Each row holds
+(Q, centred K, V; dO with no, stale or consistent δ; ``--store-variants``: each pass that stores codes also under the
+code-store modes it does not launch, variant ``<operand>-<mode>``, ``triton_quant.STORE_MODES``). Each row holds
 
 - ``fp8_wgmma_dots``: dots lowered to ``ttng.warp_group_dot`` on E4M3 operands (one per matmul, from the TTGIR);
 - ``dots``: all dots in the kernel (``tt.dot`` in the TTIR) — equal to the above when every matmul is FP8 wgmma;
@@ -75,12 +76,14 @@ def _fp32(*names):
 CAUSAL = (True, False)
 
 
-def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL, load_variants: bool = False) -> list[KernelSpec]:
+def kernel_specs(head_dim: int, causal: tuple[bool, ...] = CAUSAL, load_variants: bool = False,
+                 store_variants: bool = False) -> list[KernelSpec]:
     """Every kernel at its launch configuration for ``head_dim``: the attention kernels once per setting in
     ``causal`` (and with ``load_variants`` each with its tiles loaded the other way), then the quantisation passes
-    (they have no mask)."""
-    return ([spec for c in causal for spec in attention_specs(head_dim, c, load_variants) + factored_specs(head_dim, c)]
-            + quant_specs(head_dim))
+    (they have no mask; with ``store_variants`` each that stores codes also under every other store mode)."""
+    specs = [spec for c in causal for spec in attention_specs(head_dim, c, load_variants) + factored_specs(head_dim, c)]
+    specs += quant_specs(head_dim)
+    return specs + (store_mode_specs(specs) if store_variants else [])
 
 
 def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) -> list[KernelSpec]:
@@ -164,7 +167,8 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
                               0, constexprs=flags, options=warps))
         out.append(KernelSpec("per_channel_quant_pass", variant, triton_quant._per_channel_quant_pass_kernel,
                               {**pointers, **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"}, 0,
-                              constexprs={**flags, "ROUND_FP32": False}, options=warps))
+                              constexprs={**flags, "ROUND_FP32": False, "STORE_MODE": triton_quant.STORE_MODE},
+                              options=warps))
     return out
 
 
@@ -176,16 +180,26 @@ def quant_specs(head_dim: int) -> list[KernelSpec]:
         specs.append(KernelSpec("quant_pass", variant, triton_quant._quant_pass_kernel,
                                 {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"),
                                  "scale_ptr": "*fp32"}, 0,
-                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False),
+                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False,
+                                                STORE_MODE=triton_quant.STORE_MODE),
                                 options=dict(num_warps=triton_quant._warps(rows, head_dim))))
     for mode, code in triton_quant.DELTA_CODES.items():
         specs.append(KernelSpec("quant_do_delta_pass", f"do_{mode}", triton_quant._quant_do_delta_pass_kernel,
                                 {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
                                  **_fp32("scale_ptr", "delta_ptr")}, 0,
                                 constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, DELTA=code,
-                                                ROUND_FP32=False),
+                                                ROUND_FP32=False, STORE_MODE=triton_quant.STORE_MODE),
                                 options=dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))))
     return specs
+
+
+def store_mode_specs(specs: list[KernelSpec]) -> list[KernelSpec]:
+    """Each quantisation pass among ``specs`` that stores codes, under every store mode it is not launched with
+    (variant ``<variant>-<mode name>``): the modes the H200 sweep times before one becomes ``STORE_MODE``."""
+    return [dataclasses.replace(spec, variant=f"{spec.variant}-{name}",
+                                constexprs={**spec.constexprs, "STORE_MODE": mode})
+            for spec in specs if "STORE_MODE" in spec.constexprs
+            for name, mode in triton_quant.STORE_MODES.items() if mode != spec.constexprs["STORE_MODE"]]
 
 
 def compile_sm90(spec: KernelSpec):
@@ -282,6 +296,9 @@ class CheckConfig:
     load_variants: bool = False
     """Also compile each attention kernel with its tiles loaded the other way (variant ``<mask>-tma`` or
     ``<mask>-pointers``)."""
+    store_variants: bool = False
+    """Also compile each quantisation pass that stores codes under every code-store mode it is not launched with
+    (variant ``<operand>-<mode>``)."""
 
     def __post_init__(self) -> None:
         bad = [d for d in self.head_dims if d not in HEAD_DIMS]
@@ -293,8 +310,8 @@ class CheckConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML file of CheckConfig keys (head_dims, causal, load_variants); flags "
-                        "override it")
+    parser.add_argument("--config", help="YAML file of CheckConfig keys (head_dims, causal, load_variants, "
+                        "store_variants); flags override it")
     parser.add_argument("--head-dims", type=int, nargs="+",
                         help=f"head dimensions to compile (default {' '.join(map(str, HEAD_DIMS))})")
     parser.add_argument("--causal", choices=("both", "yes", "no"),
@@ -304,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also compile each attention kernel with its tiles loaded the other way: through TMA "
                         "(variant '<mask>-tma') where pointers are launched, through pointers ('<mask>-pointers') "
                         "where TMA is")
+    parser.add_argument("--store-variants", action="store_true",
+                        help="also compile each quantisation pass that stores codes under the code-store modes it is "
+                        "not launched with (variant '<operand>-<mode>', triton_quant.STORE_MODES)")
     parser.add_argument("--cuda", action="store_true",
                         help="check the CUDA library instead of the Triton kernels: build build/cuda/libdm_attn_sm90.so "
                         "(when stale) and compare each kernel's SASS with its declared QGMMA (kernels/cuda_check.py)")
@@ -312,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_with_flags(CheckConfig, args.config, {"head_dims": args.head_dims, "causal": args.causal,
-                                                         "load_variants": True if args.load_variants else None})
+                                                         "load_variants": True if args.load_variants else None,
+                                                         "store_variants": True if args.store_variants else None})
     except ValueError as err:
         parser.exit(2, f"dm-kernel-check: error: {err}\n")
     causal = {"both": CAUSAL, "yes": (True,), "no": (False,)}[cfg.causal]
@@ -324,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         except cuda_build.CudaBuildError as err:
             parser.exit(1, f"dm-kernel-check: error: {err}\n")
     else:
-        found = (analyse(spec, d) for d in cfg.head_dims for spec in kernel_specs(d, causal, cfg.load_variants))
+        found = (analyse(spec, d) for d in cfg.head_dims
+                 for spec in kernel_specs(d, causal, cfg.load_variants, cfg.store_variants))
     rows = []
     for row in found:  # a Triton row as soon as its kernel is compiled
         print(json.dumps(row), flush=True)

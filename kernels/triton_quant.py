@@ -16,6 +16,27 @@ gathers the amax, a second reads x again and casts.
 Triton's interpreter casts FP32 to FP8 by truncation, so with ``ROUND_FP32`` the kernels first round to the E4M3 grid
 in FP32 arithmetic (``round_e4m3_fp32``), after which any cast is exact. On the GPU the hardware cast (``cvt.rn``) is
 used directly.
+
+The two code stores (``_store_codes``, ``STORE_MODE``). A pass loads its block with each thread holding a run of D
+(the BF16 load's layout), which the token-major store wants; the channel-major store wants each thread to hold a run
+of tokens. Stored as ``tl.store(..., tl.trans(codes))`` (``STORE_POINTERS``), Triton 3.6 converts layouts through
+shared memory, but its layout pass (``hoistConvertOnTopOfExtOrBroadcast``) hoists that conversion above the BF16 → FP32
+extension of the load: the BF16 block is converted, and the whole quantisation (the ``div.rn`` per element above
+all) is computed a second time in the transposed layout. At D = 128 the q pass then holds 156 registers (90 and 80
+with one store) and the H200 timed it at 0.218 ms, against 0.083 with the token-major store alone and 0.070 with the
+channel-major store alone (kernels/NOTES.md). The other modes compute the codes once:
+
+- ``STORE_NARROW_CONVERT``: widen and narrow the codes' bits before the transpose (a no-op once LLVM has run), so the
+  hoist stops there and the conversion moves the 8-bit codes, once; both stores stay pointer stores of 16 bytes.
+- ``STORE_TMA_CHANNEL``: the channel-major copy through a TMA descriptor store (the codes written to shared memory
+  by each thread as they lie, then one bulk copy); the token-major store as before.
+- ``STORE_TMA_BOTH``: both copies through TMA descriptor stores.
+
+The TMA modes make their descriptors on the device, one per program, in a scratch buffer from Triton's allocator
+(``store_flags`` sets it, as ``triton_fwd.ensure_allocator`` does for the attention kernels).
+
+All modes store the same bits (tests/kernels: in the interpreter and on the GPU); ``STORE_MODE`` picks the one every
+launch uses, and awaits the H200's timing of each (``tools/device/kernel_sweep.py --quant-only``).
 """
 
 import os
@@ -32,6 +53,17 @@ BLOCK_Q = 128
 """Query rows per Q̂ / dÔ scale."""
 BLOCK_KV = 64
 """Keys per K̂ / V̂ scale."""
+
+STORE_POINTERS = tl.constexpr(0)
+STORE_NARROW_CONVERT = tl.constexpr(1)
+STORE_TMA_CHANNEL = tl.constexpr(2)
+STORE_TMA_BOTH = tl.constexpr(3)
+STORE_MODES = {"pointers": STORE_POINTERS.value, "narrow_convert": STORE_NARROW_CONVERT.value,
+               "tma_channel": STORE_TMA_CHANNEL.value, "tma_both": STORE_TMA_BOTH.value}
+"""How ``_store_codes`` writes the two code layouts, by name (the module docstring says what each does)."""
+STORE_MODE = STORE_MODES["pointers"]
+"""The store mode of every quantisation launch: the baseline until the H200 has timed the others (kernel_sweep.py
+``--quant-only`` prints a row per mode); changing it here changes every pass."""
 
 
 def round_fp32_in_kernels() -> bool:
@@ -96,15 +128,39 @@ def _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, r
 
 
 @triton.jit
-def _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM: tl.constexpr, STORES: tl.constexpr = 3):
-    """Store the token-major codes (bit 1 of ``STORES``) and the channel-major copy (bit 2). Every launch stores
-    both; the bits exist for the H200 sweep, which times each store alone (tools/device/kernel_sweep.py)."""
+def _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                 STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3):
+    """Store row block ``pid_r`` of (batch·head) ``bh``'s codes token-major (bit 1 of ``STORES``) and channel-major
+    (bit 2), the way ``STORE_MODE`` says. Every launch stores both; the bits exist for the H200 sweep, which times
+    each store alone (tools/device/kernel_sweep.py)."""
+    tl.static_assert(STORE_MODE <= STORE_TMA_BOTH, "unknown STORE_MODE")
     offs_d = tl.arange(0, HEAD_DIM)
+    row0 = pid_r * BLOCK_ROWS
+    rows = row0 + tl.arange(0, BLOCK_ROWS)
     base = bh.to(tl.int64) * N_PAD * HEAD_DIM
+    codes_t = codes  # what the channel-major pointer store transposes
+    if STORE_MODE == STORE_NARROW_CONVERT:
+        # the same bits through a widening op: going back from the transpose, Triton's layout pass stops at the
+        # first widening op it meets, so the conversion stays on these 8-bit codes (module docstring); the shifts
+        # keep the widening from folding away before that pass, and cost nothing after LLVM
+        wide = codes.to(tl.uint8, bitcast=True).to(tl.uint16)
+        codes_t = ((wide << 8) >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
     if STORES & 1:
-        tl.store(x8_ptr + base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], codes)
+        if STORE_MODE == STORE_TMA_BOTH:
+            x8_desc = tl.make_tensor_descriptor(x8_ptr, shape=[tl.num_programs(1), N_PAD, HEAD_DIM],
+                                                strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1],
+                                                block_shape=[1, BLOCK_ROWS, HEAD_DIM])
+            x8_desc.store([bh, row0, 0], codes.reshape(1, BLOCK_ROWS, HEAD_DIM))
+        else:
+            tl.store(x8_ptr + base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], codes)
     if STORES & 2:
-        tl.store(x8t_ptr + base + offs_d[:, None] * N_PAD + rows[None, :], tl.trans(codes))
+        if STORE_MODE == STORE_TMA_CHANNEL or STORE_MODE == STORE_TMA_BOTH:
+            x8t_desc = tl.make_tensor_descriptor(x8t_ptr, shape=[tl.num_programs(1), HEAD_DIM, N_PAD],
+                                                 strides=[HEAD_DIM * N_PAD, N_PAD, 1],
+                                                 block_shape=[1, HEAD_DIM, BLOCK_ROWS])
+            x8t_desc.store([bh, 0, row0], tl.trans(codes).reshape(1, HEAD_DIM, BLOCK_ROWS))
+        else:
+            tl.store(x8t_ptr + base + offs_d[:, None] * N_PAD + rows[None, :], tl.trans(codes_t))
 
 
 @triton.jit
@@ -114,14 +170,14 @@ def _quant_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORES: tl.constexpr = 3,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     _, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
                                    HEAD_DIM, CENTRE, ROUND_FP32)
-    _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM, STORES)
+    _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
 
 
@@ -132,6 +188,7 @@ def _quant_do_delta_pass_kernel(
     stride_db, stride_dn, stride_dh, stride_ob, stride_on, stride_oh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, DELTA: tl.constexpr, ROUND_FP32: tl.constexpr,
+    STORE_MODE: tl.constexpr,
 ):
     """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik)."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
@@ -139,7 +196,7 @@ def _quant_do_delta_pass_kernel(
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     do, codes, scale = _quant_block(do_ptr, do_ptr, b, h, H, N, stride_db, stride_dn, stride_dh, rows,
                                     HEAD_DIM, False, ROUND_FP32)
-    _store_codes(do8_ptr, do8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM)
+    _store_codes(do8_ptr, do8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
     if DELTA != 0:
         offs_d = tl.arange(0, HEAD_DIM)
@@ -193,7 +250,7 @@ def _per_channel_quant_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
-    ROUND_FP32: tl.constexpr,
+    ROUND_FP32: tl.constexpr, STORE_MODE: tl.constexpr,
 ):
     """Recompute the block, cast it with its channels' scales, store both code layouts; the first block of each
     (batch, head) stores the scales."""
@@ -205,7 +262,7 @@ def _per_channel_quant_pass_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     scale = scale_from_amax(tl.load(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d))  # [D]
     codes = to_e4m3(tl.math.div_rn(x, scale[None, :]), ROUND_FP32)
-    _store_codes(x8_ptr, x8t_ptr, codes, bh, rows, N_PAD, HEAD_DIM)
+    _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE)
     if pid_r == 0:
         tl.store(scale_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, scale)
 
@@ -218,6 +275,19 @@ def _check_public(x: torch.Tensor, name: str) -> None:
 def _warps(rows: int, head_dim: int) -> int:
     """Four warps spill on blocks of 128 × 128 and larger (one FP32 block, and O for δ, live in registers)."""
     return 8 if rows * head_dim >= 128 * 128 else 4
+
+
+def store_flags(store_mode: int | None) -> dict:
+    """The ``STORE_MODE`` constexpr of a launch: ``store_mode`` (a ``STORE_MODES`` value), or ``STORE_MODE`` when it is
+    None. Sets Triton's allocator for the modes that make TMA descriptors on the device."""
+    mode = STORE_MODE if store_mode is None else store_mode
+    if mode not in STORE_MODES.values():
+        raise ValueError(f"store_mode {mode!r}: expected one of {STORE_MODES}")
+    if mode in (STORE_TMA_CHANNEL.value, STORE_TMA_BOTH.value):
+        from deltamatch.kernels.triton_fwd import ensure_allocator  # triton_fwd imports this module
+
+        ensure_allocator()
+    return dict(STORE_MODE=mode)
 
 
 def code_buffers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,11 +305,12 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x",
-                     mean: torch.Tensor | None = None):
+                     mean: torch.Tensor | None = None, *, store_mode: int | None = None):
     """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean
     (``mean``, when the caller has it already: ``token_mean(x)``).
 
-    ``name`` is the operand's name in errors (``q``, ``k``, ``v``)."""
+    ``name`` is the operand's name in errors (``q``, ``k``, ``v``); ``store_mode`` overrides ``STORE_MODE`` (every
+    mode stores the same bits)."""
     _check_public(x, name)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
@@ -254,7 +325,7 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     _quant_pass_kernel[grid](
         x, mean, x8, x8t, scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(),
-        num_warps=_warps(block_rows, d),
+        **store_flags(store_mode), num_warps=_warps(block_rows, d),
     )
     return x8, x8t, scales
 
@@ -270,7 +341,7 @@ def _check_per_channel(x: torch.Tensor, name: str, mean: torch.Tensor | None, ro
 
 
 def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
-                         row_scales: torch.Tensor | None = None):
+                         row_scales: torch.Tensor | None = None, store_mode: int | None = None):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
     the factored layout's operand of a token-contracting matmul (V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q̂' for dK;
     kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
@@ -278,7 +349,8 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
 
     A scale spans every token, so this is two launches over the same grid of 128-row blocks: the first folds each
     block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and scales.
-    Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against."""
+    Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` as
+    ``quantize_operand``'s."""
     _check_per_channel(x, name, mean, row_scales)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
@@ -293,7 +365,7 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     grid = (n_pad // BLOCK_Q, b * h)
     _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
     _per_channel_quant_pass_kernel[grid](*operands, amax, x8, x8t, scales, *shape, **flags,
-                                         ROUND_FP32=round_fp32_in_kernels())
+                                         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode))
     return x8, x8t, scales
 
 
@@ -317,9 +389,10 @@ def quantize_per_channel_torch(x: torch.Tensor, name: str = "x", *, mean: torch.
 DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 
-def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
+def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store_mode: int | None = None):
     """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for the methods whose
-    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it)."""
+    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode`` as
+    ``quantize_operand``'s."""
     _check_public(do, "do")
     _check_public(o, "o")
     b, n, h, d = do.shape
@@ -331,6 +404,6 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str):
         do, o, do8, do8t, scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[get_method(mode).delta], ROUND_FP32=round_fp32_in_kernels(),
-        num_warps=_warps(BLOCK_Q, d),
+        **store_flags(store_mode), num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta

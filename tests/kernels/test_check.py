@@ -2,10 +2,12 @@
 
 Compiling every kernel of every head dim takes minutes on a CI core, so the tests compile a representative subset
 (D = 128 in full: both masks, every quantisation variant and ``matched_factored``'s causal kernels; D = 64 causal and
-D = 256 non-causal attention kernels, and the stale dO pass at D = 256) and ``dm-kernel-check`` compiles everything
-(94 kernels; 122 with ``--load-variants``).
+D = 256 non-causal attention kernels, and the stale dO pass at D = 256; the Q pass at D = 128 under every other
+code-store mode, to PTX) and ``dm-kernel-check`` compiles everything (94 kernels; 122 with ``--load-variants``, 175
+with ``--store-variants``).
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -54,6 +56,33 @@ def test_the_default_covers_both_masks_and_every_quant_variant():
     assert {v for n, v in variants if n.startswith("per_channel")} == {"v_channel", "k_channel", "q_channel"}
     k = next(s for s in check.kernel_specs(64) if s.variant == "k")
     assert k.constexprs["CENTRE"] and k.constexprs["BLOCK_ROWS"] == 64
+
+
+def test_store_variants_cover_every_pass_that_stores_codes_under_every_other_mode():
+    from deltamatch.kernels.triton_quant import STORE_MODE, STORE_MODES
+
+    launched = [s for s in check.kernel_specs(128) if "STORE_MODE" in s.constexprs]
+    assert {s.name for s in launched} == {"quant_pass", "quant_do_delta_pass", "per_channel_quant_pass"}
+    assert all(s.constexprs["STORE_MODE"] == STORE_MODE for s in launched)
+    extra = check.kernel_specs(128, store_variants=True)[len(check.kernel_specs(128)):]
+    assert len(extra) == len(launched) * (len(STORE_MODES) - 1)
+    assert {(s.name, s.variant, s.constexprs["STORE_MODE"]) for s in extra} == {
+        (s.name, f"{s.variant}-{name}", mode) for s in launched for name, mode in STORE_MODES.items()
+        if mode != STORE_MODE}
+
+
+def test_store_modes_quantise_each_block_once():
+    """With both code stores as pointer stores, Triton 3.6 converts the BF16 block and quantises it twice, once per
+    layout (triton_quant's docstring: 129 ``div.rn`` in the Q pass at D = 128). Every other store mode must hold one
+    ``div.rn`` per element a thread quantises, and one for the block's scale."""
+    from deltamatch.kernels.triton_quant import STORE_MODES
+
+    q = check.quant_specs(128)[0]
+    per_thread = 128 * 128 // (32 * q.options["num_warps"])
+    for name, mode in STORE_MODES.items():
+        if name != "pointers":
+            spec = dataclasses.replace(q, constexprs={**q.constexprs, "STORE_MODE": mode})
+            assert check.compile_sm90(spec).asm["ptx"].count("div.rn.f32") == per_thread + 1, name
 
 
 def test_every_matmul_is_an_fp8_wgmma_in_ttgir_ptx_and_sass(rows):
@@ -105,7 +134,7 @@ def test_cli_fails_when_ptx_or_sass_disagree(changes, problem, capsys, monkeypat
         row = _row(**changes)
         return {**row, "problems": check.problems(row), "ok": not check.problems(row)}
 
-    monkeypatch.setattr(check, "kernel_specs", lambda d, causal, tma=False: check.attention_specs(d, True)[:1])
+    monkeypatch.setattr(check, "kernel_specs", lambda d, causal, *variants: check.attention_specs(d, True)[:1])
     monkeypatch.setattr(check, "analyse", analyse)
     assert check.main(["--head-dims", "128"]) == (0 if problem is None else 1)
     (printed,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -116,20 +145,20 @@ def test_cli_fails_when_ptx_or_sass_disagree(changes, problem, capsys, monkeypat
 def test_cli_prints_one_json_object_per_kernel(capsys, tmp_path, monkeypatch):
     seen = []
 
-    def specs(d, causal, tma=False):
-        seen.append(causal)
+    def specs(d, causal, *variants):
+        seen.append((causal, *variants))
         return check.quant_specs(d)[-1:]
 
     monkeypatch.setattr(check, "kernel_specs", specs)
     out = tmp_path / "check.jsonl"
     assert check.main(["--head-dims", "64", "--out", str(out)]) == 0
-    assert seen == [(True, False)]  # both masks unless asked otherwise
+    assert seen == [((True, False), False, False)]  # both masks, the launched variants only, unless asked otherwise
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["name"], r["variant"]) for r in printed] == [("quant_do_delta_pass", "do_consistent")]
     assert printed[0]["ok"] and printed[0]["registers"] >= printed[0]["sass_registers"] > 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == printed
-    check.main(["--head-dims", "64", "--causal", "no"])
-    assert seen[-1] == (False,)
+    check.main(["--head-dims", "64", "--causal", "no", "--store-variants"])
+    assert seen[-1] == ((False,), False, True)
 
 
 def test_cli_rejects_unknown_head_dim(capsys, tmp_path):

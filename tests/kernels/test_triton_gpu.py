@@ -165,3 +165,28 @@ def test_tma_loads_give_the_bits_of_pointer_loads(causal, d, monkeypatch):
         results.append(run(triton_fn(causal, "matched"), q, k, v, do))
     for name, a, b in zip(("o", "dq", "dk", "dv"), *results):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("n", [1000, 8192])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
+    """Each code-store mode of the quantisation passes (``triton_quant.STORE_MODES``: a layout conversion of the 8-bit
+    codes, TMA descriptor stores) against the pointer stores, on the hardware whose stores they change: the Q pass
+    (128-row blocks), centred K (64-row blocks), dO with the consistent δ (which reads the codes back) and the
+    per-channel pass, ragged N and 8K; and each mode's channel-major codes are its token-major codes transposed."""
+    from deltamatch.kernels import triton_quant as tq
+
+    q, k, v, do = make(b=1, n=n, h=2, hk=2, d=d)
+    passes = {"q": lambda mode: tq.quantize_operand(q, tq.BLOCK_Q, store_mode=mode),
+              "k": lambda mode: tq.quantize_operand(k, tq.BLOCK_KV, centre=True, store_mode=mode),
+              "do": lambda mode: tq.quantize_do_and_delta(do, v, "consistent", store_mode=mode),  # V in O's place
+              "per channel": lambda mode: tq.quantize_per_channel(q, "q", store_mode=mode)}
+    bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)  # noqa: E731
+    for name, run in passes.items():
+        pointers = run(tq.STORE_MODES["pointers"])
+        for mode_name, mode in tq.STORE_MODES.items():
+            out = run(mode)
+            assert len(out) == (4 if name == "do" else 3)
+            for i, (a, b) in enumerate(zip(out, pointers)):
+                assert torch.equal(bits(a), bits(b)), (name, mode_name, i)
+            assert torch.equal(bits(out[0]).transpose(-1, -2), bits(out[1])), (name, mode_name)

@@ -1,8 +1,9 @@
-"""The per-channel quantisation pass (``quantize_per_channel``) in Triton's CPU interpreter, bit for bit against its
-PyTorch twin ``quantize_per_channel_torch`` and against ``quant.quantize_tiles(inner, None, 1)``.
+"""The quantisation passes in Triton's CPU interpreter: the per-channel pass (``quantize_per_channel``) bit for bit
+against its PyTorch twin ``quantize_per_channel_torch`` and against ``quant.quantize_tiles(inner, None, 1)``, and every
+code-store mode (``triton_quant.STORE_MODES``) of every pass bit for bit against the pointer stores.
 
 The cases run in a child process under the interpreter (triton_child.py), which poisons ``torch.empty`` with NaN, so
-a code, transposed code or scale the kernels leave unwritten differs from the twin's.
+a code, transposed code or scale the kernels leave unwritten differs from the twin's (or the pointer stores').
 """
 
 import pytest
@@ -42,10 +43,23 @@ def _bits(t):
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)
 
 
+def _store_mode_passes(gen) -> dict:
+    """Each pass that stores codes, as a closure of its store mode: ragged N, strided heads, 64- and 128-row blocks,
+    K's centring, the δ that reads the codes back (consistent), the per-channel scales."""
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
+
+    x, _ = _case_input("bfloat16", 1, 130, 2, 64, False, False, gen)
+    k, _ = _case_input("bfloat16", 1, 70, 2, 128, False, False, gen)
+    o = torch.randn(x.shape, generator=gen).to(torch.bfloat16)
+    return {"q": lambda mode: quantize_operand(x, 128, store_mode=mode),
+            "k centred": lambda mode: quantize_operand(k, 64, centre=True, store_mode=mode),
+            "dO, consistent delta": lambda mode: quantize_do_and_delta(x, o, "consistent", store_mode=mode),
+            "per channel": lambda mode: quantize_per_channel(x, "q", store_mode=mode)}
+
+
 def _measure() -> dict:
     from deltamatch.kernels import quant
-    from deltamatch.kernels.triton_quant import quantize_per_channel, quantize_per_channel_torch
-
+    from deltamatch.kernels.triton_quant import STORE_MODES, quantize_per_channel, quantize_per_channel_torch
 
     patch_interpreter_index()
     gen = torch.Generator().manual_seed(0)
@@ -69,6 +83,12 @@ def _measure() -> dict:
             zero_channel_scale=scales[..., 9].unique().tolist(),
             outlier_scale_ratio=(scales[..., 5] / scales[..., 4]).min().item(),
         )
+    out["store_modes"] = {}
+    for name, run in _store_mode_passes(gen).items():
+        pointers = run(STORE_MODES["pointers"])
+        out["store_modes"][name] = {
+            mode_name: [bool(torch.equal(_bits(a), _bits(b))) for a, b in zip(run(mode), pointers)]
+            for mode_name, mode in STORE_MODES.items() if mode_name != "pointers"}
     return out
 
 
@@ -90,6 +110,16 @@ def test_per_channel_pass_equals_its_torch_twin_bit_for_bit(measured, case):
     assert m["equal_to_quantize_tiles"] and m["padding_zero"], m
     assert m["zero_channel_scale"] == [1.0], m
     assert m["outlier_scale_ratio"] > 10, m  # the outlier channel has a scale of its own
+
+
+def test_every_store_mode_stores_the_bits_of_the_pointer_stores(measured):
+    from deltamatch.kernels.triton_quant import STORE_MODES
+
+    assert set(measured["store_modes"]) == {"q", "k centred", "dO, consistent delta", "per channel"}
+    for name, modes in measured["store_modes"].items():
+        assert set(modes) == set(STORE_MODES) - {"pointers"}, name
+        for mode, equal in modes.items():
+            assert len(equal) == (4 if name.startswith("dO") else 3) and all(equal), (name, mode, equal)
 
 
 def test_bad_inputs_are_refused_by_name_before_any_launch():

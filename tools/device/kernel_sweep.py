@@ -157,23 +157,28 @@ def quant_rows(d, n=SEQ) -> list[dict]:
               "q row-scaled per channel": (lambda: quantize_per_channel(x, "q", row_scales=row_scales), 4 * elems)}
     passes.update(_store_diagnostics(x, elems))
     rows = []
-    for name, (fn, nbytes) in passes.items():
+    for name, (fn, nbytes, *extra) in passes.items():
+        extra = extra[0] if extra else {}  # the store modes: {"store_mode": name, "bit_equal": ...}
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
         buf = torch.empty(nbytes, device="cuda", dtype=torch.uint8)  # nbytes of traffic: read half, write half
         copy = do_bench(lambda: buf[: nbytes // 2].copy_(buf[nbytes // 2:]), warmup=25, rep=100, return_mode="median")
         del buf
         rows.append(dict(head_dim=d, kernel="quant", config={"pass": name}, ms=ms, copy_ms=copy,
-                         gb_per_s=nbytes / ms * 1e-6, vs_copy=ms / copy))
-        print(f"D={d} quant  {name:24s} {ms:7.3f} ms {nbytes / ms * 1e-6:6.0f} GB/s  {ms / copy:4.2f}x a copy of the "
-              f"same bytes ({copy:.3f} ms)", flush=True)
+                         gb_per_s=nbytes / ms * 1e-6, vs_copy=ms / copy, **extra))
+        equal = f"  bit-equal to pointers: {extra['bit_equal']}" if "bit_equal" in extra else ""
+        print(f"D={d} quant  {name:30s} {ms:7.3f} ms {nbytes / ms * 1e-6:6.0f} GB/s  {ms / copy:4.2f}x a copy of the "
+              f"same bytes ({copy:.3f} ms){equal}", flush=True)
     return rows
 
 
 def _store_diagnostics(x, elems) -> dict:
     """Where a pass's time goes: the q pass with one of its two code stores, with neither (load, amax, cast only), and
-    the per-channel pass's amax launch alone (its atomic column max). Bytes are what each variant moves."""
-    from deltamatch.kernels.triton_quant import (BLOCK_Q, _per_channel_amax_pass_kernel, _quant_pass_kernel,
-                                                 _warps, code_buffers, padded_len, round_fp32_in_kernels)
+    the per-channel pass's amax launch alone (its atomic column max). Bytes are what each variant moves. Then the q
+    pass under each code-store mode (``triton_quant.STORE_MODES``), each with whether its codes (both layouts) and
+    scales are the pointer stores' bits: the timing that picks ``triton_quant.STORE_MODE``."""
+    from deltamatch.kernels.triton_quant import (BLOCK_Q, STORE_MODE, STORE_MODES, _per_channel_amax_pass_kernel,
+                                                 _quant_pass_kernel, _warps, code_buffers, padded_len,
+                                                 round_fp32_in_kernels, store_flags)
 
     b, n, h, d = x.shape
     n_pad = padded_len(n)
@@ -183,17 +188,30 @@ def _store_diagnostics(x, elems) -> dict:
     shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
     grid = (n_pad // BLOCK_Q, b * h)
 
-    def q_pass(stores):
-        return lambda: _quant_pass_kernel[grid](x, scales, x8, x8t, scales, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q,
-                                                CENTRE=False, ROUND_FP32=round_fp32_in_kernels(), STORES=stores,
+    def q_pass(stores, mode=STORE_MODE, out=(x8, x8t, scales)):
+        flags = store_flags(mode)  # sets Triton's allocator for the TMA modes, once, outside the timing
+        return lambda: _quant_pass_kernel[grid](x, scales, *out, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
+                                                ROUND_FP32=round_fp32_in_kernels(), **flags, STORES=stores,
                                                 num_warps=_warps(BLOCK_Q, d))
+
+    def outputs(mode):  # each mode's codes and scales in buffers of its own, filled with 0xff (an E4M3 NaN) first
+        out = (*code_buffers(x), torch.empty_like(scales))
+        for t in out:
+            t.view(torch.uint8).fill_(0xFF)
+        q_pass(3, mode, out)()
+        return [t.view(torch.uint8) for t in out]
 
     def amax_pass():
         _per_channel_amax_pass_kernel[grid](x, amax, amax, amax, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
                                             ROW_SCALED=False, num_warps=_warps(BLOCK_Q, d))
 
-    return {"q, token-major store only": (q_pass(1), 3 * elems), "q, channel-major store only": (q_pass(2), 3 * elems),
+    rows = {"q, token-major store only": (q_pass(1), 3 * elems), "q, channel-major store only": (q_pass(2), 3 * elems),
             "q, no code store (load, amax)": (q_pass(0), 2 * elems), "per-channel amax launch": (amax_pass, 2 * elems)}
+    pointers = outputs(STORE_MODES["pointers"])
+    for name, mode in STORE_MODES.items():
+        equal = all(torch.equal(a, b) for a, b in zip(outputs(mode), pointers))
+        rows[f"q, stores: {name}"] = (q_pass(3, mode), 4 * elems, {"store_mode": name, "bit_equal": equal})
+    return rows
 
 
 def _write_rows(path: str, rows: list[dict]) -> None:
