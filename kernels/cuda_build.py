@@ -18,6 +18,7 @@ A build is skipped when ``build/cuda/libdm_attn_sm90.so.stamp`` holds the hash o
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,11 @@ BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "cuda"
 """``build/cuda`` in the checkout (this module lives in ``kernels/``)."""
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 NVCC_FLAGS = ("-std=c++17", "-O3", ARCH, "-lineinfo", "-Xcompiler", "-fPIC,-static-libstdc++,-static-libgcc",
-              "-shared", "-cudart", "static")
+              "-shared", "-cudart", "static", "-Xptxas", "-v")
+SERIALISED = re.compile(r"\(C75\d\d\) Potential Performance Loss: wgmma\.mma_async instructions are serialized "
+                        r"(due to .*?) in the function '(\w+)'")
+"""ptxas's note (with ``-v`` only; C7510, C7511, C7515, … by reason) that it serialised every wgmma of a kernel: each
+waits for the previous one, which undoes the pipeline the kernel was written for. The build refuses such a library (kernels/CUDA_BACKWARD.md, M2)."""
 NVCC_ENV = "NVCC"
 """Environment variable naming the nvcc to use (default: ``nvcc`` on the PATH, then /usr/local/cuda/bin/nvcc)."""
 
@@ -109,7 +114,12 @@ def _stamp(files: list[Path], flags: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def _run_nvcc(args: list[str]) -> None:
+def serialised_wgmma(log: str) -> dict[str, str]:
+    """The kernels whose wgmma ptxas serialised, by name, with its reason, from nvcc's output under ``-Xptxas -v``."""
+    return {name: reason for reason, name in SERIALISED.findall(log)}
+
+
+def _run_nvcc(args: list[str]) -> str:
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode:
         text = done.stderr + done.stdout
@@ -117,6 +127,7 @@ def _run_nvcc(args: list[str]) -> None:
         if "cuda_runtime.h" in text or "cuda_fp8" in text:
             hint = " (the CUDA headers are missing: is this nvcc's toolkit complete?)"
         raise CudaBuildError(f"nvcc failed{hint}: {' '.join(args)}\n{text[-4000:]}")
+    return done.stderr + done.stdout
 
 
 def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False) -> Path:
@@ -130,7 +141,11 @@ def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False) -> Path:
         return out
     nvcc = find_nvcc()
     with atomic_path(out) as tmp:
-        _run_nvcc([nvcc, *NVCC_FLAGS, "-o", str(tmp), *map(str, (f for f in files if f.suffix == ".cu"))])
+        log = _run_nvcc([nvcc, *NVCC_FLAGS, "-o", str(tmp), *map(str, (f for f in files if f.suffix == ".cu"))])
+        if serial := serialised_wgmma(log):
+            raise CudaBuildError("ptxas serialised every wgmma of " + "; ".join(
+                f"{name} ({reason})" for name, reason in sorted(serial.items())) + ": keep no wgmma group pending "
+                "across a loop's back edge (kernels/CUDA_BACKWARD.md, M2 as measured)")
     write_text(stamp_file, stamp + "\n")
     return out
 

@@ -93,6 +93,41 @@ def test_check_names_what_disagrees(row, kernel, problem):
     assert (found == []) if problem is None else (problem in found[0]), found
 
 
+SERIALISING = r"""
+#include "wgmma.cuh"
+// A non-wgmma write to an accumulator between the wgmma of one group: ptxas serialises the kernel's wgmma (C7511).
+extern "C" __global__ void __launch_bounds__(128, 1) dm_serialised(const uint8_t* a, float* out) {
+  __shared__ __align__(1024) uint8_t tile[64 * 128];
+  for (int i = threadIdx.x; i < 64 * 128; i += 128) tile[i] = a[i];
+  dm::fence_async_shared();
+  __syncthreads();
+  float d[32] = {};
+  dm::wgmma_fence();
+  for (int k = 0; k < 4; ++k) {
+    dm::WgmmaE4M3<64>::ss(d, dm::KMajor128<dm::Swizzle::k128B>::desc(tile, k),
+                          dm::KMajor128<dm::Swizzle::k128B>::desc(tile, k), k > 0);
+    d[0] += 1.0f;
+  }
+  dm::wgmma_commit();
+  dm::wgmma_wait<0>();
+  for (int i = 0; i < 32; ++i) out[threadIdx.x * 32 + i] = d[i];
+}
+"""
+
+
+def test_a_build_whose_wgmma_ptxas_serialises_is_refused(library, monkeypatch, tmp_path):
+    """The trap of kernels/CUDA_BACKWARD.md (M2 as measured): ptxas serialises a kernel's wgmma silently, and only
+    ``-Xptxas -v`` says so; the build reads that note and refuses the library, naming the kernel."""
+    sources = tmp_path / "cuda"
+    sources.mkdir()
+    (sources / "wgmma.cuh").write_bytes((cuda_build.SOURCE_DIR / "wgmma.cuh").read_bytes())
+    (sources / "serialised.cu").write_text(SERIALISING)
+    monkeypatch.setattr(cuda_build, "SOURCE_DIR", sources)
+    with pytest.raises(cuda_build.CudaBuildError, match=r"ptxas serialised every wgmma of dm_serialised \(due to"):
+        cuda_build.build(tmp_path / "out")
+    assert not (tmp_path / "out" / cuda_build.LIBRARY).exists()  # nothing half-built is left
+
+
 def test_missing_nvcc_is_a_clear_error_when_a_build_is_needed(monkeypatch, tmp_path):
     monkeypatch.setenv(cuda_build.NVCC_ENV, "/nonexistent/nvcc")
     with pytest.raises(cuda_build.CudaBuildError, match="NVCC"):

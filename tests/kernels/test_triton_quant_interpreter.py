@@ -113,7 +113,11 @@ def test_per_channel_pass_equals_its_torch_twin_bit_for_bit(measured, case):
 
 
 def test_every_store_mode_stores_the_bits_of_the_pointer_stores(measured):
-    from deltamatch.kernels.triton_quant import STORE_MODES
+    """In the interpreter every mode is right, the two the H200 found wrong too: the interpreter runs the program's
+    semantics, not Triton's layout conversions, so only the GPU test can admit a mode to VERIFIED_STORE_MODES."""
+    from deltamatch.kernels.triton_quant import STORE_MODE, STORE_MODES, VERIFIED_STORE_MODES
+
+    assert STORE_MODE in {STORE_MODES[m] for m in VERIFIED_STORE_MODES}
 
     assert set(measured["store_modes"]) == {"q", "k centred", "dO, consistent delta", "per channel"}
     for name, modes in measured["store_modes"].items():
