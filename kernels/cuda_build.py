@@ -79,6 +79,9 @@ KERNELS = (
     *(CudaKernel(f"dm_dv_factored_{variant}_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})
       for variant in ("pipe3_ss", "pipe3_rs", "pipe5_rs", "tma3", "tma4") for promoted in ("promoted", "unpromoted")),
     CudaKernel("dm_dv_factored_tma3x3_unpromoted", {_qgmma(64): 8, _qgmma(128): 4}),
+    # the factored dK (dk_factored.cu): Sᵀ and dP̂ᵀ (2 x four SS m64n64k32) for the first tile and in the loop, dK
+    # (two RS m64n128k32) in the loop and for the last tile
+    CudaKernel("dm_dk_factored_tma3_unpromoted", {_qgmma(64): 16, _qgmma(128): 4}),
 )
 
 

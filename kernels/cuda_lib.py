@@ -23,6 +23,9 @@ Primitives (M1 of kernels/CUDA_BACKWARD.md), on E4M3 codes given as ``torch.floa
 M2: ``dv_factored(...)``, the factored layout's dV (``kernels/cuda/dv_factored.cu``) on the operands Triton's factored
 dV launch reads; D = 128, any GQA group, bf16 or fp16 out; ``variant`` picks one of ``DV_VARIANTS`` (the simple loop, or
 the pipelined one with its stage count and where K̂ lives), all meant to give the same bits.
+
+M3a: ``dk_factored(...)``, the factored layout's dK (``kernels/cuda/dk_factored.cu``, the TMA pipeline, unpromoted) on
+the operands Triton's factored dK launch reads.
 """
 
 import ctypes
@@ -34,7 +37,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -50,6 +53,8 @@ SIGNATURES = {
     "dm_dpt_tile": ((_P, _P, _F, _F, _P, _I, _P), _I),
     "dm_dv_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_dv_factored_params_size": ((), _I),
+    "dm_dk_factored": ((_P, _I, _P), _I),
+    "dm_dk_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
@@ -71,6 +76,16 @@ class DvFactoredParams(ctypes.Structure):
                 ("causal", _I), ("out_fp16", _I)]
 
 
+class DkFactoredParams(ctypes.Structure):
+    """``DkFactoredParams`` of ``kernels/cuda/dk_factored.cuh``, field for field."""
+
+    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "q8t", "sq", "sk", "sv", "sdo", "sqc", "rs", "lse2",
+                                          "delta", "dk")),
+                ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
+                ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
+                ("causal", _I), ("out_fp16", _I)]
+
+
 def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or BUILD_DIR / LIBRARY)
 
@@ -88,8 +103,10 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot load {path}: {err}"
     if (found := lib.dm_attn_sm90_abi_version()) != ABI_VERSION:
         return None, f"{path} has ABI version {found}, this code needs {ABI_VERSION}: rebuild it (dm-cuda-build)"
-    if (size := lib.dm_dv_factored_params_size()) != ctypes.sizeof(DvFactoredParams):
-        return None, f"{path}: DvFactoredParams is {size} bytes there, {ctypes.sizeof(DvFactoredParams)} here"
+    for name, mirror in (("dm_dv_factored_params_size", DvFactoredParams), ("dm_dk_factored_params_size",
+                                                                               DkFactoredParams)):
+        if (size := getattr(lib, name)()) != ctypes.sizeof(mirror):
+            return None, f"{path}: {mirror.__name__} is {size} bytes there, {ctypes.sizeof(mirror)} here"
     return lib, ""
 
 
@@ -193,6 +210,24 @@ def _fp32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.devi
     return t
 
 
+def _attention_shape(q8: torch.Tensor, k8: torch.Tensor, n: int, dtype: torch.dtype,
+                     what: str) -> tuple[int, int, int, int, int]:
+    """``(B, H, H_kv, N_pad, D)`` of Q̂ and K̂ codes, after checking them, ``n`` and the output dtype."""
+    if q8.dim() != 4 or k8.dim() != 4:
+        raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
+    b, h, n_pad, d = q8.shape
+    h_kv = k8.shape[1]
+    if d != DV_HEAD_DIM:
+        raise ValueError(f"head dim {d}: the CUDA {what} kernel is built for D = {DV_HEAD_DIM} only")
+    if not 0 < n <= n_pad or n_pad % 128:
+        raise ValueError(f"n = {n} with N_pad = {n_pad}: expected 0 < n <= N_pad, N_pad a multiple of 128")
+    if h_kv < 1 or h % h_kv:
+        raise ValueError(f"{h} query heads are not a multiple of {h_kv} kv heads")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype {dtype}: expected torch.bfloat16 or torch.float16")
+    return b, h, h_kv, n_pad, d
+
+
 def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
                 sdoc: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool, qk_scale: float,
                 dtype: torch.dtype = torch.bfloat16, promote: bool = True, variant: str = "simple") -> torch.Tensor:
@@ -206,18 +241,7 @@ def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torc
         raise ValueError(f"variant {variant!r}: expected one of {DV_VARIANTS}")
     if promote and variant in DV_UNPROMOTED_ONLY:
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
-    if q8.dim() != 4 or k8.dim() != 4:
-        raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
-    b, h, n_pad, d = q8.shape
-    h_kv = k8.shape[1]
-    if d != DV_HEAD_DIM:
-        raise ValueError(f"head dim {d}: the CUDA dV kernel is built for D = {DV_HEAD_DIM} only")
-    if not 0 < n <= n_pad or n_pad % 128:
-        raise ValueError(f"n = {n} with N_pad = {n_pad}: expected 0 < n <= N_pad, N_pad a multiple of 128")
-    if h_kv < 1 or h % h_kv:
-        raise ValueError(f"{h} query heads are not a multiple of {h_kv} kv heads")
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype {dtype}: expected torch.bfloat16 or torch.float16")
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dV")
     q8u = _codes("q8", q8, (b, h, n_pad, d))
     k8u = _codes("k8", k8, (b, h_kv, n_pad, d))
     do8tu = _codes("do8t", do8t, (b, h, d, n_pad))
@@ -233,3 +257,33 @@ def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torc
     _call(_library(), "dm_dv_factored", ctypes.byref(params), int(promote), DV_VARIANTS.index(variant),
           *_launch_args(dv))
     return dv
+
+
+def dk_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, q8t: torch.Tensor,
+                sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, sqc: torch.Tensor,
+                rs: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
+                softmax_scale: float, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """dK (B, N, H_kv, D) of ``matched_factored`` from the operands of Triton's factored dK launch, accumulated without
+    per-tile promotion (Triton's ``ACC_PROMOTE=None``; ``kernels/cuda/dk_factored.cu``): ``q8`` (B, H, N_pad, D),
+    ``k8`` and ``v8`` (B, H_kv, N_pad, D) codes with scales ``sq`` (B, H, N_pad / 128), ``sk`` and ``sv``
+    (B, H_kv, N_pad / 64); ``do8`` the token-major dÔ codes (B, H, N_pad, D) with ``sdo`` (B, H, N_pad / 128);
+    ``q8t`` Q' = s ⊙ Q per channel, channel-major (B, H, D, N_pad), with ``sqc`` (B, H, D); ``rs`` dŜ's row scales s,
+    ``lse2`` and matched's ``delta``, each (B, H, N_pad)."""
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK")
+    codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
+             _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),
+             _codes("q8t", q8t, (b, h, d, n_pad))]
+    device = q8.device
+    if any(t.device != device for t in (k8, v8, do8, q8t)):
+        raise ValueError(f"q8 on {device}, k8, v8, do8, q8t on {[str(t.device) for t in (k8, v8, do8, q8t)]}: "
+                         "expected one device")
+    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
+              _fp32("sv", sv, (b, h_kv, n_pad // 64), device), _fp32("sdo", sdo, (b, h, n_pad // 128), device),
+              _fp32("sqc", sqc, (b, h, d), device), _fp32("rs", rs, (b, h, n_pad), device),
+              _fp32("lse2", lse2, (b, h, n_pad), device), _fp32("delta", delta, (b, h, n_pad), device)]
+    dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
+    params = DkFactoredParams(*(t.data_ptr() for t in codes + scales), dk.data_ptr(), dk.stride(0), dk.stride(1),
+                              dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale), int(causal),
+                              int(dtype == torch.float16))
+    _call(_library(), "dm_dk_factored", ctypes.byref(params), *_launch_args(dk))
+    return dk

@@ -501,6 +501,8 @@ def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, 
         parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)]
     if c.pop("DV_ONLY", False):  # dV alone (the sweep times it so)
         parts = [dict(DO_DK=False, DO_DV=True)]
+    if c.pop("DK_ONLY", False):  # dK alone (the CUDA dK's tests and timing compare with it)
+        parts = [dict(DO_DK=True, DO_DV=False)]
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
     extra = (factored["sdoc"], factored["sqc"], factored["rs"]) if c.get("FACTORED") else (delta, delta, delta)

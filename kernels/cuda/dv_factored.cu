@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "dv_factored.cuh"
+#include "factored.cuh"
 #include "quant.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
@@ -34,12 +35,9 @@
 namespace dm {
 namespace dv {
 
-constexpr int kThreads = 128;  // one warpgroup
-constexpr int kBlockN = 64;    // keys per CTA: one K̂/V̂ scale block, wgmma's M
-constexpr int kBlockM = 64;    // queries per tile: the promotion depth and the K of the dV product
-constexpr int kHeadDim = 128;
-using QTile = KMajor128<Swizzle::k128B>;  // K̂ [64 keys, D], Q̂ [64 queries, D]
-using DoTile = KMajor64;                  // dÔᶜᵀ [D, 64 queries]
+using namespace factored;
+
+using DoTile = KMajor64;  // dÔᶜᵀ [D, 64 queries] as the cp.async forms lay it out
 
 struct __align__(1024) Smem {
   uint8_t k[kBlockN * kHeadDim];
@@ -57,46 +55,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ float ex2_approx_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float div_full(float a, float b) {
-  float y;
-  asm("div.full.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
-  return y;
-}
 
-// Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
-// the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
-struct Schedule {
-  int lo, diag_end, full_end, tail, unmasked, tiles;
-
-  __device__ Schedule(int start_n, int n, bool causal) {
-    full_end = (n / kBlockM) * kBlockM;
-    lo = 0;
-    diag_end = 0;
-    if (causal) {
-      lo = start_n;
-      diag_end = max(lo, min(start_n + kBlockN, full_end));
-    }
-    tail = max(full_end, lo);
-    if (start_n + kBlockN > n) {  // the ragged last key block: every tile masked
-      diag_end = lo;
-      tail = lo;
-      full_end = lo;
-    }
-    unmasked = full_end > diag_end ? (full_end - diag_end + kBlockM - 1) / kBlockM : 0;
-    const int hi = n - (tail - diag_end);
-    tiles = unmasked + (hi > lo ? (hi - lo + kBlockM - 1) / kBlockM : 0);
-  }
-  __device__ int start_m(int it) const {
-    if (it < unmasked) return diag_end + kBlockM * it;
-    const int tile_m = lo + kBlockM * (it - unmasked);
-    return tile_m < diag_end ? tile_m : tile_m + (tail - diag_end);
-  }
-};
 
 // One query tile's operands into one shared-memory stage: Q̂ rows (128-byte swizzle), dÔᶜᵀ rows of 64 queries, lse2.
 __device__ __forceinline__ void load_tile(uint8_t* q_dst, uint8_t* dot_dst, float* lse_dst, const DvFactoredParams& p,
@@ -146,17 +105,6 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kBlockM / 2], const flo
   }
 }
 
-// P̂ᵀ = e4m3(st) as the A fragments of the dV product (two k = 32 steps over the tile's 64 queries).
-__device__ __forceinline__ void to_fragments(const float (&st)[kBlockM / 2], uint32_t (&frag)[DoTile::kSteps][4]) {
-#pragma unroll
-  for (int kk = 0; kk < DoTile::kSteps; ++kk) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);  // 16-query half h16, key row g or g + 8
-      frag[kk][r] = acc_to_a_fragment(cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]));
-    }
-  }
-}
 
 // The epilogue: dV · (s_dOᶜ[d] / 448) of the last query head in the output dtype, keys < N.
 __device__ __forceinline__ void store_dv(const float (&dv)[kHeadDim / 2], const float* sdoc, const DvFactoredParams& p,
@@ -182,21 +130,6 @@ __device__ __forceinline__ void store_dv(const float (&dv)[kHeadDim / 2], const 
   }
 }
 
-// dV · s_prev[d] / s_next[d] before the first tile of a query head (div.full, Triton's `/`; s_prev = 1 for the
-// first head), so that dV stays in the units of the current head's dÔᶜ scales.
-__device__ __forceinline__ void rescale_dv(float (&dv)[kHeadDim / 2], const float* prev, const float* next) {
-  const int q = threadIdx.x % 4;
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int col = 8 * i + 2 * q + c;
-      const float ratio = div_full(prev ? prev[col] : 1.0f, next[col]);
-      dv[4 * i + c] = __fmul_rn(dv[4 * i + c], ratio);
-      dv[4 * i + 2 + c] = __fmul_rn(dv[4 * i + 2 + c], ratio);
-    }
-  }
-}
 
 // The simple form: per tile, wait for its operands, Sᵀ, softmax, dV, each to completion (two cp.async stages).
 template <bool PROMOTE>
@@ -226,7 +159,7 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
     }
     cp_async_commit();
     const float s_q = p.sq[bh * (p.n_pad / 128) + start_m / 128];
-    if (it == 0) rescale_dv(dv, j ? p.sdoc + (bh - 1) * kHeadDim : nullptr, p.sdoc + bh * kHeadDim);
+    if (it == 0) rescale_channels(dv, j ? p.sdoc + (bh - 1) * kHeadDim : nullptr, p.sdoc + bh * kHeadDim);
     cp_async_wait<1>();
     fence_async_shared();
     __syncthreads();
@@ -328,16 +261,6 @@ __device__ __forceinline__ void issue_dv(float (&dv)[kHeadDim / 2], float (&part
   wgmma_commit();
 }
 
-template <bool PROMOTE>
-__device__ __forceinline__ void finish_dv(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2]) {
-  if constexpr (PROMOTE) {
-    fence_operands(part);
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = __fadd_rn(dv[i], part[i]);
-  } else {
-    fence_operands(dv);
-  }
-}
 
 template <bool PROMOTE, int STAGES, bool K_RS>
 __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactoredParams& p) {
@@ -351,17 +274,9 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   const int total = sched.tiles * group;
   if (total == 0) return;
   const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;  // the group's first query head
-  // Tile j of the CTA's sequence without divisions: its query head, its place in that head's schedule, its stage.
-  struct Cursor {
-    int j, it, stage;
-    int64_t bh;
-    __device__ void advance(int tiles) {
-      ++j;
-      if (++it == tiles) it = 0, ++bh;
-      if (++stage == STAGES) stage = 0;
-    }
-  };
-  Cursor ahead{0, 0, 0, bh0};  // the next tile to load
+  using Cursor = factored::Cursor<STAGES>;  // the phase is unused here
+
+  Cursor ahead{0, 0, 0, 0, bh0};  // the next tile to load
   auto load = [&]() {  // tile `ahead` into its stage (nothing past the end); always one commit group
     if (ahead.j < total) {
       load_tile(s.q[ahead.stage], s.dot[ahead.stage], s.lse[ahead.stage], p, ahead.bh, sched.start_m(ahead.it));
@@ -401,7 +316,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
   float part[kHeadDim / 2];     // one tile's product (PROMOTE)
   uint32_t frag[DoTile::kSteps][4];
-  Cursor cur{0, 0, 0, bh0};  // the tile whose P̂ᵀ is in `frag`
+  Cursor cur{0, 0, 0, 0, bh0};  // the tile whose P̂ᵀ is in `frag`
   {
     float st[kBlockM / 2];
     issue_s<K_RS>(st, s.k, kfrag, s.q[0]);
@@ -410,7 +325,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
     softmax(cur, st);
     to_fragments(st, frag);
   }
-  rescale_dv(dv, nullptr, p.sdoc + bh0 * kHeadDim);
+  rescale_channels(dv, nullptr, p.sdoc + bh0 * kHeadDim);
 
 #pragma unroll 1
   while (cur.j + 1 < total) {
@@ -428,14 +343,14 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
     fence_operands(st);
     softmax(next, st);
     wgmma_wait<0>();  // dV(cur)
-    finish_dv<PROMOTE>(dv, part);
-    if (next.it == 0) rescale_dv(dv, p.sdoc + cur.bh * kHeadDim, p.sdoc + next.bh * kHeadDim);  // a new query head
+    finish_acc<PROMOTE>(dv, part);
+    if (next.it == 0) rescale_channels(dv, p.sdoc + cur.bh * kHeadDim, p.sdoc + next.bh * kHeadDim);  // a new query head
     to_fragments(st, frag);
     cur = next;
   }
   issue_dv<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
   wgmma_wait<0>();
-  finish_dv<PROMOTE>(dv, part);
+  finish_acc<PROMOTE>(dv, part);
   cp_async_wait<0>();
   store_dv(dv, p.sdoc + cur.bh * kHeadDim, p, b, h_kv, start_n);
 }
@@ -444,7 +359,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
 // loads do the same): Q̂ and K̂ in the 128-byte swizzle, dÔᶜᵀ in the 64-byte swizzle (KMajor64Swizzle64), lse2 by a
 // plain bulk copy, all counted on the stage's `full` barrier; each warp releases a stage on its `empty` barrier once
 // its dV product has read it. No cp.async address arithmetic in the loop and no block-wide barrier.
-using DoTileTma = KMajor64Swizzle64;
+using DoTileTma = ChannelTile;
 constexpr uint32_t kTileBytes = kBlockM * kHeadDim * 2 + kBlockM * sizeof(float);  // Q̂, dÔᶜᵀ, lse2
 
 template <int STAGES>
@@ -492,16 +407,8 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
   if (total == 0) return;
   const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
   const bool issuer = threadIdx.x == 0;
-  struct Cursor {  // tile j of the CTA's sequence: its query head, place in that head's schedule, stage and phase
-    int j, it, stage;
-    uint32_t phase;
-    int64_t bh;
-    __device__ void advance(int tiles) {
-      ++j;
-      if (++it == tiles) it = 0, ++bh;
-      if (++stage == STAGES) stage = 0, phase ^= 1;
-    }
-  };
+  using Cursor = factored::Cursor<STAGES>;
+
   Cursor ahead{0, 0, 0, 0, bh0};  // the next tile to load
   auto load = [&]() {  // by the issuing thread: tile `ahead` into its stage once that stage's last reader is done
     if (issuer && ahead.j < total) {
@@ -569,7 +476,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     softmax(cur, s_q, st);
     to_fragments(st, frag);
   }
-  rescale_dv(dv, nullptr, p.sdoc + bh0 * kHeadDim);
+  rescale_channels(dv, nullptr, p.sdoc + bh0 * kHeadDim);
   const bool releaser = threadIdx.x % 32 == 0;
 
 #pragma unroll 1
@@ -588,14 +495,14 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     softmax(next, s_q, st);
     wgmma_wait<0>();  // dV(cur): this warp is done with cur's stage
     if (releaser) mbar_arrive(&s.empty[cur.stage]);
-    finish_dv<PROMOTE>(dv, part);
-    if (next.it == 0) rescale_dv(dv, p.sdoc + cur.bh * kHeadDim, p.sdoc + next.bh * kHeadDim);  // a new query head
+    finish_acc<PROMOTE>(dv, part);
+    if (next.it == 0) rescale_channels(dv, p.sdoc + cur.bh * kHeadDim, p.sdoc + next.bh * kHeadDim);  // a new query head
     to_fragments(st, frag);
     cur = next;
   }
   issue_dv_tma<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
   wgmma_wait<0>();
-  finish_dv<PROMOTE>(dv, part);
+  finish_acc<PROMOTE>(dv, part);
   store_dv(dv, p.sdoc + cur.bh * kHeadDim, p, b, h_kv, start_n);
 }
 
@@ -641,34 +548,12 @@ DM_DV_TMA_KERNEL(dm_dv_factored_tma3x3_unpromoted, false, 3, 3)
 
 namespace {
 
+using dm::factored::encode_codes;
 using DvKernel = void (*)(DvFactoredParams);
 using DvTmaKernel = void (*)(DvFactoredParams, dm::dv::TmaMaps);
 
-// cuTensorMapEncodeTiled from the driver (the runtime is linked statically; the driver is whatever torch runs on).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                                             &found);
-    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
-               : nullptr;
-  }();
-  return fn;
-}
 
-// A 2D map of e4m3 codes: `rows` rows of `row_bytes` bytes, boxes of box_rows x box_bytes in `swizzle`.
-bool encode_codes(CUtensorMap* map, const void* base, uint64_t row_bytes, uint64_t rows, uint32_t box_bytes,
-                  uint32_t box_rows, CUtensorMapSwizzle swizzle) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
-  if (!encode) return false;
-  const cuuint64_t dims[2] = {row_bytes, rows}, strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {box_bytes, box_rows}, unit[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, unit,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
+
 
 // The kernel of each (variant, promote) and the dynamic shared memory it needs; the variant numbers are
 // cuda_lib.DV_VARIANTS' positions.

@@ -140,6 +140,7 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     opened, why = cuda_lib._open(str(library))  # it dlopens without a GPU, its ABI version and struct size match
     assert opened is not None and why == ""
     assert opened.dm_dv_factored_params_size() == ctypes.sizeof(cuda_lib.DvFactoredParams)
+    assert opened.dm_dk_factored_params_size() == ctypes.sizeof(cuda_lib.DkFactoredParams)
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)
@@ -181,6 +182,18 @@ def _dv_inputs(b=1, h=2, h_kv=1, n=100, n_pad=128, d=128, **options):
 def test_the_dv_wrapper_checks_its_inputs_before_needing_the_library(change, message):
     with pytest.raises(ValueError, match=message):
         cuda_lib.dv_factored(**_dv_inputs(**change))
+
+
+def test_the_dk_wrapper_checks_its_inputs_before_needing_the_library():
+    dv = _dv_inputs()
+    b, h, n_pad, d = dv["q8"].shape
+    common = dict(q8=dv["q8"], k8=dv["k8"], v8=dv["k8"], do8=dv["q8"], q8t=dv["do8t"], sq=dv["sq"], sk=dv["sk"],
+                  sv=dv["sk"], sdo=dv["sq"], sqc=dv["sdoc"], rs=dv["lse2"], lse2=dv["lse2"], delta=dv["lse2"], n=100,
+                  causal=True, qk_scale=0.1, softmax_scale=0.08)
+    with pytest.raises(ValueError, match="the CUDA dK kernel is built for D = 128"):
+        cuda_lib.dk_factored(**{**common, "q8": torch.zeros(b, h, n_pad, 64, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        cuda_lib.dk_factored(**common)
 
 
 def _acc_to_a_fragment(words: list[int]) -> list[int]:

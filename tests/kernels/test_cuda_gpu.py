@@ -222,6 +222,40 @@ def factored_dv_operands(q, k, v, do, causal):
                 qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape, dtype=k.dtype)
 
 
+def factored_dk_operands(ops, q):
+    """What matched_factored's dK launch also reads, made as ``triton_bwd.attention_backward`` makes them: matched's δ
+    with dŜ's row scales s (the δ pass), and Q' = s ⊙ Q per channel."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_quant import quantize_per_channel
+
+    delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
+    triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, ops["causal"], ops["qk_scale"],
+                                     ops["n"], cfg["delta"], row_scales=rs)
+    _, q8t_c, sqc = quantize_per_channel(q, "q", row_scales=rs)
+    return dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, sqc=sqc)
+
+
+def triton_factored_dk(ops):
+    """Triton's factored dK launch alone (``DK_ONLY``), unpromoted (``ACC_PROMOTE=None``) as the CUDA dK is."""
+    from deltamatch.kernels import triton_bwd
+
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DK_ONLY": True, "ACC_PROMOTE": None}
+    dk = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
+    dv = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
+    factored = dict(q8t=ops["q8t_c"], sqc=ops["sqc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["rs"])
+    triton_bwd._launch_dkdv(ops["saved"], ops["do8"], ops["do8t"], ops["sdo"], ops["delta_m"], dk, dv, None,
+                            ops["causal"], ops["qk_scale"], ops["scale"], ops["n"], cfg, factored=factored)
+    return dk
+
+
+def cuda_factored_dk(ops):
+    s = ops["saved"]
+    return cuda_lib.dk_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_c"], s["sq"], s["sk"], s["sv"],
+                                ops["sdo"], ops["sqc"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"], ops["causal"],
+                                ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
+
+
 def triton_factored_dv(ops, promote):
     """Triton's factored dV launch alone (``DV_ONLY``), promoted per 64-query tile (``ACC_PROMOTE=64``) or not."""
     from deltamatch.kernels import triton_bwd
@@ -291,6 +325,42 @@ def test_factored_dv_within_fp8_order_of_triton(dv_operands, n, causal, promote)
     ops = dv_operands(n, causal, *heads(n))
     ours, theirs = cuda_factored_dv(ops, promote), triton_factored_dv(ops, promote)
     assert relative_error(ours, theirs) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def dk_operands():
+    cache = {}
+
+    def get(n, causal, h=2, hk=2):
+        key = (n, causal, h, hk)
+        if key not in cache:
+            q, k, v, do = attention_inputs(2, n, h, hk, seed=n + h + 1)
+            cache[key] = factored_dk_operands(factored_dv_operands(q, k, v, do, causal), q)
+        return cache[key]
+
+    return get
+
+
+DK_CASES = [(130, True), (130, False), (1024, True), (1024, False), (1000, True), (1000, False)]  # 1000: GQA 8 on 2
+
+
+@pytest.mark.parametrize("n, causal", DK_CASES)
+def test_factored_dk_is_tritons_bit_for_bit(dk_operands, n, causal):
+    ops = dk_operands(n, causal, *heads(n))
+    ours, theirs = cuda_factored_dk(ops), triton_factored_dk(ops)
+    torch.cuda.synchronize()
+    assert torch.isfinite(ours).all()
+    diff = (ours.float() - theirs.float()).abs()
+    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, "
+                                       f"relative {relative_error(ours, theirs):.2e}, first at {where}")
+
+
+@pytest.mark.parametrize("n, causal", DK_CASES)
+def test_factored_dk_within_fp8_order_of_triton(dk_operands, n, causal):
+    """The fallback bound if the bits differ: 10^-3 in norm."""
+    ops = dk_operands(n, causal, *heads(n))
+    assert relative_error(cuda_factored_dk(ops), triton_factored_dk(ops)) < 1e-3
 
 
 @pytest.mark.parametrize("causal", [True, False])

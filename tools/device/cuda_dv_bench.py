@@ -1,6 +1,7 @@
 """Time the CUDA factored dV (M2, ``kernels/cuda/dv_factored.cu``) against Triton's factored dV launch on the same
 operands: B·H = 64, N = 8192, D = 128, causal (the shape of kernels/NOTES.md's sweep), each promoted per 64-query
-tile (the default, ``ACC_PROMOTE=64``) and not, every CUDA loop structure (``cuda_lib.DV_VARIANTS``). One JSON row per variant on stdout and in ``--out``:
+tile (the default, ``ACC_PROMOTE=64``) and not, every CUDA loop structure (``cuda_lib.DV_VARIANTS``); then the CUDA
+factored dK (M3a, unpromoted) against Triton's factored dK launch. One JSON row per variant on stdout and in ``--out``:
 ``ms`` (``do_bench`` median), ``tflops`` executed (two matmuls, S and dV, halved when causal, as the sweep counts),
 and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
 
@@ -28,7 +29,7 @@ def operands(b, h, n, d, causal):
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
-                qk=scale * math.log2(math.e), n=n, causal=causal, k=k)
+                qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q)
 
 
 def launchers(ops, promote):
@@ -57,6 +58,48 @@ def launchers(ops, promote):
 
     return triton_dv, {v: cuda_dv(v) for v in cuda_lib.DV_VARIANTS
                        if not (promote and v in cuda_lib.DV_UNPROMOTED_ONLY)}, out
+
+
+def dk_rows(ops, args, flop, do_bench):
+    """The CUDA factored dK (M3a, unpromoted) against Triton's factored dK launch (``DK_ONLY``, ``ACC_PROMOTE=None``),
+    on matched's δ and dŜ's row scales from the δ pass and Q' = s ⊙ Q per channel."""
+    from deltamatch.kernels import cuda_lib, triton_bwd
+    from deltamatch.kernels.triton_quant import quantize_per_channel
+
+    s = ops["saved"]
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
+    delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
+    triton_bwd._launch_delta_matched(s, ops["do8"], ops["sdo"], delta, True, ops["qk"], ops["n"], cfg["delta"],
+                                     row_scales=rs)
+    _, q8t_c, sqc = quantize_per_channel(ops["q"], "q", row_scales=rs)
+    dk_cfg = {**cfg["dkdv"], "DK_ONLY": True, "ACC_PROMOTE": None}
+    dk, dv = torch.empty_like(ops["k"]), torch.empty_like(ops["k"])
+    factored = dict(q8t=q8t_c, sqc=sqc, do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=rs)
+    out = {}
+
+    def triton_dk():
+        triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], delta, dk, dv, None, True, ops["qk"],
+                                ops["scale"], ops["n"], dk_cfg, factored=factored)
+        out["triton"] = dk
+
+    def cuda_dk():
+        out["cuda"] = cuda_lib.dk_factored(s["q8"], s["k8"], s["v8"], ops["do8"], q8t_c, s["sq"], s["sk"], s["sv"],
+                                           ops["sdo"], sqc, rs, s["lse2"], delta, ops["n"], True, ops["qk"],
+                                           ops["scale"])
+
+    triton_dk(), cuda_dk()
+    torch.cuda.synchronize()
+    rel = float((out["cuda"].double() - out["triton"].double()).norm() / out["triton"].double().norm())
+    rows = []
+    for name, fn in (("triton", triton_dk), ("cuda", cuda_dk)):
+        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        row = dict(kernel=f"dk_factored_{name}", promoted=False, b_h=args.bh, n=args.n, d=128, causal=True,
+                   ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
+        if name == "cuda":
+            row.update(variant="tma3", equal=torch.equal(out["cuda"], out["triton"]), rel=rel)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -95,6 +138,7 @@ def main(argv=None) -> int:
                 row.update(variant=name, equal=torch.equal(out[name], out["triton"]), rel=float(diff))
             rows.append(row)
             print(json.dumps(row), flush=True)
+    rows += dk_rows(ops, args, flop * 1.5, do_bench)  # dK: three matmuls (S, dP, dK) where dV has two
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

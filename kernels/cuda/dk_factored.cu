@@ -1,0 +1,287 @@
+// M3a of the CUDA backward (kernels/CUDA_BACKWARD.md section 5): dK alone in the factored scale layout
+// (matched_factored, kernels/README.md), D = 128, causal or not, any GQA group; the TMA pipeline of dv_factored.cu.
+//
+// The Triton twin is the factored dK launch (triton_bwd._attn_bwd_dkdv_kernel with FACTORED, DO_DK only, BLOCK_M =
+// BLOCK_N = 64), followed operation for operation (its PTX read for the arithmetic), so that on identical operands it
+// is meant to give the same bits. Per 64-query tile of a 64-key block:
+//   - Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ (each four SS m64n64k32 over D), issued as one wgmma group;
+//   - P = ex2.approx.ftz(fma(Sᵀ, (s_q·qk_scale)·s_k, −lse2)), masked; dS = P · fma(dP̂ᵀ, s_v·s_do, −δ); dŜᵀ =
+//     e4m3(dS · div.full(1, s)) with s dŜ's row scale of each query (lse2 = 0, δ = 0, s = 1 for queries ≥ N, as
+//     Triton's masked loads give);
+//   - dK += dŜᵀ Q̂'ᶜ (two RS m64n128k32 over the tile's queries, B = Q'ᶜ channel-major in the 64-byte swizzle),
+//     accumulated in place (Triton's ACC_PROMOTE = None; the promoted form is written but not built, see below);
+//   - GQA: dK *= s_prev[d] / s_next[d] before each query head; after the loop dK · s_Q'[d] · softmax_scale.
+// Pipeline (as the TMA dV): Sᵀ and dP̂ᵀ of the next tile issued with dK of this one; the next tile's dS is formed on
+// the CUDA cores while dK runs; one thread issues the TMA loads (Q̂, dÔ, Q'ᶜᵀ, and lse2, δ, s by bulk copies) on the
+// stage's `full` barrier, and each warp releases the stage on its `empty` barrier after its dK product.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dk_factored.cuh"
+#include "factored.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace dk {
+
+using namespace factored;
+
+constexpr uint32_t kTileBytes = 3 * kBlockM * kHeadDim + 3 * kBlockM * sizeof(float);  // Q̂, dÔ, Q'ᶜᵀ; lse2, δ, s
+
+template <int STAGES>
+struct __align__(1024) Smem {
+  uint8_t k[kBlockN * kHeadDim];
+  uint8_t v[kBlockN * kHeadDim];
+  uint8_t q[STAGES][kBlockM * kHeadDim];
+  uint8_t dout[STAGES][kBlockM * kHeadDim];
+  uint8_t qt[STAGES][kHeadDim * kBlockM];
+  float lse[STAGES][kBlockM], delta[STAGES][kBlockM], rs[STAGES][kBlockM];
+  uint64_t full[STAGES], empty[STAGES], kv_full;
+};
+template <int STAGES>
+constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
+
+struct Maps {
+  CUtensorMap q, k, v, dout, qt;  // Q̂, K̂, V̂, dÔ rows (box 64 rows x 128 bytes); Q'ᶜᵀ (box 128 channels x 64 queries)
+};
+
+// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.
+__device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const uint8_t* k,
+                                           const uint8_t* v, const uint8_t* q, const uint8_t* dout) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockM>::ss(st, QTile::desc(k, kk), QTile::desc(q, kk), kk > 0);
+  }
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockM>::ss(dpt, QTile::desc(v, kk), QTile::desc(dout, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
+template <bool PROMOTE>
+__device__ __forceinline__ void issue_dk(float (&dk)[kHeadDim / 2], float (&part)[kHeadDim / 2],
+                                         uint32_t (&frag)[kTileSteps][4], const uint8_t* qt) {
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) fence_operands(frag[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) {
+    if constexpr (PROMOTE) {
+      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], ChannelTile::desc(qt, kk), kk > 0);
+    } else {
+      WgmmaE4M3<kHeadDim>::rs(dk, frag[kk], ChannelTile::desc(qt, kk), 1);
+    }
+  }
+  wgmma_commit();
+}
+
+// dŜᵀ before its cast, in place in `st`, from Sᵀ (st) and dP̂ᵀ (dpt) of the tile starting at query start_m.
+__device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* lse,
+                                        const float* delta, const float* rs, float row_scale, float dp_scale,
+                                        bool masked, int start_n, int start_m, const DkFactoredParams& p) {
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kBlockM / 8; ++i) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * i + 2 * q + c, query = start_m + col;
+      float l = lse[col], d = delta[col], s = rs[col];
+      if (masked && query >= p.n) l = 0.0f, d = 0.0f, s = 1.0f;  // Triton's `other` of its masked loads
+      const float inv_s = div_full(1.0f, s);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int v = 2 * half + c, key = start_n + 16 * warp + g + 8 * half;
+        float pv = ex2_approx_ftz(fmaf(st[4 * i + v], row_scale, -l));
+        if (masked) {
+          const bool visible = key < p.n && query < p.n && (!p.causal || query >= key);
+          pv = visible ? pv : 0.0f;
+        }
+        const float ds = __fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -d));
+        st[4 * i + v] = __fmul_rn(ds, inv_s);
+      }
+    }
+  }
+}
+
+// The epilogue: dK · s_Q'[d] · softmax_scale of the last query head in the output dtype, keys < N.
+__device__ __forceinline__ void store_dk(const float (&dk)[kHeadDim / 2], const float* sqc, const DkFactoredParams& p,
+                                         int b, int h_kv, int start_n) {
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+    const int col = 8 * i + 2 * q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = start_n + 16 * warp + g + 8 * half;
+      if (key >= p.n) continue;
+      const float x0 = __fmul_rn(__fmul_rn(dk[4 * i + 2 * half], sqc[col]), p.softmax_scale);
+      const float x1 = __fmul_rn(__fmul_rn(dk[4 * i + 2 * half + 1], sqc[col + 1]), p.softmax_scale);
+      const int64_t at = int64_t(b) * p.stride_b + int64_t(key) * p.stride_n + int64_t(h_kv) * p.stride_h + col;
+      if (p.out_fp16) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.dk) + at) = __floats2half2_rn(x0, x1);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dk) + at) = __floats2bfloat162_rn(x0, x1);
+      }
+    }
+  }
+}
+
+template <bool PROMOTE, int STAGES>
+__device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p, const Maps& maps) {
+  static_assert(STAGES >= 3, "tile j+1 must be resident while tile j+STAGES-1 loads into tile j-1's stage");
+  Smem<STAGES>& s = *reinterpret_cast<Smem<STAGES>*>(
+      raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+  const int start_n = blockIdx.x * kBlockN;
+  const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
+  const int group = p.h / p.h_kv;
+  const Schedule sched(start_n, p.n, p.causal);
+  const int total = sched.tiles * group;
+  if (total == 0) return;
+  const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
+  const bool issuer = threadIdx.x == 0;
+  using Cursor = factored::Cursor<STAGES>;
+  Cursor ahead{0, 0, 0, 0, bh0};  // the next tile to load
+  auto load = [&]() {  // by the issuing thread: tile `ahead` into its stage once that stage's last reader is done
+    if (issuer && ahead.j < total) {
+      if (ahead.j >= STAGES) mbar_wait(&s.empty[ahead.stage], ahead.phase ^ 1);
+      uint64_t* full = &s.full[ahead.stage];
+      const int st = ahead.stage, start_m = sched.start_m(ahead.it);
+      const int64_t row = ahead.bh * p.n_pad + start_m;
+      mbar_arrive_expect_tx(full, kTileBytes);
+      tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
+      tma_load_2d(s.dout[st], &maps.dout, 0, int(row), full);
+      tma_load_2d(s.qt[st], &maps.qt, start_m, int(ahead.bh * kHeadDim), full);
+      bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
+      bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
+      bulk_load(s.rs[st], p.rs + row, kBlockM * sizeof(float), full);
+    }
+    __syncwarp();
+    ahead.advance(sched.tiles);
+  };
+  const int64_t kv_block = int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN;
+  const float s_k = p.sk[kv_block], s_v = p.sv[kv_block];
+  struct Scales {
+    float row, dp;  // Sᵀ's (s_q·qk_scale)·s_k and dP̂ᵀ's s_v·s_do
+  };
+  auto scales_of = [&](const Cursor& c) {  // read ahead of their use: global loads
+    const int64_t at = c.bh * (p.n_pad / 128) + sched.start_m(c.it) / 128;
+    return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
+  };
+  auto ds = [&](const Cursor& c, Scales sc, float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2]) {
+    ds_tile(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp, c.it >= sched.unmasked, start_n,
+            sched.start_m(c.it), p);
+  };
+
+  if (issuer) {
+#pragma unroll
+    for (int i = 0; i < STAGES; ++i) {
+      mbar_init(&s.full[i], 1);
+      mbar_init(&s.empty[i], kThreads / 32);
+    }
+    mbar_init(&s.kv_full, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  if (issuer) {
+    const int row = int(int64_t(bh_kv) * p.n_pad + start_n);
+    mbar_arrive_expect_tx(&s.kv_full, 2 * kBlockN * kHeadDim);
+    tma_load_2d(s.k, &maps.k, 0, row, &s.kv_full);
+    tma_load_2d(s.v, &maps.v, 0, row, &s.kv_full);
+  }
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) load();
+  mbar_wait(&s.kv_full, 0);
+
+  float dk[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's Q' channel scales
+  float part[kHeadDim / 2];     // one tile's product (PROMOTE)
+  uint32_t frag[kTileSteps][4];
+  Cursor cur{0, 0, 0, 0, bh0};  // the tile whose dŜᵀ is in `frag`
+  {
+    float st[kBlockM / 2], dpt[kBlockM / 2];
+    const Scales sc = scales_of(cur);
+    mbar_wait(&s.full[0], 0);
+    issue_s_dp(st, dpt, s.k, s.v, s.q[0], s.dout[0]);
+    wgmma_wait<0>();
+    fence_operands(st);
+    fence_operands(dpt);
+    ds(cur, sc, st, dpt);
+    to_fragments(st, frag);
+  }
+  rescale_channels(dk, nullptr, p.sqc + bh0 * kHeadDim);
+  const bool releaser = threadIdx.x % 32 == 0;
+
+#pragma unroll 1
+  while (cur.j + 1 < total) {
+    load();
+    Cursor next = cur;
+    next.advance(sched.tiles);
+    const Scales sc = scales_of(next);
+    mbar_wait(&s.full[next.stage], next.phase);
+
+    float st[kBlockM / 2], dpt[kBlockM / 2];
+    issue_s_dp(st, dpt, s.k, s.v, s.q[next.stage], s.dout[next.stage]);
+    issue_dk<PROMOTE>(dk, part, frag, s.qt[cur.stage]);
+    wgmma_wait<1>();  // Sᵀ and dP̂ᵀ of next; dK(cur) runs on
+    fence_operands(st);
+    fence_operands(dpt);
+    ds(next, sc, st, dpt);
+    wgmma_wait<0>();  // dK(cur): this warp is done with cur's stage
+    if (releaser) mbar_arrive(&s.empty[cur.stage]);
+    finish_acc<PROMOTE>(dk, part);
+    if (next.it == 0) rescale_channels(dk, p.sqc + cur.bh * kHeadDim, p.sqc + next.bh * kHeadDim);  // a new head
+    to_fragments(st, frag);
+    cur = next;
+  }
+  issue_dk<PROMOTE>(dk, part, frag, s.qt[cur.stage]);
+  wgmma_wait<0>();
+  finish_acc<PROMOTE>(dk, part);
+  store_dk(dk, p.sqc + cur.bh * kHeadDim, p, b, h_kv, start_n);
+}
+
+}  // namespace dk
+}  // namespace dm
+
+#define DM_DK_KERNEL(NAME, PROMOTE, STAGES)                                                           \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kThreads, 1)                              \
+      NAME(const DkFactoredParams p, const __grid_constant__ dm::dk::Maps maps) {                      \
+    extern __shared__ uint8_t smem[];                                                                \
+    dm::dk::dk_block<PROMOTE, STAGES>(smem, p, maps);                                                \
+  }
+// Unpromoted only for now: promoted, the second FP32 accumulator beside Sᵀ, dP̂ᵀ, dK and the in-flight fragments needs
+// 255 registers and spills (4 bytes); it waits for M6's register reallocation (kernels/CUDA_BACKWARD.md).
+DM_DK_KERNEL(dm_dk_factored_tma3_unpromoted, false, 3)
+#undef DM_DK_KERNEL
+
+extern "C" int dm_dk_factored(const DkFactoredParams* p, int device, cudaStream_t stream) {
+  using namespace dm::factored;
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % 128 || p->n_pad < p->n) return cudaErrorInvalidValue;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  auto kernel = dm_dk_factored_tma3_unpromoted;
+  const int smem = dm::dk::smem_bytes<3>();
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess) {
+    return err;
+  }
+  dm::dk::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.qt, p->q8t, n_pad, uint64_t(p->b) * p->h * kHeadDim, kBlockM, kHeadDim,
+                    CU_TENSOR_MAP_SWIZZLE_64B)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  const dim3 grid((p->n + kBlockN - 1) / kBlockN, p->b * p->h_kv);
+  kernel<<<grid, kThreads, smem, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
+
+// sizeof(DkFactoredParams), for the loader's check that its ctypes mirror has the same layout.
+extern "C" int dm_dk_factored_params_size(void) { return static_cast<int>(sizeof(DkFactoredParams)); }

@@ -1,0 +1,148 @@
+// What the CUDA kernels of matched_factored's backward share (dv_factored.cu, dk_factored.cu): the tile sizes, Triton's
+// query-tile schedule, the FP32 helpers whose PTX Triton's kernels use, the accumulator -> A-fragment cast, the
+// per-head channel rescale, the promotion's add, the TMA pipeline's tile cursor, and the host's tensor-map encoding.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "quant.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace factored {
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kBlockN = 64;    // keys per CTA: one K̂/V̂ scale block, wgmma's M
+constexpr int kBlockM = 64;    // queries per tile: the promotion depth and the K of the dV product
+constexpr int kHeadDim = 128;
+using QTile = KMajor128<Swizzle::k128B>;  // K̂ [64 keys, D], Q̂ [64 queries, D]
+using ChannelTile = KMajor64Swizzle64;  // channel-major codes [D, 64 queries] as TMA's SWIZZLE_64B writes them
+constexpr int kTileSteps = kBlockM / 32;  // k = 32 steps of a product over one tile's queries
+
+__device__ __forceinline__ float ex2_approx_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float div_full(float a, float b) {
+  float y;
+  asm("div.full.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+}
+
+// Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
+// the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
+struct Schedule {
+  int lo, diag_end, full_end, tail, unmasked, tiles;
+
+  __device__ Schedule(int start_n, int n, bool causal) {
+    full_end = (n / kBlockM) * kBlockM;
+    lo = 0;
+    diag_end = 0;
+    if (causal) {
+      lo = start_n;
+      diag_end = max(lo, min(start_n + kBlockN, full_end));
+    }
+    tail = max(full_end, lo);
+    if (start_n + kBlockN > n) {  // the ragged last key block: every tile masked
+      diag_end = lo;
+      tail = lo;
+      full_end = lo;
+    }
+    unmasked = full_end > diag_end ? (full_end - diag_end + kBlockM - 1) / kBlockM : 0;
+    const int hi = n - (tail - diag_end);
+    tiles = unmasked + (hi > lo ? (hi - lo + kBlockM - 1) / kBlockM : 0);
+  }
+  __device__ int start_m(int it) const {
+    if (it < unmasked) return diag_end + kBlockM * it;
+    const int tile_m = lo + kBlockM * (it - unmasked);
+    return tile_m < diag_end ? tile_m : tile_m + (tail - diag_end);
+  }
+};
+
+// e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
+// over the tile's 64 queries (two k = 32 steps).
+__device__ __forceinline__ void to_fragments(const float (&st)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);  // 16-query half h16, key row g or g + 8
+      frag[kk][r] = acc_to_a_fragment(cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]));
+    }
+  }
+}
+
+// acc · s_prev[d] / s_next[d] before the first tile of a query head (div.full, Triton's `/`; s_prev = 1 for the
+// first head), so that a dV or dK accumulator stays in the units of the current head's channel scales (dÔᶜ, Q').
+__device__ __forceinline__ void rescale_channels(float (&dv)[kHeadDim / 2], const float* prev, const float* next) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * i + 2 * q + c;
+      const float ratio = div_full(prev ? prev[col] : 1.0f, next[col]);
+      dv[4 * i + c] = __fmul_rn(dv[4 * i + c], ratio);
+      dv[4 * i + 2 + c] = __fmul_rn(dv[4 * i + 2 + c], ratio);
+    }
+  }
+}
+
+template <bool PROMOTE>
+__device__ __forceinline__ void finish_acc(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2]) {
+  if constexpr (PROMOTE) {
+    fence_operands(part);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = __fadd_rn(dv[i], part[i]);
+  } else {
+    fence_operands(dv);
+  }
+}
+
+// Tile j of a CTA's sequence (every query head of its GQA group, each head's tiles in Schedule order) without
+// divisions: its query head, its place in that head's schedule, its pipeline stage and the stage's barrier phase.
+template <int STAGES>
+struct Cursor {
+  int j, it, stage;
+  uint32_t phase;
+  int64_t bh;
+  __device__ void advance(int tiles) {
+    ++j;
+    if (++it == tiles) it = 0, ++bh;
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+};
+
+// cuTensorMapEncodeTiled from the driver (the runtime is linked statically; the driver is whatever torch runs on).
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                                             &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
+               : nullptr;
+  }();
+  return fn;
+}
+
+
+// A 2D map of e4m3 codes: `rows` rows of `row_bytes` bytes, boxes of box_rows x box_bytes in `swizzle`.
+inline bool encode_codes(CUtensorMap* map, const void* base, uint64_t row_bytes, uint64_t rows, uint32_t box_bytes,
+                  uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {row_bytes, rows}, strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_bytes, box_rows}, unit[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, unit,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace factored
+}  // namespace dm
