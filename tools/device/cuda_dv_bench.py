@@ -6,7 +6,7 @@ factored dK (M3a, unpromoted) against Triton's factored dK launch. One JSON row 
 and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
 
 Usage (repo root, on the H200, after the library is built): ``python tools/device/cuda_dv_bench.py --out FILE``;
-``--once`` launches each kernel once (promoted) for ``ncu``.
+``--once`` launches each kernel once (dV promoted, then Triton's and the CUDA dK) for ``ncu``.
 """
 
 import argparse
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--bh", type=int, default=64)
     parser.add_argument("--once", action="store_true",
-                        help="launch each kernel once, promoted, untimed (for a profiler: ncu -k ...)")
+                        help="launch each kernel once, untimed (for a profiler: ncu -k ...)")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
@@ -121,6 +121,7 @@ def main(argv=None) -> int:
         triton_dv, cuda_dvs, _ = launchers(ops, True)
         for fn in (triton_dv, *cuda_dvs.values()):
             fn()
+        dk_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)  # Triton's dK, then the CUDA dK, once each (untimed)
         torch.cuda.synchronize()
         return 0
     for promote in (True, False):

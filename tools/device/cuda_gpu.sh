@@ -55,7 +55,8 @@ if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where n
   metrics+=',l1tex__data_pipe_lsu_wavefronts_mem_shared.sum'
   timeout 240 ncu --clock-control none --section SpeedOfLight --section SchedulerStats --section Occupancy \
     --section LaunchStats --metrics "$metrics" \
-    -k 'regex:dm_dv_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once > "$OUT/ncu.txt" 2>&1
+    -k 'regex:dm_dv_factored|dm_dk_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once \
+    > "$OUT/ncu.txt" 2>&1
   stamp "ncu rc $?"
 fi
 echo "== summary: library $origin; ldd $not_found not found; SASS check rc $check_rc;" \
