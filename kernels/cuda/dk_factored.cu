@@ -64,22 +64,6 @@ __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt
   wgmma_commit();
 }
 
-template <bool PROMOTE>
-__device__ __forceinline__ void issue_dk(float (&dk)[kHeadDim / 2], float (&part)[kHeadDim / 2],
-                                         uint32_t (&frag)[kTileSteps][4], const uint8_t* qt) {
-#pragma unroll
-  for (int kk = 0; kk < kTileSteps; ++kk) fence_operands(frag[kk]);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kTileSteps; ++kk) {
-    if constexpr (PROMOTE) {
-      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], ChannelTile::desc(qt, kk), kk > 0);
-    } else {
-      WgmmaE4M3<kHeadDim>::rs(dk, frag[kk], ChannelTile::desc(qt, kk), 1);
-    }
-  }
-  wgmma_commit();
-}
 
 // dŜᵀ before its cast, in place in `st`, from Sᵀ (st) and dP̂ᵀ (dpt) of the tile starting at query start_m.
 __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* lse,
@@ -135,8 +119,7 @@ __device__ __forceinline__ void store_dk(const float (&dk)[kHeadDim / 2], const 
 template <bool PROMOTE, int STAGES>
 __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p, const Maps& maps) {
   static_assert(STAGES >= 3, "tile j+1 must be resident while tile j+STAGES-1 loads into tile j-1's stage");
-  Smem<STAGES>& s = *reinterpret_cast<Smem<STAGES>*>(
-      raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   const int start_n = blockIdx.x * kBlockN;
   const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
   const int group = p.h / p.h_kv;
@@ -178,15 +161,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
             sched.start_m(c.it), p);
   };
 
-  if (issuer) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) {
-      mbar_init(&s.full[i], 1);
-      mbar_init(&s.empty[i], kThreads / 32);
-    }
-    mbar_init(&s.kv_full, 1);
-    fence_mbar_init();
-  }
+  if (issuer) init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full);
   __syncthreads();
   if (issuer) {
     const int row = int(int64_t(bh_kv) * p.n_pad + start_n);
@@ -226,7 +201,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
 
     float st[kBlockM / 2], dpt[kBlockM / 2];
     issue_s_dp(st, dpt, s.k, s.v, s.q[next.stage], s.dout[next.stage]);
-    issue_dk<PROMOTE>(dk, part, frag, s.qt[cur.stage]);
+    issue_channel_product<PROMOTE>(dk, part, frag, s.qt[cur.stage]);
     wgmma_wait<1>();  // Sᵀ and dP̂ᵀ of next; dK(cur) runs on
     fence_operands(st);
     fence_operands(dpt);
@@ -238,7 +213,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     to_fragments(st, frag);
     cur = next;
   }
-  issue_dk<PROMOTE>(dk, part, frag, s.qt[cur.stage]);
+  issue_channel_product<PROMOTE>(dk, part, frag, s.qt[cur.stage]);
   wgmma_wait<0>();
   finish_acc<PROMOTE>(dk, part);
   store_dk(dk, p.sqc + cur.bh * kHeadDim, p, b, h_kv, start_n);

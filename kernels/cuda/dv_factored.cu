@@ -265,8 +265,7 @@ __device__ __forceinline__ void issue_dv(float (&dv)[kHeadDim / 2], float (&part
 template <bool PROMOTE, int STAGES, bool K_RS>
 __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactoredParams& p) {
   static_assert(STAGES >= 3, "tile j+1 must be resident while tile j+STAGES-1 loads into tile j-1's stage");
-  PipeSmem<STAGES>& s = *reinterpret_cast<PipeSmem<STAGES>*>(
-      raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+  PipeSmem<STAGES>& s = aligned_smem<PipeSmem<STAGES>>(raw);
   const int start_n = blockIdx.x * kBlockN;
   const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
   const int group = p.h / p.h_kv;
@@ -301,17 +300,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   __syncthreads();
 
   uint32_t kfrag[4][4];
-  if constexpr (K_RS) {
-    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = 16 * warp + g + 8 * (r % 2), chunk = 2 * kk + r / 2;
-        kfrag[kk][r] = *reinterpret_cast<const uint32_t*>(s.k + QTile::chunk_offset(row, chunk) + 4 * q);
-      }
-    }
-  }
+  if constexpr (K_RS) load_k_fragments(s.k, kfrag);
 
   float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
   float part[kHeadDim / 2];     // one tile's product (PROMOTE)
@@ -359,7 +348,6 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
 // loads do the same): Q̂ and K̂ in the 128-byte swizzle, dÔᶜᵀ in the 64-byte swizzle (KMajor64Swizzle64), lse2 by a
 // plain bulk copy, all counted on the stage's `full` barrier; each warp releases a stage on its `empty` barrier once
 // its dV product has read it. No cp.async address arithmetic in the loop and no block-wide barrier.
-using DoTileTma = ChannelTile;
 constexpr uint32_t kTileBytes = kBlockM * kHeadDim * 2 + kBlockM * sizeof(float);  // Q̂, dÔᶜᵀ, lse2
 
 template <int STAGES>
@@ -377,28 +365,11 @@ struct TmaMaps {
   CUtensorMap q, k, dot;  // Q̂ rows, K̂ rows (box 64 rows x 128 bytes), dÔᶜᵀ rows (box 128 channels x 64 queries)
 };
 
-template <bool PROMOTE>
-__device__ __forceinline__ void issue_dv_tma(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2],
-                                             uint32_t (&frag)[DoTileTma::kSteps][4], const uint8_t* dot) {
-#pragma unroll
-  for (int kk = 0; kk < DoTileTma::kSteps; ++kk) fence_operands(frag[kk]);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < DoTileTma::kSteps; ++kk) {
-    if constexpr (PROMOTE) {
-      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], DoTileTma::desc(dot, kk), kk > 0);
-    } else {
-      WgmmaE4M3<kHeadDim>::rs(dv, frag[kk], DoTileTma::desc(dot, kk), 1);
-    }
-  }
-  wgmma_commit();
-}
 
 template <bool PROMOTE, int STAGES>
 __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParams& p, const TmaMaps& maps) {
   static_assert(STAGES >= 3, "tile j+1 must be resident while tile j+STAGES-1 loads into tile j-1's stage");
-  TmaSmem<STAGES>& s = *reinterpret_cast<TmaSmem<STAGES>*>(
-      raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+  TmaSmem<STAGES>& s = aligned_smem<TmaSmem<STAGES>>(raw);
   const int start_n = blockIdx.x * kBlockN;
   const int bh_kv = blockIdx.y, b = bh_kv / p.h_kv, h_kv = bh_kv % p.h_kv;
   const int group = p.h / p.h_kv;
@@ -431,15 +402,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
                  sched.start_m(c.it), p);
   };
 
-  if (issuer) {
-#pragma unroll
-    for (int i = 0; i < STAGES; ++i) {
-      mbar_init(&s.full[i], 1);
-      mbar_init(&s.empty[i], kThreads / 32);
-    }
-    mbar_init(&s.k_full, 1);
-    fence_mbar_init();
-  }
+  if (issuer) init_stage_barriers<STAGES>(s.full, s.empty, &s.k_full);
   __syncthreads();
   if (issuer) {
     mbar_arrive_expect_tx(&s.k_full, kBlockN * kHeadDim);
@@ -450,21 +413,11 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
 
   mbar_wait(&s.k_full, 0);
   uint32_t kfrag[4][4];  // K̂ as Sᵀ's A fragments
-  {
-    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = 16 * warp + g + 8 * (r % 2), chunk = 2 * kk + r / 2;
-        kfrag[kk][r] = *reinterpret_cast<const uint32_t*>(s.k + QTile::chunk_offset(row, chunk) + 4 * q);
-      }
-    }
-  }
+  load_k_fragments(s.k, kfrag);
 
   float dv[kHeadDim / 2] = {};  // [64 keys, D], accumulator order; in units of the current head's dÔᶜ scales
   float part[kHeadDim / 2];     // one tile's product (PROMOTE)
-  uint32_t frag[DoTileTma::kSteps][4];
+  uint32_t frag[kTileSteps][4];
   Cursor cur{0, 0, 0, 0, bh0};  // the tile whose P̂ᵀ is in `frag`
   {
     float st[kBlockM / 2];
@@ -489,7 +442,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
 
     float st[kBlockM / 2];
     issue_s<true>(st, s.k, kfrag, s.q[next.stage]);
-    issue_dv_tma<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
+    issue_channel_product<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
     wgmma_wait<1>();  // Sᵀ(next); dV(cur) runs on
     fence_operands(st);
     softmax(next, s_q, st);
@@ -500,7 +453,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     to_fragments(st, frag);
     cur = next;
   }
-  issue_dv_tma<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
+  issue_channel_product<PROMOTE>(dv, part, frag, s.dot[cur.stage]);
   wgmma_wait<0>();
   finish_acc<PROMOTE>(dv, part);
   store_dv(dv, p.sdoc + cur.bh * kHeadDim, p, b, h_kv, start_n);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "quant.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace dm {
@@ -101,6 +102,61 @@ __device__ __forceinline__ void finish_acc(float (&dv)[kHeadDim / 2], float (&pa
   } else {
     fence_operands(dv);
   }
+}
+
+// The dynamic shared memory at `raw` as a T at the next 1024-byte boundary (the 128-byte swizzle's alignment); the
+// launch asks for sizeof(T) + 1024 bytes.
+template <typename T>
+__device__ __forceinline__ T& aligned_smem(uint8_t* raw) {
+  return *reinterpret_cast<T*>(raw + ((1024 - static_cast<uint32_t>(__cvta_generic_to_shared(raw)) % 1024) % 1024));
+}
+
+// K̂ (64 keys x D, 128-byte swizzle in shared memory) as this thread's A fragments of Sᵀ = K̂ Q̂ᵀ, one per k = 32 step:
+// register r of step kk holds row 16w + g + 8(r % 2), bytes 32kk + 16(r / 2) + 4q .. + 3 (wgmma.cuh's A layout).
+__device__ __forceinline__ void load_k_fragments(const uint8_t* k, uint32_t (&kfrag)[QTile::kSteps][4]) {
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * warp + g + 8 * (r % 2), chunk = 2 * kk + r / 2;
+      kfrag[kk][r] = *reinterpret_cast<const uint32_t*>(k + QTile::chunk_offset(row, chunk) + 4 * q);
+    }
+  }
+}
+
+// acc += frag · tileᵀ over one tile's 64 queries (two RS m64n128k32; the B tile channel-major in the 64-byte swizzle):
+// dV's P̂ᵀ dÔᶜ and dK's dŜᵀ Q̂'ᶜ. PROMOTE: the product goes to `part` from zero (finish_acc adds it); otherwise the
+// wgmma accumulates into `acc` itself.
+template <bool PROMOTE>
+__device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2], float (&part)[kHeadDim / 2],
+                                                      uint32_t (&frag)[kTileSteps][4], const uint8_t* tile) {
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) fence_operands(frag[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) {
+    if constexpr (PROMOTE) {
+      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], ChannelTile::desc(tile, kk), kk > 0);
+    } else {
+      WgmmaE4M3<kHeadDim>::rs(acc, frag[kk], ChannelTile::desc(tile, kk), 1);
+    }
+  }
+  wgmma_commit();
+}
+
+// The stage barriers of a TMA pipeline, by one thread: `full` counts the issuing thread's arrival and the bytes,
+// `empty` one arrival per consumer warp; `extra` (K̂, V̂ once) the issuing thread's. Visible to all after a barrier.
+template <int STAGES>
+__device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], uint64_t (&empty)[STAGES],
+                                                    uint64_t* extra) {
+#pragma unroll
+  for (int i = 0; i < STAGES; ++i) {
+    mbar_init(&full[i], 1);
+    mbar_init(&empty[i], kThreads / 32);
+  }
+  mbar_init(extra, 1);
+  fence_mbar_init();
 }
 
 // Tile j of a CTA's sequence (every query head of its GQA group, each head's tiles in Schedule order) without
