@@ -82,6 +82,12 @@ KERNELS = (
     # the factored dK (dk_factored.cu): Sᵀ and dP̂ᵀ (2 x four SS m64n64k32) for the first tile and in the loop, dK
     # (two RS m64n128k32) in the loop and for the last tile
     CudaKernel("dm_dk_factored_tma3_unpromoted", {_qgmma(64): 16, _qgmma(128): 4}),
+    # the fused, warp-specialised dK/dV (dkdv_factored.cu): promoted, one loop body per tile (Sᵀ and dP̂ᵀ, then dV and
+    # dK: 8 SS m64n64k32, 4 RS m64n128k32); unpromoted, pipelined like the dK (the first tile's Sᵀ and dP̂ᵀ before the
+    # loop, the last tile's dV and dK after it)
+    *(CudaKernel(f"dm_dkdv_factored_{variant}_promoted", {_qgmma(64): 8, _qgmma(128): 4}) for variant in ("ws3", "ws4")),
+    *(CudaKernel(f"dm_dkdv_factored_{variant}_unpromoted", {_qgmma(64): 16, _qgmma(128): 8})
+      for variant in ("ws3", "ws4")),
 )
 
 

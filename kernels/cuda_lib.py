@@ -26,6 +26,10 @@ the pipelined one with its stage count and where K̂ lives), all meant to give t
 
 M3a: ``dk_factored(...)``, the factored layout's dK (``kernels/cuda/dk_factored.cu``, the TMA pipeline, unpromoted) on
 the operands Triton's factored dK launch reads.
+
+M3 on M6's structure: ``dkdv_factored(...)``, dK and dV in one warp-specialised kernel (``kernels/cuda/dkdv_factored.cu``:
+a TMA producer warpgroup and two consumer warpgroups over 128 keys), promoted or not, on the operands of Triton's two
+factored launches; each meant to give Triton's bits.
 """
 
 import ctypes
@@ -37,7 +41,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -55,6 +59,8 @@ SIGNATURES = {
     "dm_dv_factored_params_size": ((), _I),
     "dm_dk_factored": ((_P, _I, _P), _I),
     "dm_dk_factored_params_size": ((), _I),
+    "dm_dkdv_factored": ((_P, _I, _I, _I, _P), _I),
+    "dm_dkdv_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
@@ -65,6 +71,9 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
+DKDV_VARIANTS = ("ws3", "ws4")
+"""The fused dK/dV's stage counts, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
+warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share."""
 
 
 class DvFactoredParams(ctypes.Structure):
@@ -81,6 +90,16 @@ class DkFactoredParams(ctypes.Structure):
 
     _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "q8t", "sq", "sk", "sv", "sdo", "sqc", "rs", "lse2",
                                           "delta", "dk")),
+                ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
+                ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
+                ("causal", _I), ("out_fp16", _I)]
+
+
+class DkdvFactoredParams(ctypes.Structure):
+    """``DkdvFactoredParams`` of ``kernels/cuda/dkdv_factored.cuh``, field for field."""
+
+    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "q8t", "do8t", "sq", "sk", "sv", "sdo", "sqc", "sdoc",
+                                          "rs", "lse2", "delta", "dk", "dv")),
                 ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
                 ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
                 ("causal", _I), ("out_fp16", _I)]
@@ -103,8 +122,9 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot load {path}: {err}"
     if (found := lib.dm_attn_sm90_abi_version()) != ABI_VERSION:
         return None, f"{path} has ABI version {found}, this code needs {ABI_VERSION}: rebuild it (dm-cuda-build)"
-    for name, mirror in (("dm_dv_factored_params_size", DvFactoredParams), ("dm_dk_factored_params_size",
-                                                                               DkFactoredParams)):
+    for name, mirror in (("dm_dv_factored_params_size", DvFactoredParams),
+                         ("dm_dk_factored_params_size", DkFactoredParams),
+                         ("dm_dkdv_factored_params_size", DkdvFactoredParams)):
         if (size := getattr(lib, name)()) != ctypes.sizeof(mirror):
             return None, f"{path}: {mirror.__name__} is {size} bytes there, {ctypes.sizeof(mirror)} here"
     return lib, ""
@@ -287,3 +307,38 @@ def dk_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
                               int(dtype == torch.float16))
     _call(_library(), "dm_dk_factored", ctypes.byref(params), *_launch_args(dk))
     return dk
+
+
+def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, q8t: torch.Tensor,
+                  do8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor,
+                  sqc: torch.Tensor, sdoc: torch.Tensor, rs: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor,
+                  n: int, causal: bool, qk_scale: float, softmax_scale: float, dtype: torch.dtype = torch.bfloat16,
+                  promote: bool = True, variant: str = "ws3") -> tuple[torch.Tensor, torch.Tensor]:
+    """(dK, dV), each (B, N, H_kv, D), of ``matched_factored`` in one kernel, from the operands of Triton's factored dK
+    and dV launches: the codes and scales of ``dk_factored`` plus ``do8t``, dÔ per channel, channel-major
+    (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query
+    tile's products are added into dK and dV in FP32; otherwise the wgmma accumulates all of them. ``variant``: one of
+    ``DKDV_VARIANTS``."""
+    if variant not in DKDV_VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
+    codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
+             _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),
+             _codes("q8t", q8t, (b, h, d, n_pad)), _codes("do8t", do8t, (b, h, d, n_pad))]
+    device = q8.device
+    if any(t.device != device for t in (k8, v8, do8, q8t, do8t)):
+        raise ValueError(f"q8 on {device}, k8, v8, do8, q8t, do8t on "
+                         f"{[str(t.device) for t in (k8, v8, do8, q8t, do8t)]}: expected one device")
+    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
+              _fp32("sv", sv, (b, h_kv, n_pad // 64), device), _fp32("sdo", sdo, (b, h, n_pad // 128), device),
+              _fp32("sqc", sqc, (b, h, d), device), _fp32("sdoc", sdoc, (b, h, d), device),
+              _fp32("rs", rs, (b, h, n_pad), device), _fp32("lse2", lse2, (b, h, n_pad), device),
+              _fp32("delta", delta, (b, h, n_pad), device)]
+    dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
+    dv = torch.empty_like(dk)
+    params = DkdvFactoredParams(*(t.data_ptr() for t in codes + scales), dk.data_ptr(), dv.data_ptr(), dk.stride(0),
+                                dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
+                                int(causal), int(dtype == torch.float16))
+    _call(_library(), "dm_dkdv_factored", ctypes.byref(params), int(promote), DKDV_VARIANTS.index(variant),
+          *_launch_args(dk))
+    return dk, dv

@@ -49,71 +49,12 @@ struct Maps {
   CUtensorMap q, k, v, dout, qt;  // Q̂, K̂, V̂, dÔ rows (box 64 rows x 128 bytes); Q'ᶜᵀ (box 128 channels x 64 queries)
 };
 
-// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.
-__device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const uint8_t* k,
-                                           const uint8_t* v, const uint8_t* q, const uint8_t* dout) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockM>::ss(st, QTile::desc(k, kk), QTile::desc(q, kk), kk > 0);
-  }
-#pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockM>::ss(dpt, QTile::desc(v, kk), QTile::desc(dout, kk), kk > 0);
-  }
-  wgmma_commit();
-}
-
-
-// dŜᵀ before its cast, in place in `st`, from Sᵀ (st) and dP̂ᵀ (dpt) of the tile starting at query start_m.
-__device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* lse,
-                                        const float* delta, const float* rs, float row_scale, float dp_scale,
-                                        bool masked, int start_n, int start_m, const DkFactoredParams& p) {
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
-#pragma unroll
-  for (int i = 0; i < kBlockM / 8; ++i) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int col = 8 * i + 2 * q + c, query = start_m + col;
-      float l = lse[col], d = delta[col], s = rs[col];
-      if (masked && query >= p.n) l = 0.0f, d = 0.0f, s = 1.0f;  // Triton's `other` of its masked loads
-      const float inv_s = div_full(1.0f, s);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = 2 * half + c, key = start_n + 16 * warp + g + 8 * half;
-        float pv = ex2_approx_ftz(fmaf(st[4 * i + v], row_scale, -l));
-        if (masked) {
-          const bool visible = key < p.n && query < p.n && (!p.causal || query >= key);
-          pv = visible ? pv : 0.0f;
-        }
-        const float ds = __fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -d));
-        st[4 * i + v] = __fmul_rn(ds, inv_s);
-      }
-    }
-  }
-}
-
 // The epilogue: dK · s_Q'[d] · softmax_scale of the last query head in the output dtype, keys < N.
 __device__ __forceinline__ void store_dk(const float (&dk)[kHeadDim / 2], const float* sqc, const DkFactoredParams& p,
                                          int b, int h_kv, int start_n) {
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-    const int col = 8 * i + 2 * q;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = start_n + 16 * warp + g + 8 * half;
-      if (key >= p.n) continue;
-      const float x0 = __fmul_rn(__fmul_rn(dk[4 * i + 2 * half], sqc[col]), p.softmax_scale);
-      const float x1 = __fmul_rn(__fmul_rn(dk[4 * i + 2 * half + 1], sqc[col + 1]), p.softmax_scale);
-      const int64_t at = int64_t(b) * p.stride_b + int64_t(key) * p.stride_n + int64_t(h_kv) * p.stride_h + col;
-      if (p.out_fp16) {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.dk) + at) = __floats2half2_rn(x0, x1);
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dk) + at) = __floats2bfloat162_rn(x0, x1);
-      }
-    }
-  }
+  const float scale = p.softmax_scale;
+  store_keys(dk, [&](float x, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
+             p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
 }
 
 template <bool PROMOTE, int STAGES>
@@ -156,9 +97,9 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     const int64_t at = c.bh * (p.n_pad / 128) + sched.start_m(c.it) / 128;
     return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
   };
-  auto ds = [&](const Cursor& c, Scales sc, float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2]) {
-    ds_tile(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp, c.it >= sched.unmasked, start_n,
-            sched.start_m(c.it), p);
+  auto ds = [&](const Cursor& c, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
+    ds_tile<false>(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp, c.it >= sched.unmasked,
+                   start_n, sched.start_m(c.it), p.n, p.causal);
   };
 
   if (issuer) init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full);
@@ -186,7 +127,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     fence_operands(st);
     fence_operands(dpt);
     ds(cur, sc, st, dpt);
-    to_fragments(st, frag);
+    to_fragments(dpt, frag);
   }
   rescale_channels(dk, nullptr, p.sqc + bh0 * kHeadDim);
   const bool releaser = threadIdx.x % 32 == 0;
@@ -210,7 +151,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     if (releaser) mbar_arrive(&s.empty[cur.stage]);
     finish_acc<PROMOTE>(dk, part);
     if (next.it == 0) rescale_channels(dk, p.sqc + cur.bh * kHeadDim, p.sqc + next.bh * kHeadDim);  // a new head
-    to_fragments(st, frag);
+    to_fragments(dpt, frag);
     cur = next;
   }
   issue_channel_product<PROMOTE>(dk, part, frag, s.qt[cur.stage]);

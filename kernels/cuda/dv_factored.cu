@@ -88,7 +88,7 @@ __device__ __forceinline__ void load_k(uint8_t* k_dst, const DvFactoredParams& p
 // codes for every finite P (a NaN stays NaN instead of becoming ±448).
 __device__ __forceinline__ void softmax_tile(float (&st)[kBlockM / 2], const float* lse, float row_scale, bool masked,
                                              int start_n, int start_m, const DvFactoredParams& p) {
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+  const auto [warp, g, q] = lane();
 #pragma unroll
   for (int i = 0; i < kBlockM / 8; ++i) {
 #pragma unroll
@@ -109,25 +109,8 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kBlockM / 2], const flo
 // The epilogue: dV · (s_dOᶜ[d] / 448) of the last query head in the output dtype, keys < N.
 __device__ __forceinline__ void store_dv(const float (&dv)[kHeadDim / 2], const float* sdoc, const DvFactoredParams& p,
                                          int b, int h_kv, int start_n) {
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
-  constexpr float kInv448 = 1.0f / 448.0f;
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-    const int col = 8 * i + 2 * q;
-    const float c0 = __fmul_rn(sdoc[col], kInv448), c1 = __fmul_rn(sdoc[col + 1], kInv448);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = start_n + 16 * warp + g + 8 * half;
-      if (key >= p.n) continue;
-      const float x0 = __fmul_rn(dv[4 * i + 2 * half], c0), x1 = __fmul_rn(dv[4 * i + 2 * half + 1], c1);
-      const int64_t at = int64_t(b) * p.stride_b + int64_t(key) * p.stride_n + int64_t(h_kv) * p.stride_h + col;
-      if (p.out_fp16) {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.dv) + at) = __floats2half2_rn(x0, x1);
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.dv) + at) = __floats2bfloat162_rn(x0, x1);
-      }
-    }
-  }
+  store_keys(dv, [&](float x, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
+             p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
 }
 
 

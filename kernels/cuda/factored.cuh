@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "quant.cuh"
@@ -22,6 +25,15 @@ constexpr int kHeadDim = 128;
 using QTile = KMajor128<Swizzle::k128B>;  // K̂ [64 keys, D], Q̂ [64 queries, D]
 using ChannelTile = KMajor64Swizzle64;  // channel-major codes [D, 64 queries] as TMA's SWIZZLE_64B writes them
 constexpr int kTileSteps = kBlockM / 32;  // k = 32 steps of a product over one tile's queries
+
+// This thread's place in its warpgroup's accumulator layout (wgmma.cuh): warp w of the group, row group g, quad lane q.
+// The warp is taken modulo 4 so that a consumer warpgroup other than the first (dkdv_factored.cu) sees the same layout.
+struct Lane {
+  int warp, g, q;
+};
+__device__ __forceinline__ Lane lane() {
+  return {int(threadIdx.x / 32) % 4, int(threadIdx.x % 32) / 4, int(threadIdx.x % 4)};
+}
 
 __device__ __forceinline__ float ex2_approx_ftz(float x) {
   float y;
@@ -114,7 +126,7 @@ __device__ __forceinline__ T& aligned_smem(uint8_t* raw) {
 // K̂ (64 keys x D, 128-byte swizzle in shared memory) as this thread's A fragments of Sᵀ = K̂ Q̂ᵀ, one per k = 32 step:
 // register r of step kk holds row 16w + g + 8(r % 2), bytes 32kk + 16(r / 2) + 4q .. + 3 (wgmma.cuh's A layout).
 __device__ __forceinline__ void load_k_fragments(const uint8_t* k, uint32_t (&kfrag)[QTile::kSteps][4]) {
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
+  const auto [warp, g, q] = lane();
 #pragma unroll
   for (int kk = 0; kk < QTile::kSteps; ++kk) {
 #pragma unroll
@@ -145,18 +157,91 @@ __device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2]
   wgmma_commit();
 }
 
+// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.
+__device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const uint8_t* k,
+                                           const uint8_t* v, const uint8_t* q, const uint8_t* dout) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockM>::ss(st, QTile::desc(k, kk), QTile::desc(q, kk), kk > 0);
+  }
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockM>::ss(dpt, QTile::desc(v, kk), QTile::desc(dout, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
 // The stage barriers of a TMA pipeline, by one thread: `full` counts the issuing thread's arrival and the bytes,
 // `empty` one arrival per consumer warp; `extra` (K̂, V̂ once) the issuing thread's. Visible to all after a barrier.
 template <int STAGES>
 __device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], uint64_t (&empty)[STAGES],
-                                                    uint64_t* extra) {
+                                                    uint64_t* extra, int consumer_warps = kThreads / 32) {
 #pragma unroll
   for (int i = 0; i < STAGES; ++i) {
     mbar_init(&full[i], 1);
-    mbar_init(&empty[i], kThreads / 32);
+    mbar_init(&empty[i], consumer_warps);
   }
   mbar_init(extra, 1);
   fence_mbar_init();
+}
+
+// dŜᵀ before its cast, in place in `dpt`, from Sᵀ (st) and dP̂ᵀ (dpt) of the 64-key block at start_n and the query
+// tile at start_m, as Triton's factored dK launch forms it: P = ex2.approx.ftz(fma(Sᵀ, row_scale, −lse2)), masked;
+// dS = P · fma(dP̂ᵀ, dp_scale, −δ); dŜᵀ = dS · div.full(1, s) (lse2 = 0, δ = 0, s = 1 for queries ≥ N, Triton's
+// masked-load values). WITH_P: `st` becomes P · 448 (P̂ᵀ before its cast, Triton's dV launch), else it is left alone.
+template <bool WITH_P>
+__device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse,
+                                        const float* delta, const float* rs, float row_scale, float dp_scale,
+                                        bool masked, int start_n, int start_m, int n, bool causal) {
+  const auto [warp, g, q] = lane();
+#pragma unroll
+  for (int i = 0; i < kBlockM / 8; ++i) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * i + 2 * q + c, query = start_m + col;
+      float l = lse[col], d = delta[col], s = rs[col];
+      if (masked && query >= n) l = 0.0f, d = 0.0f, s = 1.0f;  // Triton's `other` of its masked loads
+      const float inv_s = div_full(1.0f, s);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int v = 2 * half + c, key = start_n + 16 * warp + g + 8 * half;
+        float pv = ex2_approx_ftz(fmaf(st[4 * i + v], row_scale, -l));
+        if (masked) {
+          const bool visible = key < n && query < n && (!causal || query >= key);
+          pv = visible ? pv : 0.0f;
+        }
+        const float ds = __fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -d));
+        dpt[4 * i + v] = __fmul_rn(ds, inv_s);
+        if constexpr (WITH_P) st[4 * i + v] = __fmul_rn(pv, 448.0f);
+      }
+    }
+  }
+}
+
+// The epilogue of a [64 keys, D] accumulator: finish(value, channel) of each element into `out` (B, N, H_kv, D), bf16
+// or fp16, keys start_n.. below n; element strides, D contiguous.
+template <typename Finish>
+__device__ __forceinline__ void store_keys(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
+                                           int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int h_kv,
+                                           int start_n, int n) {
+  const auto [warp, g, q] = lane();
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+    const int col = 8 * i + 2 * q;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = start_n + 16 * warp + g + 8 * half;
+      if (key >= n) continue;
+      const float x0 = finish(acc[4 * i + 2 * half], col), x1 = finish(acc[4 * i + 2 * half + 1], col + 1);
+      const int64_t at = int64_t(b) * stride_b + int64_t(key) * stride_n + int64_t(h_kv) * stride_h + col;
+      if (fp16) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(out) + at) = __floats2half2_rn(x0, x1);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + at) = __floats2bfloat162_rn(x0, x1);
+      }
+    }
+  }
 }
 
 // Tile j of a CTA's sequence (every query head of its GQA group, each head's tiles in Schedule order) without

@@ -54,4 +54,16 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
+// Warpgroup register reallocation (PTX "setmaxnreg"): a producer warpgroup gives registers back to the CTA's pool
+// and the consumer warpgroups take them, so that the consumers can hold more than the launch's even share. Every
+// thread of the warpgroup executes it; the counts are multiples of 8 in [24, 256].
+template <int REGS>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
 }  // namespace dm

@@ -141,10 +141,15 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened is not None and why == ""
     assert opened.dm_dv_factored_params_size() == ctypes.sizeof(cuda_lib.DvFactoredParams)
     assert opened.dm_dk_factored_params_size() == ctypes.sizeof(cuda_lib.DkFactoredParams)
+    assert opened.dm_dkdv_factored_params_size() == ctypes.sizeof(cuda_lib.DkdvFactoredParams)
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)
     assert opened.dm_dv_factored(ctypes.byref(good), 1, len(cuda_lib.DV_VARIANTS), 0, None) == 1  # no such variant
+    fused = cuda_lib.DkdvFactoredParams(n=100, h=2, h_kv=2, n_pad=64)  # N_pad not a multiple of the CTA's 128 keys
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, 0, 0, None) == 1
+    fused.n_pad = 128
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, len(cuda_lib.DKDV_VARIANTS), 0, None) == 1
     if not torch.cuda.is_available():
         lib, reason = cuda_lib.load(library)
         assert lib is None and "no CUDA GPU" in reason

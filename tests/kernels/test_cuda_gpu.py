@@ -236,11 +236,14 @@ def factored_dk_operands(ops, q):
     return dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, sqc=sqc)
 
 
-def triton_factored_dk(ops):
-    """Triton's factored dK launch alone (``DK_ONLY``), unpromoted (``ACC_PROMOTE=None``) as the CUDA dK is."""
+def triton_factored_dk(ops, promote=False):
+    """Triton's factored dK launch alone (``DK_ONLY``), unpromoted (``ACC_PROMOTE=None``) as the CUDA dK is, or
+    promoted per 64-query tile."""
     from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
 
-    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DK_ONLY": True, "ACC_PROMOTE": None}
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DK_ONLY": True,
+           "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     dk = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
     dv = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
     factored = dict(q8t=ops["q8t_c"], sqc=ops["sqc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["rs"])
@@ -361,6 +364,54 @@ def test_factored_dk_within_fp8_order_of_triton(dk_operands, n, causal):
     """The fallback bound if the bits differ: 10^-3 in norm."""
     ops = dk_operands(n, causal, *heads(n))
     assert relative_error(cuda_factored_dk(ops), triton_factored_dk(ops)) < 1e-3
+
+
+# ---- the fused, warp-specialised dK/dV against Triton's two factored launches --------------------------------------
+
+def cuda_factored_dkdv(ops, promote, variant="ws3"):
+    s = ops["saved"]
+    return cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_c"], ops["do8t_c"], s["sq"], s["sk"],
+                                  s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"],
+                                  ops["n"], ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"],
+                                  promote=promote, variant=variant)
+
+
+# N = 130: the second CTA has one ragged 64-key half and no second half; 1024: many tiles, the two halves' orders
+# merged; 1000: GQA 8 on 2 with a ragged second half; 256: one CTA whose halves share every tile but the diagonals
+DKDV_CASES = [(n, causal, promote, "ws3") for n in (130, 256, 1024, 1000) for causal in (True, False)
+              for promote in (True, False)] + [(1024, True, promote, "ws4") for promote in (True, False)]
+
+
+@pytest.mark.parametrize("n, causal, promote, variant", DKDV_CASES)
+def test_fused_factored_dkdv_is_tritons_bit_for_bit(dk_operands, n, causal, promote, variant):
+    ops = dk_operands(n, causal, *heads(n))
+    dk, dv = cuda_factored_dkdv(ops, promote, variant)
+    theirs = {"dK": triton_factored_dk(ops, promote), "dV": triton_factored_dv(ops, promote)}
+    torch.cuda.synchronize()
+    for name, ours in (("dK", dk), ("dV", dv)):
+        assert torch.isfinite(ours).all(), name
+        diff = (ours.float() - theirs[name].float()).abs()
+        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+        assert torch.equal(ours, theirs[name]), (
+            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
+            f"{relative_error(ours, theirs[name]):.2e}, first at {where}")
+
+
+def test_fused_factored_dkdv_is_deterministic_and_on_torchs_stream(dk_operands):
+    """Two runs give the same bits, the second from an lse2 written on a side stream after a sleep: a launch not
+    ordered after that copy would read zeros."""
+    ops = dk_operands(1024, True, 2, 2)
+    first = cuda_factored_dkdv(ops, True)
+    lse, late = ops["saved"]["lse2"], torch.zeros_like(ops["saved"]["lse2"])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        late.copy_(lse)
+        again = cuda_factored_dkdv(dict(ops, saved=dict(ops["saved"], lse2=late)), True)
+    side.synchronize()
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("causal", [True, False])

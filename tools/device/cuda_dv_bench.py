@@ -1,7 +1,8 @@
 """Time the CUDA factored dV (M2, ``kernels/cuda/dv_factored.cu``) against Triton's factored dV launch on the same
 operands: B·H = 64, N = 8192, D = 128, causal (the shape of kernels/NOTES.md's sweep), each promoted per 64-query
 tile (the default, ``ACC_PROMOTE=64``) and not, every CUDA loop structure (``cuda_lib.DV_VARIANTS``); then the CUDA
-factored dK (M3a, unpromoted) against Triton's factored dK launch. One JSON row per variant on stdout and in ``--out``:
+factored dK (M3a, unpromoted) against Triton's factored dK launch; then the fused, warp-specialised dK/dV against
+Triton's two factored launches (dK, dV), promoted and not. One JSON row per variant on stdout and in ``--out``:
 ``ms`` (``do_bench`` median), ``tflops`` executed (two matmuls, S and dV, halved when causal, as the sweep counts),
 and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
 
@@ -60,45 +61,96 @@ def launchers(ops, promote):
                        if not (promote and v in cuda_lib.DV_UNPROMOTED_ONLY)}, out
 
 
+def matched_operands(ops):
+    """What the factored dK launch also reads: matched's δ with dŜ's row scales s (the δ pass), Q' = s ⊙ Q per
+    channel."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_quant import quantize_per_channel
+
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
+    delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
+    triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, True, ops["qk"], ops["n"],
+                                     cfg["delta"], row_scales=rs)
+    _, q8t_c, sqc = quantize_per_channel(ops["q"], "q", row_scales=rs)
+    return dict(delta_m=delta, rs=rs, q8t_c=q8t_c, sqc=sqc, cfg=cfg)
+
+
+def timed(name, fn, do_bench, base, out=None, ref=None):
+    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    row = dict(kernel=name, **base, ms=round(ms, 4))
+    if out is not None:
+        row.update(equal=all(torch.equal(a, b) for a, b in zip(out, ref)),
+                   rel=max(float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(out, ref)))
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def dk_rows(ops, args, flop, do_bench):
     """The CUDA factored dK (M3a, unpromoted) against Triton's factored dK launch (``DK_ONLY``, ``ACC_PROMOTE=None``),
     on matched's δ and dŜ's row scales from the δ pass and Q' = s ⊙ Q per channel."""
     from deltamatch.kernels import cuda_lib, triton_bwd
-    from deltamatch.kernels.triton_quant import quantize_per_channel
 
     s = ops["saved"]
-    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
-    delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
-    triton_bwd._launch_delta_matched(s, ops["do8"], ops["sdo"], delta, True, ops["qk"], ops["n"], cfg["delta"],
-                                     row_scales=rs)
-    _, q8t_c, sqc = quantize_per_channel(ops["q"], "q", row_scales=rs)
-    dk_cfg = {**cfg["dkdv"], "DK_ONLY": True, "ACC_PROMOTE": None}
+    m = matched_operands(ops)
+    dk_cfg = {**m["cfg"]["dkdv"], "DK_ONLY": True, "ACC_PROMOTE": None}
     dk, dv = torch.empty_like(ops["k"]), torch.empty_like(ops["k"])
-    factored = dict(q8t=q8t_c, sqc=sqc, do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=rs)
+    factored = dict(q8t=m["q8t_c"], sqc=m["sqc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=m["rs"])
     out = {}
 
     def triton_dk():
-        triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], delta, dk, dv, None, True, ops["qk"],
+        triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], m["delta_m"], dk, dv, None, True, ops["qk"],
                                 ops["scale"], ops["n"], dk_cfg, factored=factored)
         out["triton"] = dk
 
     def cuda_dk():
-        out["cuda"] = cuda_lib.dk_factored(s["q8"], s["k8"], s["v8"], ops["do8"], q8t_c, s["sq"], s["sk"], s["sv"],
-                                           ops["sdo"], sqc, rs, s["lse2"], delta, ops["n"], True, ops["qk"],
-                                           ops["scale"])
+        out["cuda"] = cuda_lib.dk_factored(s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], s["sq"], s["sk"],
+                                           s["sv"], ops["sdo"], m["sqc"], m["rs"], s["lse2"], m["delta_m"], ops["n"],
+                                           True, ops["qk"], ops["scale"])
 
     triton_dk(), cuda_dk()
     torch.cuda.synchronize()
-    rel = float((out["cuda"].double() - out["triton"].double()).norm() / out["triton"].double().norm())
+    base = dict(promoted=False, b_h=args.bh, n=args.n, d=128, causal=True)
+    rows = [timed("dk_factored_triton", triton_dk, do_bench, base),
+            timed("dk_factored_cuda", cuda_dk, do_bench, dict(base, variant="tma3"), [out["cuda"]], [out["triton"]])]
+    for row in rows:
+        row["tflops"] = round(flop / row["ms"] / 1e9, 1)
+    return rows
+
+
+def dkdv_rows(ops, args, flop, do_bench, variants=None):
+    """The fused CUDA dK/dV (``cuda_lib.dkdv_factored``, each of ``DKDV_VARIANTS``) against Triton's two factored
+    launches (dK, then dV), promoted and not. ``flop``: the four matmuls (S, dP, dV, dK) the fused kernel executes."""
+    from deltamatch.kernels import cuda_lib, triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    s = ops["saved"]
+    m = matched_operands(ops)
+    factored = dict(q8t=m["q8t_c"], sqc=m["sqc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=m["rs"])
     rows = []
-    for name, fn in (("triton", triton_dk), ("cuda", cuda_dk)):
-        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        row = dict(kernel=f"dk_factored_{name}", promoted=False, b_h=args.bh, n=args.n, d=128, causal=True,
-                   ms=round(ms, 4), tflops=round(flop / ms / 1e9, 1))
-        if name == "cuda":
-            row.update(variant="tma3", equal=torch.equal(out["cuda"], out["triton"]), rel=rel)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    for promote in (True, False):
+        cfg = {**m["cfg"]["dkdv"], "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+        dk, dv = torch.empty_like(ops["k"]), torch.empty_like(ops["k"])
+
+        def triton_dkdv():
+            triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], m["delta_m"], dk, dv, None, True,
+                                    ops["qk"], ops["scale"], ops["n"], cfg, factored=factored)
+
+        def cuda_dkdv(variant):
+            return lambda: cuda_lib.dkdv_factored(
+                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], s["sq"], s["sk"], s["sv"],
+                ops["sdo"], m["sqc"], ops["sdoc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"],
+                ops["scale"], promote=promote, variant=variant)
+
+        triton_dkdv()
+        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
+        rows.append(timed("dkdv_factored_triton", triton_dkdv, do_bench, base))
+        for variant in variants or cuda_lib.DKDV_VARIANTS:
+            fn = cuda_dkdv(variant)
+            got = fn()
+            torch.cuda.synchronize()
+            rows.append(timed("dkdv_factored_cuda", fn, do_bench, dict(base, variant=variant), got, (dk, dv)))
+    for row in rows:
+        row["tflops"] = round(flop / row["ms"] / 1e9, 1)
     return rows
 
 
@@ -109,6 +161,7 @@ def main(argv=None) -> int:
     parser.add_argument("--bh", type=int, default=64)
     parser.add_argument("--once", action="store_true",
                         help="launch each kernel once, untimed (for a profiler: ncu -k ...)")
+    parser.add_argument("--fused-only", action="store_true", help="time only the fused dK/dV and Triton's pair")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
@@ -122,9 +175,10 @@ def main(argv=None) -> int:
         for fn in (triton_dv, *cuda_dvs.values()):
             fn()
         dk_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)  # Triton's dK, then the CUDA dK, once each (untimed)
+        dkdv_rows(ops, args, flop * 2, lambda fn, **_: 1.0, variants=("ws3",))
         torch.cuda.synchronize()
         return 0
-    for promote in (True, False):
+    for promote in () if args.fused_only else (True, False):
         triton_dv, cuda_dvs, out = launchers(ops, promote)
         triton_dv()
         for fn in cuda_dvs.values():
@@ -139,7 +193,9 @@ def main(argv=None) -> int:
                 row.update(variant=name, equal=torch.equal(out[name], out["triton"]), rel=float(diff))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    rows += dk_rows(ops, args, flop * 1.5, do_bench)  # dK: three matmuls (S, dP, dK) where dV has two
+    if not args.fused_only:
+        rows += dk_rows(ops, args, flop * 1.5, do_bench)  # dK: three matmuls (S, dP, dK) where dV has two
+    rows += dkdv_rows(ops, args, flop * 2, do_bench)  # the fused dK/dV: four (S, dP, dV, dK)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -11,7 +11,7 @@
 # install.log, build.log (build, ldd, SASS-check log), cuda_check.jsonl, gpu_tests.log, gpu_tests.jsonl,
 # dv_bench.jsonl, ncu.txt.
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
-#   bash tools/device/cuda_gpu.sh [tests,bench,ncu]
+#   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] bash tools/device/cuda_gpu.sh [tests,bench,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -42,11 +42,11 @@ PY
 stamp "SASS check rc $check_rc"
 if has tests; then
   DELTAMATCH_TEST_REPORT="$OUT/gpu_tests.jsonl" timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs \
-    tests/kernels/test_cuda_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+    ${TESTS_K:+-k "$TESTS_K"} tests/kernels/test_cuda_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
   stamp "tests done"
 fi
 if has bench; then
-  timeout 240 python3 tools/device/cuda_dv_bench.py --out "$OUT/dv_bench.jsonl" 2>&1 | tail -12
+  timeout 240 python3 tools/device/cuda_dv_bench.py ${BENCH_ARGS:-} --out "$OUT/dv_bench.jsonl" 2>&1 | tail -12
   stamp "bench done"
 fi
 if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
@@ -55,7 +55,7 @@ if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where n
   metrics+=',l1tex__data_pipe_lsu_wavefronts_mem_shared.sum'
   timeout 240 ncu --clock-control none --section SpeedOfLight --section SchedulerStats --section Occupancy \
     --section LaunchStats --metrics "$metrics" \
-    -k 'regex:dm_dv_factored|dm_dk_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once \
+    -k 'regex:dm_dv_factored|dm_dk_factored|dm_dkdv_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once \
     > "$OUT/ncu.txt" 2>&1
   stamp "ncu rc $?"
 fi

@@ -1,0 +1,379 @@
+// dK and dV of the factored scale layout (matched_factored, kernels/README.md) in one warp-specialised kernel, D = 128,
+// causal or not, any GQA group: M3 of kernels/CUDA_BACKWARD.md on M6's structure.
+//
+// One CTA per 128 keys and kv head, three warpgroups:
+//   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread issues the TMA loads: K̂ and V̂
+//     of the 128 keys once, then per query tile Q̂, dÔ (token-major, 128-byte swizzle), Q'ᶜᵀ and dÔᶜᵀ
+//     (channel-major, 64-byte swizzle) and lse2, δ, s (bulk copies) into a ring of STAGES stages;
+//   - two consumer warpgroups (setmaxnreg 240), one per 64-key half: each is Triton's factored dK and dV launches for
+//     its 64-key block fused (their BLOCK_N), reading the stages both share.
+// Per query tile a consumer forms Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ (4 + 4 SS m64n64k32, one wgmma group), then on the CUDA
+// cores P, P̂ᵀ = e4m3(P · 448) and dŜᵀ = e4m3(P · fma(dP̂ᵀ, s_v·s_do, −δ) · div.full(1, s)) (factored.cuh ds_tile, the
+// arithmetic of Triton's PTX), and adds dV += P̂ᵀ dÔᶜ and dK += dŜᵀ Q̂'ᶜ (2 + 2 RS m64n128k32).
+//   - Unpromoted (Triton's ACC_PROMOTE = None): the wgmma accumulates into dV and dK over the whole loop, and Sᵀ, dP̂ᵀ
+//     of the next tile are issued with dV, dK of this one (the softmax and dS of the next tile run beside them).
+//   - Promoted (ACC_PROMOTE = 64, matched_factored's default): each tile's dV and then dK product start from zero in
+//     one FP32 temporary and are added in FP32; with both accumulators and the temporary live there is no room for the
+//     next tile's Sᵀ and dP̂ᵀ, so a consumer runs its tile in turn and the overlap comes from the other consumer.
+//   - GQA: dV, dK *= s_prev[d] / s_next[d] before each query head; the epilogue dV · (s_dOᶜ[d] / 448) and
+//     dK · s_Q'[d] · softmax_scale of the last head, keys < N.
+// Each half visits its query tiles in its own Triton order (unmasked tiles, the causal diagonal, the ragged end), so
+// each half's dK and dV are Triton's bit for bit. The two orders differ near the diagonal, so the CTA loads the merge of
+// the two (Walk, walked by the producer alone): a tile both halves read is loaded once; causal, the first half's first
+// tile is loaded again at the end for the second half (one extra tile per key block and head). The producer writes
+// each stage's query tile, head and which half reads it into the stage (Smem::Info). A consumer that does not read a
+// stage still waits for it to fill and releases it, so that every `empty` phase counts all eight consumer warps in
+// order (an arrival before the fill could complete an earlier phase of that stage).
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "dkdv_factored.cuh"
+#include "factored.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace dkdv {
+
+using namespace factored;
+
+constexpr int kConsumers = 2;                               // consumer warpgroups, one per 64-key half
+constexpr int kCtaKeys = kConsumers * kBlockN;              // 128
+constexpr int kCtaThreads = (kConsumers + 1) * kThreads;    // the producer warpgroup first
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;      // 24·128 + 240·256 = 168·384, the launch's share
+// Q̂, dÔ, Q'ᶜᵀ, dÔᶜᵀ; lse2, δ, s
+constexpr uint32_t kTileBytes = 4 * kBlockM * kHeadDim + 3 * kBlockM * sizeof(float);
+
+template <int STAGES>
+struct __align__(1024) Smem {
+  uint8_t k[kConsumers][kBlockN * kHeadDim];
+  uint8_t v[kConsumers][kBlockN * kHeadDim];
+  uint8_t q[STAGES][kBlockM * kHeadDim];
+  uint8_t dout[STAGES][kBlockM * kHeadDim];
+  uint8_t qt[STAGES][kHeadDim * kBlockM];
+  uint8_t dot[STAGES][kHeadDim * kBlockM];
+  float lse[STAGES][kBlockM], delta[STAGES][kBlockM], rs[STAGES][kBlockM];
+  struct Info {  // what the producer put in a stage (written before its `full` arrival, whose release publishes it)
+    int start_m;   // the query tile
+    int flags;     // kUse0 << h: half h reads it; kMasked0 << h: in half h's masked range; kLast: the CTA's last tile
+    int64_t bh;    // its query head
+  } info[STAGES];
+  uint64_t full[STAGES], empty[STAGES], kv_full;
+};
+constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;
+template <int STAGES>
+constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
+
+struct Maps {
+  CUtensorMap q, k, v, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+  CUtensorMap qt, dot;        // channel-major codes, boxes of 128 channels x 64 queries, 64-byte swizzle
+};
+
+// The CTA's sequence of query tiles (every query head of its GQA group in turn): the merge of its two halves' Triton
+// orders, taking at each step the smaller next query tile of the two (both halves when they agree). Each half's own
+// order is kept, and every tile of each is visited once. The producer walks it and tells the consumers (Smem::Info).
+template <int STAGES>
+struct Walk {
+  Schedule half0, half1;
+  int i0 = 0, i1 = 0;      // each half's next tile in its schedule, within the current head
+  int start_m = 0;         // this position's query tile
+  bool use0 = false, use1 = false;
+  int stage = 0;
+  uint32_t phase = 0;
+  int64_t bh, bh_end;
+
+  __device__ Walk(int start_n, int n, bool causal, int64_t bh0, int group)
+      : half0(start_n, n, causal), half1(start_n + kBlockN, n, causal), bh(bh0), bh_end(bh0 + group) {
+    if (start_n + kBlockN >= n) half1.tiles = 0;  // no key of the second half exists
+    settle();
+  }
+  __device__ bool done() const { return bh == bh_end; }
+  __device__ int flags() const {  // this position's Smem::Info flags, before advance()
+    const bool last = i0 + use0 == half0.tiles && i1 + use1 == half1.tiles && bh + 1 == bh_end;
+    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (i0 >= half0.unmasked ? kMasked0 : 0)
+           | (i1 >= half1.unmasked ? kMasked0 << 1 : 0) | (last ? kLast : 0);
+  }
+  __device__ void settle() {
+    const int m0 = i0 < half0.tiles ? half0.start_m(i0) : INT_MAX;
+    const int m1 = i1 < half1.tiles ? half1.start_m(i1) : INT_MAX;
+    start_m = min(m0, m1);
+    use0 = m0 == start_m;
+    use1 = m1 == start_m;
+  }
+  __device__ void advance() {
+    i0 += use0;
+    i1 += use1;
+    if (i0 == half0.tiles && i1 == half1.tiles) i0 = 0, i1 = 0, ++bh;
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+    settle();
+  }
+};
+
+// A query tile as one consumer sees it.
+struct Tile {
+  int stage;
+  uint32_t phase;
+  int start_m;
+  bool masked;  // in its half's masked range (the causal diagonal, the ragged end)
+  int64_t bh;
+};
+
+// The consumers' place in the ring of stages.
+template <int STAGES>
+struct Ring {
+  int stage = 0;
+  uint32_t phase = 0;
+  bool done = false;
+  __device__ void advance() {
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+};
+
+template <int STAGES>
+__device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
+                                        Walk<STAGES> w) {
+  for (int j = 0; !w.done(); ++j, w.advance()) {
+    if (j >= STAGES) mbar_wait(&s.empty[w.stage], w.phase ^ 1);
+    uint64_t* full = &s.full[w.stage];
+    const int st = w.stage;
+    const int64_t row = w.bh * p.n_pad + w.start_m;
+    s.info[st] = {w.start_m, w.flags(), w.bh};
+    mbar_arrive_expect_tx(full, kTileBytes);
+    tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
+    tma_load_2d(s.dout[st], &maps.dout, 0, int(row), full);
+    tma_load_2d(s.qt[st], &maps.qt, w.start_m, int(w.bh * kHeadDim), full);
+    tma_load_2d(s.dot[st], &maps.dot, w.start_m, int(w.bh * kHeadDim), full);
+    bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
+    bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
+    bulk_load(s.rs[st], p.rs + row, kBlockM * sizeof(float), full);
+  }
+}
+
+template <bool PROMOTE, int STAGES>
+__device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
+                                        int start_n) {
+  const bool releaser = threadIdx.x % 32 == 0;
+  Ring<STAGES> ring;
+  // the next tile this half reads, once its stage is full; the stages it skips on the way are released once they have
+  // filled (see the header)
+  auto take = [&](Tile& t) {
+    while (!ring.done) {
+      mbar_wait(&s.full[ring.stage], ring.phase);
+      const auto info = s.info[ring.stage];
+      const Tile here{ring.stage, ring.phase, info.start_m, (info.flags & (kMasked0 << half)) != 0, info.bh};
+      ring.done = (info.flags & kLast) != 0;
+      ring.advance();
+      if (info.flags & (kUse0 << half)) {
+        t = here;
+        return true;
+      }
+      if (releaser) mbar_arrive(&s.empty[here.stage]);
+    }
+    return false;
+  };
+  const uint8_t* k = s.k[half];
+  const uint8_t* v = s.v[half];
+  const int64_t kv_block = (int64_t(b) * p.h_kv + h_kv) * (p.n_pad / kBlockN) + start_n / kBlockN;
+  const float s_k = p.sk[kv_block], s_v = p.sv[kv_block];
+  struct Scales {
+    float row, dp;  // Sᵀ's (s_q·qk_scale)·s_k and dP̂ᵀ's s_v·s_do
+  };
+  auto scales_of = [&](const Tile& t) {  // read ahead of their use: global loads
+    const int64_t at = t.bh * (p.n_pad / 128) + t.start_m / 128;
+    return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
+  };
+  // P̂ᵀ (·448, uncast) into st and dŜᵀ (uncast) into dpt, from Sᵀ and dP̂ᵀ of tile t
+  auto form = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
+    if (t.masked) {  // two bodies: the unmasked one, most tiles, keeps no mask in registers across the wgmma
+      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, true, start_n, t.start_m,
+                    p.n, p.causal);
+    } else {
+      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, false, start_n,
+                    t.start_m, p.n, p.causal);
+    }
+  };
+  auto new_head = [&](float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2], int64_t prev, int64_t next) {
+    rescale_channels(dv, p.sdoc + prev * kHeadDim, p.sdoc + next * kHeadDim);
+    rescale_channels(dk, p.sqc + prev * kHeadDim, p.sqc + next * kHeadDim);
+  };
+
+  Tile cur;
+  if (!take(cur)) return;  // no key of this half below N
+  mbar_wait(&s.kv_full, 0);
+  float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};  // [64 keys, D]; in units of the current head's channel scales
+  uint32_t pfrag[kTileSteps][4], dsfrag[kTileSteps][4];
+
+  if constexpr (PROMOTE) {
+    float part[kHeadDim / 2];  // one tile's dV, then dK product
+    int64_t head = cur.bh;
+    Tile t = cur;
+    do {
+      const Scales sc = scales_of(t);
+      if (t.bh != head) new_head(dv, dk, head, t.bh), head = t.bh;
+      {
+        float st[kBlockM / 2], dpt[kBlockM / 2];
+        issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
+        wgmma_wait<0>();
+        fence_operands(st);
+        fence_operands(dpt);
+        form(t, sc, st, dpt);
+        to_fragments(st, pfrag);
+        to_fragments(dpt, dsfrag);
+      }
+      issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
+      wgmma_wait<0>();
+      finish_acc<true>(dv, part);
+      issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      finish_acc<true>(dk, part);
+      cur = t;
+    } while (take(t));
+  } else {
+    float part[1][kHeadDim / 2];  // unused: the products accumulate in place
+    {
+      float st[kBlockM / 2], dpt[kBlockM / 2];
+      const Scales sc = scales_of(cur);
+      issue_s_dp(st, dpt, k, v, s.q[cur.stage], s.dout[cur.stage]);
+      wgmma_wait<0>();
+      fence_operands(st);
+      fence_operands(dpt);
+      form(cur, sc, st, dpt);
+      to_fragments(st, pfrag);
+      to_fragments(dpt, dsfrag);
+    }
+    Tile next;
+#pragma unroll 1
+    while (take(next)) {
+      const Scales sc = scales_of(next);
+      float st[kBlockM / 2], dpt[kBlockM / 2];
+      issue_s_dp(st, dpt, k, v, s.q[next.stage], s.dout[next.stage]);
+      issue_channel_product<false>(dv, part[0], pfrag, s.dot[cur.stage]);
+      issue_channel_product<false>(dk, part[0], dsfrag, s.qt[cur.stage]);
+      wgmma_wait<2>();  // Sᵀ and dP̂ᵀ of next; dV and dK of cur run on
+      fence_operands(st);
+      fence_operands(dpt);
+      form(next, sc, st, dpt);
+      wgmma_wait<0>();  // dV(cur), dK(cur): this warp is done with cur's stage
+      if (releaser) mbar_arrive(&s.empty[cur.stage]);
+      fence_operands(dv);
+      fence_operands(dk);
+      if (next.bh != cur.bh) new_head(dv, dk, cur.bh, next.bh);
+      to_fragments(st, pfrag);
+      to_fragments(dpt, dsfrag);
+      cur = next;
+    }
+    issue_channel_product<false>(dv, part[0], pfrag, s.dot[cur.stage]);
+    issue_channel_product<false>(dk, part[0], dsfrag, s.qt[cur.stage]);
+    wgmma_wait<0>();
+    fence_operands(dv);
+    fence_operands(dk);
+  }
+  const float* sdoc = p.sdoc + cur.bh * kHeadDim;
+  const float* sqc = p.sqc + cur.bh * kHeadDim;
+  const float scale = p.softmax_scale;
+  store_keys(dv, [&](float x, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
+             p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+  store_keys(dk, [&](float x, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
+             p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+}
+
+template <bool PROMOTE, int STAGES>
+__device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
+  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  if (threadIdx.x == 0) {
+    init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
+    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaKeys);
+    mbar_arrive_expect_tx(&s.kv_full, 2 * kCtaKeys * kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kConsumers; ++i) {
+      tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
+      tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
+    }
+  }
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  // what each role needs is computed after the register split: a value live across it would be spilled
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const int group = p.h / p.h_kv, b = blockIdx.y / p.h_kv, h_kv = blockIdx.y % p.h_kv;
+      const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
+      produce<STAGES>(s, p, maps, Walk<STAGES>(blockIdx.x * kCtaKeys, p.n, p.causal, bh0, group));
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  consume<PROMOTE, STAGES>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
+                           blockIdx.x * kCtaKeys + kBlockN * (role - 1));
+}
+
+}  // namespace dkdv
+}  // namespace dm
+
+#define DM_DKDV_KERNEL(NAME, PROMOTE, STAGES)                                                         \
+  extern "C" __global__ void __launch_bounds__(dm::dkdv::kCtaThreads, 1)                               \
+      NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
+    extern __shared__ uint8_t smem[];                                                                \
+    dm::dkdv::dkdv_block<PROMOTE, STAGES>(smem, p, maps);                                            \
+  }
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, 3)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, 3)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, 4)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, 4)
+#undef DM_DKDV_KERNEL
+
+namespace {
+
+using DkdvKernel = void (*)(DkdvFactoredParams, dm::dkdv::Maps);
+
+// The kernel of each (variant, promote), in cuda_lib.DKDV_VARIANTS' numbering, and its dynamic shared memory.
+struct DkdvLaunch {
+  DkdvKernel kernel;
+  int smem;
+};
+DkdvLaunch dkdv_launch(int variant, bool promote) {
+  using namespace dm::dkdv;
+  switch (variant) {
+    case 0: return {promote ? dm_dkdv_factored_ws3_promoted : dm_dkdv_factored_ws3_unpromoted, smem_bytes<3>()};
+    case 1: return {promote ? dm_dkdv_factored_ws4_promoted : dm_dkdv_factored_ws4_unpromoted, smem_bytes<4>()};
+    default: return {nullptr, 0};
+  }
+}
+
+}  // namespace
+
+extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
+                                cudaStream_t stream) {
+  using namespace dm::factored;
+  using dm::dkdv::kCtaKeys, dm::dkdv::kCtaThreads;
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaKeys || p->n_pad < p->n) {
+    return cudaErrorInvalidValue;
+  }
+  const DkdvLaunch launch = dkdv_launch(variant, promote != 0);
+  if (!launch.kernel) return cudaErrorInvalidValue;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  if (cudaError_t err = cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
+      err != cudaSuccess) {
+    return err;
+  }
+  dm::dkdv::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  const uint64_t channel_rows = uint64_t(p->b) * p->h * kHeadDim;
+  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B) ||
+      !encode_codes(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  const dim3 grid((p->n + kCtaKeys - 1) / kCtaKeys, p->b * p->h_kv);
+  launch.kernel<<<grid, kCtaThreads, launch.smem, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
+
+// sizeof(DkdvFactoredParams), for the loader's check that its ctypes mirror has the same layout.
+extern "C" int dm_dkdv_factored_params_size(void) { return static_cast<int>(sizeof(DkdvFactoredParams)); }

@@ -1,0 +1,33 @@
+// The parameters of the fused factored dK/dV kernel (dkdv_factored.cu), a plain C struct that ctypes mirrors field for
+// field (deltamatch.kernels.cuda_lib.DkdvFactoredParams): keep the two in the same order.
+#pragma once
+#include <cstdint>
+
+extern "C" {
+
+struct DkdvFactoredParams {
+  const uint8_t* q8;    // Q̂ codes (B, H, N_pad, D), one scale per 128 queries: Sᵀ's B operand
+  const uint8_t* k8;    // K̂ codes (B, H_kv, N_pad, D), centred, one scale per 64 keys
+  const uint8_t* v8;    // V̂ codes (B, H_kv, N_pad, D), one scale per 64 keys
+  const uint8_t* do8;   // dÔ codes token-major (B, H, N_pad, D), one scale per 128 queries: dP̂ᵀ's B operand
+  const uint8_t* q8t;   // Q'ᶜ codes channel-major (B, H, D, N_pad): Q' = s ⊙ Q, one scale per channel (dK's B)
+  const uint8_t* do8t;  // dÔᶜ codes channel-major (B, H, D, N_pad), one scale per channel (dV's B)
+  const float* sq;      // (B, H, N_pad / 128)
+  const float* sk;      // (B, H_kv, N_pad / 64)
+  const float* sv;      // (B, H_kv, N_pad / 64)
+  const float* sdo;     // (B, H, N_pad / 128)
+  const float* sqc;     // (B, H, D): Q''s channel scales
+  const float* sdoc;    // (B, H, D): dÔᶜ's channel scales
+  const float* rs;      // (B, H, N_pad): dŜ's row scales s (matched's δ pass)
+  const float* lse2;    // (B, H, N_pad)
+  const float* delta;   // (B, H, N_pad): matched's δ
+  void* dk;             // (B, N, H_kv, D) bf16 or fp16; dk and dv share the element strides below, D contiguous
+  void* dv;
+  int64_t stride_b, stride_n, stride_h;
+  int b, h, h_kv, n, n_pad;
+  float qk_scale;       // softmax_scale · log2(e), rounded to FP32 as Triton's launch does
+  float softmax_scale;
+  int causal, out_fp16;
+};
+
+}  // extern "C"
