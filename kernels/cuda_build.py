@@ -51,6 +51,9 @@ class CudaKernel:
     forms: dict[str, int]
     """Each QGMMA form the SASS must hold (``QGMMA.64x64x32.F32.E4M3.E4M3``) and how many; empty for a kernel without
     matmuls. The PTX must hold as many ``wgmma.mma_async … e4m3`` in all."""
+    spill_bytes: int = 0
+    """The stack ptxas may give it (spilled registers), in bytes per thread: 0 for every kernel but the fused dK/dV,
+    whose consumers hold two FP32 accumulators at 240 registers and spill a few scalars, reloaded once per tile."""
 
     def expected_wgmma(self) -> int:
         """How many e4m3 ``wgmma.mma_async`` the PTX must hold."""
@@ -85,8 +88,9 @@ KERNELS = (
     # the fused, warp-specialised dK/dV (dkdv_factored.cu): promoted, one loop body per tile (Sᵀ and dP̂ᵀ, then dV and
     # dK: 8 SS m64n64k32, 4 RS m64n128k32); unpromoted, pipelined like the dK (the first tile's Sᵀ and dP̂ᵀ before the
     # loop, the last tile's dV and dK after it)
-    *(CudaKernel(f"dm_dkdv_factored_{variant}_promoted", {_qgmma(64): 8, _qgmma(128): 4}) for variant in ("ws3", "ws4")),
-    *(CudaKernel(f"dm_dkdv_factored_{variant}_unpromoted", {_qgmma(64): 16, _qgmma(128): 8})
+    *(CudaKernel(f"dm_dkdv_factored_{variant}_promoted", {_qgmma(64): 8, _qgmma(128): 4}, spill_bytes=24)
+      for variant in ("ws3", "ws4")),
+    *(CudaKernel(f"dm_dkdv_factored_{variant}_unpromoted", {_qgmma(64): 16, _qgmma(128): 8}, spill_bytes=24)
       for variant in ("ws3", "ws4")),
 )
 

@@ -8,7 +8,9 @@ and prints one JSON row per ``__global__`` function in the same schema as the Tr
 - ``fp8_wgmma``: ``wgmma.mma_async … e4m3`` in the PTX of the same source (ptxas lowers each to one QGMMA);
 - ``other_mma``: any other matrix instruction (HGMMA, HMMA, IMMA, non-FP8 wgmma, ``mma.sync``);
 - ``registers``, ``sass_registers``, ``spill_bytes`` (STACK + LOCAL), ``stack_bytes``, ``shared_bytes`` from
-  ``cuobjdump --dump-resource-usage`` and the SASS, read with the cuobjdump that Triton ships;
+  ``cuobjdump --dump-resource-usage`` and the SASS, read with the cuobjdump that Triton ships; ``claimed_registers``:
+  the most a warpgroup claims by ``setmaxnreg`` (SASS ``USETMAXREG.TRY_ALLOC``), which the SASS may use beyond
+  ``registers`` (the launch's count);
 - ``problems`` and ``ok``: a kernel in the SASS but not declared (or the reverse) is a problem too.
 """
 
@@ -22,6 +24,7 @@ from deltamatch.kernels import cuda_build
 from deltamatch.kernels.check import _cuobjdump
 
 OTHER_MMA = re.compile(r"\b(HGMMA|HMMA|IMMA)\b")
+CLAIM = re.compile(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL\s+\w+,\s*0x([0-9a-f]+)")
 
 
 def _by_name(text: str, header: str) -> dict[str, str]:
@@ -53,6 +56,7 @@ def analyse_library(library: str | Path, ptx: str) -> list[dict]:
             other_mma=len(wgmma) - fp8 + entries.get(name, "").count("mma.sync") + len(OTHER_MMA.findall(code)),
             registers=res.get("REG"),
             sass_registers=max((int(r) + 1 for r in re.findall(r"\bR(\d+)\b", code)), default=0),
+            claimed_registers=max((int(r, 16) for r in CLAIM.findall(code)), default=None),
             spill_bytes=res.get("LOCAL", 0) + res.get("STACK", 0), stack_bytes=res.get("STACK", 0),
             shared_bytes=res.get("SHARED"),
         )
@@ -76,10 +80,12 @@ def problems(row: dict, kernel: cuda_build.CudaKernel | None, in_sass: bool) -> 
         found.append(f"PTX: {row['fp8_wgmma']} e4m3 wgmma.mma_async, declared {kernel.expected_wgmma()}")
     if row["other_mma"]:
         found.append(f"{row['other_mma']} MMA instructions that are not FP8 wgmma")
-    if row["spill_bytes"]:
-        found.append(f"{row['spill_bytes']} bytes of stack/local memory per thread")
-    if row["registers"] is None or row["registers"] < row["sass_registers"]:
-        found.append(f"register count {row['registers']} does not cover R0..R{row['sass_registers'] - 1} in the SASS")
+    if row["spill_bytes"] > kernel.spill_bytes:
+        found.append(f"{row['spill_bytes']} bytes of stack/local memory per thread (declared {kernel.spill_bytes})")
+    covered = max(row["registers"] or 0, row.get("claimed_registers") or 0)
+    if row["registers"] is None or covered < row["sass_registers"]:
+        found.append(f"register count {row['registers']} (claimed {row.get('claimed_registers')}) does not cover "
+                     f"R0..R{row['sass_registers'] - 1} in the SASS")
     return found
 
 
