@@ -92,6 +92,7 @@ KERNELS = (
       for variant in ("ws3", "ws4")),
     *(CudaKernel(f"dm_dkdv_factored_{variant}_unpromoted", {_qgmma(64): 16, _qgmma(128): 8}, spill_bytes=24)
       for variant in ("ws3", "ws4")),
+    CudaKernel("dm_dkdv_factored_ws3s_unpromoted", {_qgmma(64): 8, _qgmma(128): 4}, spill_bytes=24),
 )
 
 

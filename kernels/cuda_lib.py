@@ -71,9 +71,12 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4")
-"""The fused dK/dV's stage counts, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
-warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share."""
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s")
+"""The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
+warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
+Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
+and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
+DKDV_UNPROMOTED_ONLY = ("ws3s",)
 
 
 class DvFactoredParams(ctypes.Structure):
@@ -321,6 +324,8 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     ``DKDV_VARIANTS``."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
+    if promote and variant in DKDV_UNPROMOTED_ONLY:
+        raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
     codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
              _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),

@@ -469,6 +469,44 @@ def dq_atomic_requested() -> bool:
     return bool(env_switch(DQ_ATOMIC_SWITCH))
 
 
+CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
+"""``matched_factored``'s dK and dV: ``1`` through the CUDA kernel (``kernels/cuda/dkdv_factored.cu``, one
+warp-specialised launch for both; an error where it cannot run), ``0`` through Triton's two launches, unset: CUDA where
+the library loads (built by ``dm-cuda-build``, an sm90 GPU) at D = 128 with the default launch config, Triton
+elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
+
+
+def cuda_dkdv_selected(head_dim: int, dtype: torch.dtype, stats: bool, default_config: bool) -> bool:
+    """Whether ``attention_backward`` runs ``matched_factored``'s dK/dV through the CUDA kernel (:data:`CUDA_SWITCH`).
+    The CUDA kernel has no ``ds_stats`` diagnostics and serves D = 128 only; unset, a config the caller chose (the
+    sweep) keeps Triton's launches."""
+    from deltamatch.kernels import cuda_lib
+
+    switch = env_switch(CUDA_SWITCH)
+    if switch is False or (switch is None and (stats or not default_config)):
+        return False
+    _, reason = cuda_lib.load()
+    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
+        reason = f"head dim {head_dim}: the CUDA dK/dV kernel is built for D = {cuda_lib.DV_HEAD_DIM} only"
+    if not reason and dtype not in (torch.bfloat16, torch.float16):
+        reason = f"dtype {dtype}: the CUDA dK/dV kernel writes bf16 or fp16"
+    if not reason and stats:
+        reason = "ds_stats diagnostics are formed by Triton's kernels only"
+    if reason and switch:
+        raise RuntimeError(f"{CUDA_SWITCH}=1 but the CUDA dK/dV kernel cannot run: {reason}")
+    return not reason
+
+
+def _launch_cuda_dkdv(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, c, ops, dtype):
+    """dK and dV of ``matched_factored`` by the CUDA kernel, promoted as ``c["ACC_PROMOTE"]`` asks."""
+    from deltamatch.kernels import cuda_lib
+
+    return cuda_lib.dkdv_factored(
+        saved["q8"], saved["k8"], saved["v8"], do8, ops["q8t"], ops["do8t"], saved["sq"], saved["sk"], saved["sv"], sdo,
+        ops["sqc"], ops["sdoc"], ops["rs"], saved["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtype,
+        promote=c.get("ACC_PROMOTE") is not None)
+
+
 def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c, row_scales=None):
     """Matched's δ pass; with ``row_scales`` ((B, H, N_pad) FP32) it also writes the factored layout's dŜ row scales."""
     q8, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "v8", "sq", "sk", "sv", "lse2"))
@@ -572,8 +610,12 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs)
         _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do")
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])
-        _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
-                     cfg["dkdv"], factored=ops)
+        if cuda_dkdv_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
+            dk, dv = _launch_cuda_dkdv(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg["dkdv"], ops,
+                                       dtypes[1])
+        else:
+            _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
+                         cfg["dkdv"], factored=ops)
         _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
                    factored=ops)
         return dq, dk, dv

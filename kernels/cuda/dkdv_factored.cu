@@ -151,7 +151,7 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
   }
 }
 
-template <bool PROMOTE, int STAGES>
+template <bool PROMOTE, bool PIPELINED, int STAGES>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -205,8 +205,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};  // [64 keys, D]; in units of the current head's channel scales
   uint32_t pfrag[kTileSteps][4], dsfrag[kTileSteps][4];
 
-  if constexpr (PROMOTE) {
-    float part[kHeadDim / 2];  // one tile's dV, then dK product
+  static_assert(!(PROMOTE && PIPELINED), "no registers for the next tile's Sᵀ and dP̂ᵀ beside the promotion's");
+  if constexpr (!PIPELINED) {
+    float part[PROMOTE ? kHeadDim / 2 : 1];  // one tile's dV, then dK product (PROMOTE)
     int64_t head = cur.bh;
     Tile t = cur;
     do {
@@ -222,13 +223,22 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
         to_fragments(st, pfrag);
         to_fragments(dpt, dsfrag);
       }
-      issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
-      wgmma_wait<0>();
-      finish_acc<true>(dv, part);
-      issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
-      wgmma_wait<0>();
-      if (releaser) mbar_arrive(&s.empty[t.stage]);
-      finish_acc<true>(dk, part);
+      if constexpr (PROMOTE) {
+        issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
+        wgmma_wait<0>();
+        finish_acc<true>(dv, part);
+        issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
+        wgmma_wait<0>();
+        if (releaser) mbar_arrive(&s.empty[t.stage]);
+        finish_acc<true>(dk, part);
+      } else {
+        issue_channel_product<false>(dv, dv, pfrag, s.dot[t.stage]);
+        issue_channel_product<false>(dk, dk, dsfrag, s.qt[t.stage]);
+        wgmma_wait<0>();
+        if (releaser) mbar_arrive(&s.empty[t.stage]);
+        fence_operands(dv);
+        fence_operands(dk);
+      }
       cur = t;
     } while (take(t));
   } else {
@@ -280,7 +290,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
              p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
 }
 
-template <bool PROMOTE, int STAGES>
+template <bool PROMOTE, bool PIPELINED, int STAGES>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) {
@@ -306,23 +316,26 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, STAGES>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
+  consume<PROMOTE, PIPELINED, STAGES>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
                            blockIdx.x * kCtaKeys + kBlockN * (role - 1));
 }
 
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, STAGES)                                                         \
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES)                                              \
   extern "C" __global__ void __launch_bounds__(dm::dkdv::kCtaThreads, 1)                               \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, STAGES>(smem, p, maps);                                            \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES>(smem, p, maps);                                 \
   }
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, 3)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, 3)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, 4)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, 4)
+// wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
+// ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3)
 #undef DM_DKDV_KERNEL
 
 namespace {
@@ -339,6 +352,7 @@ DkdvLaunch dkdv_launch(int variant, bool promote) {
   switch (variant) {
     case 0: return {promote ? dm_dkdv_factored_ws3_promoted : dm_dkdv_factored_ws3_unpromoted, smem_bytes<3>()};
     case 1: return {promote ? dm_dkdv_factored_ws4_promoted : dm_dkdv_factored_ws4_unpromoted, smem_bytes<4>()};
+    case 2: return {promote ? nullptr : dm_dkdv_factored_ws3s_unpromoted, smem_bytes<3>()};
     default: return {nullptr, 0};
   }
 }

@@ -379,7 +379,8 @@ def cuda_factored_dkdv(ops, promote, variant="ws3"):
 # N = 130: the second CTA has one ragged 64-key half and no second half; 1024: many tiles, the two halves' orders
 # merged; 1000: GQA 8 on 2 with a ragged second half; 256: one CTA whose halves share every tile but the diagonals
 DKDV_CASES = [(n, causal, promote, "ws3") for n in (130, 256, 1024, 1000) for causal in (True, False)
-              for promote in (True, False)] + [(1024, True, promote, "ws4") for promote in (True, False)]
+              for promote in (True, False)] + [(1024, True, promote, "ws4") for promote in (True, False)] \
+    + [(n, True, False, "ws3s") for n in (130, 1024, 1000)]
 
 
 @pytest.mark.parametrize("n, causal, promote, variant", DKDV_CASES)

@@ -5,6 +5,8 @@
 #   tma, dqatomic: A/B of DELTAMATCH_KERNEL_TMA / DELTAMATCH_KERNEL_DQ_ATOMIC: the GPU kernel tests with the switch on,
 #        then the bench at D = 128, causal, N 8K and 16K, off and on in one run (kernels/NOTES.md)
 #   promote: the same for DELTAMATCH_KERNEL_ACC_PROMOTE, tests with it at 0 (the factored dots unpromoted)
+#   cuda: the same for DELTAMATCH_KERNEL_CUDA (matched_factored's dK/dV by kernels/cuda/dkdv_factored.cu), tests with
+#        it unset; AB_TESTS_K narrows the tests (pytest -k)
 set -uo pipefail
 WHAT=${1:-all}
 SIZE=${2:-quick}
@@ -27,9 +29,9 @@ fi
 # A/B of a kernel switch in one call: the GPU kernel tests with the switch at TESTED (default 1), then the bench at
 # D = 128 (causal, N 8K and 16K) of METHODS with it off and on; files $OUT/{gpu_tests,bench}_<name>*.
 ab() {  # name switch [tested [methods...]]
-  local name=$1 switch=$2 tested=${3:-1}; shift 3 2>/dev/null || shift $#
+  local name=$1 switch=$2 tested=${3-1}; shift 3 2>/dev/null || shift $#
   local methods=${*:-stale matched sdpa_cudnn_bf16}
-  env "$switch=$tested" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=5 \
+  env "$switch=$tested" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=5 ${AB_TESTS_K:+-k "$AB_TESTS_K"} \
     tests/kernels/test_triton_gpu.py > "$OUT/gpu_tests_$name.log" 2>&1; tail -8 "$OUT/gpu_tests_$name.log"
   stamp "$name tests done"
   for t in 0 1; do env "$switch=$t" python3 tools/device/prewarm.py 128 1 & done; wait
@@ -45,6 +47,9 @@ has tma && ab tma DELTAMATCH_KERNEL_TMA  # TMA loads (kernels/NOTES.md v5; launc
 has dqatomic && ab dqatomic DELTAMATCH_KERNEL_DQ_ATOMIC  # dQ by atomic adds in the dK launch
 # the factored dots without per-tile promotion: its tests (the 8K one says whether it is accurate enough), then timed
 has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factored sdpa_cudnn_bf16
+# matched_factored's dK/dV by the CUDA kernel (carry build/cuda): the tests with the switch unset (CUDA where it can
+# run, Triton for D ≠ 128 and the ds_stats diagnostics), then the bench with Triton's launches (0) and the CUDA one (1)
+has cuda && ab cuda DELTAMATCH_KERNEL_CUDA "" matched matched_factored sdpa_cudnn_bf16
 
 if has quant; then  # the quantisation passes alone at D = 128, with the store diagnostics (which store costs what)
   python3 tools/device/kernel_sweep.py --out "$OUT" --quant-only --head-dims 128 2>&1 | tee "$OUT/quant.log" | tail -20
