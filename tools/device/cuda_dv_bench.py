@@ -177,7 +177,7 @@ def main(argv=None) -> int:
         for fn in (triton_dv, *cuda_dvs.values()):
             fn()
         dk_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)  # Triton's dK, then the CUDA dK, once each (untimed)
-        dkdv_rows(ops, args, flop * 2, lambda fn, **_: 1.0, variants=("ws3",))
+        dkdv_rows(ops, args, flop * 2, lambda fn, **_: 1.0, variants=("ws3", "ws3s"))
         torch.cuda.synchronize()
         return 0
     for promote in () if args.fused_only else (True, False):

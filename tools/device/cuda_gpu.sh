@@ -11,7 +11,7 @@
 # install.log, build.log (build, ldd, SASS-check log), cuda_check.jsonl, gpu_tests.log, gpu_tests.jsonl,
 # dv_bench.jsonl, ncu.txt.
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
-#   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] bash tools/device/cuda_gpu.sh [tests,bench,ncu]
+#   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] bash tools/device/cuda_gpu.sh [tests,bench,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -55,7 +55,7 @@ if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where n
   metrics+=',l1tex__data_pipe_lsu_wavefronts_mem_shared.sum'
   timeout 240 ncu --clock-control none --section SpeedOfLight --section SchedulerStats --section Occupancy \
     --section LaunchStats --metrics "$metrics" \
-    -k 'regex:dm_dv_factored|dm_dk_factored|dm_dkdv_factored|_attn_bwd_dkdv' python3 tools/device/cuda_dv_bench.py --once \
+    -k "regex:${NCU_KERNELS:-dm_dv_factored|dm_dk_factored|dm_dkdv_factored|_attn_bwd_dkdv}" python3 tools/device/cuda_dv_bench.py --once \
     > "$OUT/ncu.txt" 2>&1
   stamp "ncu rc $?"
 fi
