@@ -29,7 +29,8 @@ the operands Triton's factored dK launch reads.
 
 M3 on M6's structure: ``dkdv_factored(...)``, dK and dV in one warp-specialised kernel (``kernels/cuda/dkdv_factored.cu``:
 a TMA producer warpgroup and two consumer warpgroups over 128 keys), promoted or not, on the operands of Triton's two
-factored launches; each meant to give Triton's bits.
+factored launches; each meant to give Triton's bits. ``dq_factored(...)``: dQ on the same structure over 128 queries,
+on the operands of Triton's factored dQ launch, also meant to give its bits.
 """
 
 import ctypes
@@ -61,6 +62,8 @@ SIGNATURES = {
     "dm_dk_factored_params_size": ((), _I),
     "dm_dkdv_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_dkdv_factored_params_size": ((), _I),
+    "dm_dq_factored": ((_P, _I, _I, _P), _I),
+    "dm_dq_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
@@ -108,6 +111,16 @@ class DkdvFactoredParams(ctypes.Structure):
                 ("causal", _I), ("out_fp16", _I)]
 
 
+class DqFactoredParams(ctypes.Structure):
+    """``DqFactoredParams`` of ``kernels/cuda/dq_factored.cuh``, field for field."""
+
+    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "k8t", "sq", "sk", "sv", "sdo", "skc", "rs", "lse2",
+                                          "delta", "dq")),
+                ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
+                ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
+                ("causal", _I), ("out_fp16", _I)]
+
+
 def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or BUILD_DIR / LIBRARY)
 
@@ -127,7 +140,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"{path} has ABI version {found}, this code needs {ABI_VERSION}: rebuild it (dm-cuda-build)"
     for name, mirror in (("dm_dv_factored_params_size", DvFactoredParams),
                          ("dm_dk_factored_params_size", DkFactoredParams),
-                         ("dm_dkdv_factored_params_size", DkdvFactoredParams)):
+                         ("dm_dkdv_factored_params_size", DkdvFactoredParams),
+                         ("dm_dq_factored_params_size", DqFactoredParams)):
         if (size := getattr(lib, name)()) != ctypes.sizeof(mirror):
             return None, f"{path}: {mirror.__name__} is {size} bytes there, {ctypes.sizeof(mirror)} here"
     return lib, ""
@@ -347,3 +361,32 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     _call(_library(), "dm_dkdv_factored", ctypes.byref(params), int(promote), DKDV_VARIANTS.index(variant),
           *_launch_args(dk))
     return dk, dv
+
+
+def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, k8t: torch.Tensor,
+                sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, skc: torch.Tensor,
+                rs: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
+                softmax_scale: float, dtype: torch.dtype = torch.bfloat16, promote: bool = True) -> torch.Tensor:
+    """dQ (B, N, H, D) of ``matched_factored`` from the operands of Triton's factored dQ launch
+    (``kernels/cuda/dq_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``, ``v8`` (B, H_kv, N_pad, D) codes with
+    their block scales; ``k8t`` K̂ᶜ, the centred keys per channel, channel-major (B, H_kv, D, N_pad), with ``skc``
+    (B, H_kv, D); ``rs`` dŜ's row scales s, ``lse2`` and matched's ``delta``, each (B, H, N_pad). ``promote``: each
+    64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma."""
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dQ")
+    codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
+             _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),
+             _codes("k8t", k8t, (b, h_kv, d, n_pad))]
+    device = q8.device
+    if any(t.device != device for t in (k8, v8, do8, k8t)):
+        raise ValueError(f"q8 on {device}, k8, v8, do8, k8t on {[str(t.device) for t in (k8, v8, do8, k8t)]}: "
+                         "expected one device")
+    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
+              _fp32("sv", sv, (b, h_kv, n_pad // 64), device), _fp32("sdo", sdo, (b, h, n_pad // 128), device),
+              _fp32("skc", skc, (b, h_kv, d), device), _fp32("rs", rs, (b, h, n_pad), device),
+              _fp32("lse2", lse2, (b, h, n_pad), device), _fp32("delta", delta, (b, h, n_pad), device)]
+    dq = torch.empty((b, n, h, d), dtype=dtype, device=device)
+    params = DqFactoredParams(*(t.data_ptr() for t in codes + scales), dq.data_ptr(), dq.stride(0), dq.stride(1),
+                              dq.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale), int(causal),
+                              int(dtype == torch.float16))
+    _call(_library(), "dm_dq_factored", ctypes.byref(params), int(promote), *_launch_args(dq))
+    return dq

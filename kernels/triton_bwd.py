@@ -470,16 +470,16 @@ def dq_atomic_requested() -> bool:
 
 
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
-"""``matched_factored``'s dK and dV: ``1`` through the CUDA kernel (``kernels/cuda/dkdv_factored.cu``, one
-warp-specialised launch for both; an error where it cannot run), ``0`` through Triton's two launches, unset: CUDA where
-the library loads (built by ``dm-cuda-build``, an sm90 GPU) at D = 128 with the default launch config, Triton
-elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
+"""``matched_factored``'s dK, dV and dQ: ``1`` through the CUDA kernels (``kernels/cuda/dkdv_factored.cu``, one
+warp-specialised launch for dK and dV, and ``dq_factored.cu``; an error where they cannot run), ``0`` through Triton's
+launches, unset: CUDA where the library loads (built by ``dm-cuda-build``, an sm90 GPU) at D = 128 with the default
+launch config, Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
 
 
-def cuda_dkdv_selected(head_dim: int, dtype: torch.dtype, stats: bool, default_config: bool) -> bool:
-    """Whether ``attention_backward`` runs ``matched_factored``'s dK/dV through the CUDA kernel (:data:`CUDA_SWITCH`).
-    The CUDA kernel has no ``ds_stats`` diagnostics and serves D = 128 only; unset, a config the caller chose (the
-    sweep) keeps Triton's launches."""
+def cuda_backward_selected(head_dim: int, dtype: torch.dtype, stats: bool, default_config: bool) -> bool:
+    """Whether ``attention_backward`` runs ``matched_factored``'s dK, dV and dQ through the CUDA kernels
+    (:data:`CUDA_SWITCH`). They have no ``ds_stats`` diagnostics and serve D = 128 only; unset, a config the caller
+    chose (the sweep) keeps Triton's launches."""
     from deltamatch.kernels import cuda_lib
 
     switch = env_switch(CUDA_SWITCH)
@@ -487,24 +487,29 @@ def cuda_dkdv_selected(head_dim: int, dtype: torch.dtype, stats: bool, default_c
         return False
     _, reason = cuda_lib.load()
     if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
-        reason = f"head dim {head_dim}: the CUDA dK/dV kernel is built for D = {cuda_lib.DV_HEAD_DIM} only"
+        reason = f"head dim {head_dim}: the CUDA backward kernels are built for D = {cuda_lib.DV_HEAD_DIM} only"
     if not reason and dtype not in (torch.bfloat16, torch.float16):
-        reason = f"dtype {dtype}: the CUDA dK/dV kernel writes bf16 or fp16"
+        reason = f"dtype {dtype}: the CUDA backward kernels write bf16 or fp16"
     if not reason and stats:
         reason = "ds_stats diagnostics are formed by Triton's kernels only"
     if reason and switch:
-        raise RuntimeError(f"{CUDA_SWITCH}=1 but the CUDA dK/dV kernel cannot run: {reason}")
+        raise RuntimeError(f"{CUDA_SWITCH}=1 but the CUDA backward kernels cannot run: {reason}")
     return not reason
 
 
-def _launch_cuda_dkdv(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, c, ops, dtype):
-    """dK and dV of ``matched_factored`` by the CUDA kernel, promoted as ``c["ACC_PROMOTE"]`` asks."""
+def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes):
+    """dQ, dK and dV of ``matched_factored`` by the CUDA kernels, promoted as the configs' ``ACC_PROMOTE`` asks."""
     from deltamatch.kernels import cuda_lib
 
-    return cuda_lib.dkdv_factored(
-        saved["q8"], saved["k8"], saved["v8"], do8, ops["q8t"], ops["do8t"], saved["sq"], saved["sk"], saved["sv"], sdo,
-        ops["sqc"], ops["sdoc"], ops["rs"], saved["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtype,
-        promote=c.get("ACC_PROMOTE") is not None)
+    s = saved
+    dk, dv = cuda_lib.dkdv_factored(
+        s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], s["sq"], s["sk"], s["sv"], sdo, ops["sqc"],
+        ops["sdoc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[1],
+        promote=cfg["dkdv"].get("ACC_PROMOTE") is not None)
+    dq = cuda_lib.dq_factored(
+        s["q8"], s["k8"], s["v8"], do8, ops["k8t"], s["sq"], s["sk"], s["sv"], sdo, ops["skc"], ops["rs"], s["lse2"],
+        delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[0], promote=cfg["dq"].get("ACC_PROMOTE") is not None)
+    return dq, dk, dv
 
 
 def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c, row_scales=None):
@@ -598,9 +603,11 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
     cfg = config or backward_config(saved["q8"].shape[-1])
     qk_scale = softmax_scale * math.log2(math.e)
     stats = ds_stats or {}
-    dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
-    dk = torch.empty(shapes[1], device=device, dtype=dtypes[1])
-    dv = torch.empty(shapes[1], device=device, dtype=dtypes[1])
+
+    def outputs():
+        return (torch.empty(shapes[0], device=device, dtype=dtypes[0]),
+                *(torch.empty(shapes[1], device=device, dtype=dtypes[1]) for _ in range(2)))
+
     if mode == "matched_factored":
         if factored is None:
             raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
@@ -610,15 +617,15 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs)
         _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do")
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])
-        if cuda_dkdv_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
-            dk, dv = _launch_cuda_dkdv(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg["dkdv"], ops,
-                                       dtypes[1])
-        else:
-            _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
-                         cfg["dkdv"], factored=ops)
+        if cuda_backward_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
+            return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
+        dq, dk, dv = outputs()
+        _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
+                     cfg["dkdv"], factored=ops)
         _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
                    factored=ops)
         return dq, dk, dv
+    dq, dk, dv = outputs()
     if mode == "matched":
         _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"])
     # atomic dQ (backward_config: 64 x 64 dŜ tiles in the dK launch); the diagnostics' dS row sums need the dQ kernel

@@ -53,7 +53,7 @@ struct Maps {
 __device__ __forceinline__ void store_dk(const float (&dk)[kHeadDim / 2], const float* sqc, const DkFactoredParams& p,
                                          int b, int h_kv, int start_n) {
   const float scale = p.softmax_scale;
-  store_keys(dk, [&](float x, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
+  store_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
              p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
 }
 

@@ -55,14 +55,9 @@ struct __align__(1024) Smem {
   uint8_t qt[STAGES][kHeadDim * kBlockM];
   uint8_t dot[STAGES][kHeadDim * kBlockM];
   float lse[STAGES][kBlockM], delta[STAGES][kBlockM], rs[STAGES][kBlockM];
-  struct Info {  // what the producer put in a stage (written before its `full` arrival, whose release publishes it)
-    int start_m;   // the query tile
-    int flags;     // kUse0 << h: half h reads it; kMasked0 << h: in half h's masked range; kLast: the CTA's last tile
-    int64_t bh;    // its query head
-  } info[STAGES];
+  StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };
-constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;
 template <int STAGES>
 constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
 
@@ -71,80 +66,20 @@ struct Maps {
   CUtensorMap qt, dot;        // channel-major codes, boxes of 128 channels x 64 queries, 64-byte swizzle
 };
 
-// The CTA's sequence of query tiles (every query head of its GQA group in turn): the merge of its two halves' Triton
-// orders, taking at each step the smaller next query tile of the two (both halves when they agree). Each half's own
-// order is kept, and every tile of each is visited once. The producer walks it and tells the consumers (Smem::Info).
-template <int STAGES>
-struct Walk {
-  Schedule half0, half1;
-  int i0 = 0, i1 = 0;      // each half's next tile in its schedule, within the current head
-  int start_m = 0;         // this position's query tile
-  bool use0 = false, use1 = false;
-  int stage = 0;
-  uint32_t phase = 0;
-  int64_t bh, bh_end;
-
-  __device__ Walk(int start_n, int n, bool causal, int64_t bh0, int group)
-      : half0(start_n, n, causal), half1(start_n + kBlockN, n, causal), bh(bh0), bh_end(bh0 + group) {
-    if (start_n + kBlockN >= n) half1.tiles = 0;  // no key of the second half exists
-    settle();
-  }
-  __device__ bool done() const { return bh == bh_end; }
-  __device__ int flags() const {  // this position's Smem::Info flags, before advance()
-    const bool last = i0 + use0 == half0.tiles && i1 + use1 == half1.tiles && bh + 1 == bh_end;
-    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (i0 >= half0.unmasked ? kMasked0 : 0)
-           | (i1 >= half1.unmasked ? kMasked0 << 1 : 0) | (last ? kLast : 0);
-  }
-  __device__ void settle() {
-    const int m0 = i0 < half0.tiles ? half0.start_m(i0) : INT_MAX;
-    const int m1 = i1 < half1.tiles ? half1.start_m(i1) : INT_MAX;
-    start_m = min(m0, m1);
-    use0 = m0 == start_m;
-    use1 = m1 == start_m;
-  }
-  __device__ void advance() {
-    i0 += use0;
-    i1 += use1;
-    if (i0 == half0.tiles && i1 == half1.tiles) i0 = 0, i1 = 0, ++bh;
-    if (++stage == STAGES) stage = 0, phase ^= 1;
-    settle();
-  }
-};
-
-// A query tile as one consumer sees it.
-struct Tile {
-  int stage;
-  uint32_t phase;
-  int start_m;
-  bool masked;  // in its half's masked range (the causal diagonal, the ragged end)
-  int64_t bh;
-};
-
-// The consumers' place in the ring of stages.
-template <int STAGES>
-struct Ring {
-  int stage = 0;
-  uint32_t phase = 0;
-  bool done = false;
-  __device__ void advance() {
-    if (++stage == STAGES) stage = 0, phase ^= 1;
-  }
-};
-
 template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
-                                        Walk<STAGES> w) {
+                                        Walk<STAGES, Schedule> w) {
   for (int j = 0; !w.done(); ++j, w.advance()) {
     if (j >= STAGES) mbar_wait(&s.empty[w.stage], w.phase ^ 1);
     uint64_t* full = &s.full[w.stage];
     const int st = w.stage;
-    const int64_t row = w.bh * p.n_pad + w.start_m;
-    s.info[st] = {w.start_m, w.flags(), w.bh};
+    const int64_t row = w.bh * p.n_pad + w.start;
+    s.info[st] = {w.start, w.flags(), w.bh};
     mbar_arrive_expect_tx(full, kTileBytes);
     tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
     tma_load_2d(s.dout[st], &maps.dout, 0, int(row), full);
-    tma_load_2d(s.qt[st], &maps.qt, w.start_m, int(w.bh * kHeadDim), full);
-    tma_load_2d(s.dot[st], &maps.dot, w.start_m, int(w.bh * kHeadDim), full);
+    tma_load_2d(s.qt[st], &maps.qt, w.start, int(w.bh * kHeadDim), full);
+    tma_load_2d(s.dot[st], &maps.dot, w.start, int(w.bh * kHeadDim), full);
     bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
     bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
     bulk_load(s.rs[st], p.rs + row, kBlockM * sizeof(float), full);
@@ -156,23 +91,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
                                         int start_n) {
   const bool releaser = threadIdx.x % 32 == 0;
   Ring<STAGES> ring;
-  // the next tile this half reads, once its stage is full; the stages it skips on the way are released once they have
-  // filled (see the header)
-  auto take = [&](Tile& t) {
-    while (!ring.done) {
-      mbar_wait(&s.full[ring.stage], ring.phase);
-      const auto info = s.info[ring.stage];
-      const Tile here{ring.stage, ring.phase, info.start_m, (info.flags & (kMasked0 << half)) != 0, info.bh};
-      ring.done = (info.flags & kLast) != 0;
-      ring.advance();
-      if (info.flags & (kUse0 << half)) {
-        t = here;
-        return true;
-      }
-      if (releaser) mbar_arrive(&s.empty[here.stage]);
-    }
-    return false;
-  };
+  auto take = [&](Tile& t) { return ring.take(s.info, s.full, s.empty, half, releaser, t); };
   const uint8_t* k = s.k[half];
   const uint8_t* v = s.v[half];
   const int64_t kv_block = (int64_t(b) * p.h_kv + h_kv) * (p.n_pad / kBlockN) + start_n / kBlockN;
@@ -181,17 +100,17 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     float row, dp;  // Sᵀ's (s_q·qk_scale)·s_k and dP̂ᵀ's s_v·s_do
   };
   auto scales_of = [&](const Tile& t) {  // read ahead of their use: global loads
-    const int64_t at = t.bh * (p.n_pad / 128) + t.start_m / 128;
+    const int64_t at = t.bh * (p.n_pad / 128) + t.start / 128;
     return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
   };
   // P̂ᵀ (·448, uncast) into st and dŜᵀ (uncast) into dpt, from Sᵀ and dP̂ᵀ of tile t
   auto form = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
     if (t.masked) {  // two bodies: the unmasked one, most tiles, keeps no mask in registers across the wgmma
-      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, true, start_n, t.start_m,
+      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, true, start_n, t.start,
                     p.n, p.causal);
     } else {
       ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, false, start_n,
-                    t.start_m, p.n, p.causal);
+                    t.start, p.n, p.causal);
     }
   };
   auto new_head = [&](float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2], int64_t prev, int64_t next) {
@@ -284,9 +203,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   const float* sdoc = p.sdoc + cur.bh * kHeadDim;
   const float* sqc = p.sqc + cur.bh * kHeadDim;
   const float scale = p.softmax_scale;
-  store_keys(dv, [&](float x, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
+  store_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
              p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
-  store_keys(dk, [&](float x, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
+  store_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
              p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
 }
 
@@ -311,7 +230,10 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
     if (threadIdx.x == 0) {
       const int group = p.h / p.h_kv, b = blockIdx.y / p.h_kv, h_kv = blockIdx.y % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
-      produce<STAGES>(s, p, maps, Walk<STAGES>(blockIdx.x * kCtaKeys, p.n, p.causal, bh0, group));
+      const int start_n = blockIdx.x * kCtaKeys;
+      Schedule second(start_n + kBlockN, p.n, p.causal);
+      if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
+      produce<STAGES>(s, p, maps, Walk<STAGES, Schedule>(Schedule(start_n, p.n, p.causal), second, bh0, group));
     }
     return;
   }

@@ -109,7 +109,7 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kBlockM / 2], const flo
 // The epilogue: dV · (s_dOᶜ[d] / 448) of the last query head in the output dtype, keys < N.
 __device__ __forceinline__ void store_dv(const float (&dv)[kHeadDim / 2], const float* sdoc, const DvFactoredParams& p,
                                          int b, int h_kv, int start_n) {
-  store_keys(dv, [&](float x, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
+  store_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
              p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
 }
 

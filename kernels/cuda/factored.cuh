@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "quant.cuh"
@@ -74,6 +75,7 @@ struct Schedule {
     const int tile_m = lo + kBlockM * (it - unmasked);
     return tile_m < diag_end ? tile_m : tile_m + (tail - diag_end);
   }
+  __device__ int start(int it) const { return start_m(it); }  // Walk's name
 };
 
 // e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
@@ -219,11 +221,12 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
   }
 }
 
-// The epilogue of a [64 keys, D] accumulator: finish(value, channel) of each element into `out` (B, N, H_kv, D), bf16
-// or fp16, keys start_n.. below n; element strides, D contiguous.
+// The epilogue of a [64 rows, D] accumulator (keys of dK/dV, queries of dQ): finish(value, half, channel) of each
+// element (half: this thread's row g, or g + 8) into `out` (B, N, heads, D) at head `head`, bf16 or fp16, rows
+// start_n.. below n; element strides, D contiguous.
 template <typename Finish>
-__device__ __forceinline__ void store_keys(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
-                                           int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int h_kv,
+__device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
+                                           int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int head,
                                            int start_n, int n) {
   const auto [warp, g, q] = lane();
 #pragma unroll
@@ -233,8 +236,9 @@ __device__ __forceinline__ void store_keys(const float (&acc)[kHeadDim / 2], Fin
     for (int half = 0; half < 2; ++half) {
       const int key = start_n + 16 * warp + g + 8 * half;
       if (key >= n) continue;
-      const float x0 = finish(acc[4 * i + 2 * half], col), x1 = finish(acc[4 * i + 2 * half + 1], col + 1);
-      const int64_t at = int64_t(b) * stride_b + int64_t(key) * stride_n + int64_t(h_kv) * stride_h + col;
+      const float x0 = finish(acc[4 * i + 2 * half], half, col);
+      const float x1 = finish(acc[4 * i + 2 * half + 1], half, col + 1);
+      const int64_t at = int64_t(b) * stride_b + int64_t(key) * stride_n + int64_t(head) * stride_h + col;
       if (fp16) {
         *reinterpret_cast<__half2*>(static_cast<__half*>(out) + at) = __floats2half2_rn(x0, x1);
       } else {
@@ -255,6 +259,94 @@ struct Cursor {
     ++j;
     if (++it == tiles) it = 0, ++bh;
     if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+};
+
+// ---- warp-specialised kernels with two consumer halves (dkdv_factored.cu, dq_factored.cu) ---------------------------
+// One producer thread walks the tiles both consumer warpgroups (the CTA's two 64-row halves) read, in one sequence:
+// the merge of the halves' own Triton orders (Walk), and writes each stage's tile, head and readers (StageInfo) before
+// its `full` arrival, whose release publishes them. A consumer takes the stages in order (Ring::take): it reads the
+// ones its half uses and releases the others once they have filled, so that every `empty` phase counts all eight
+// consumer warps in order (an arrival before the fill could complete an earlier phase of that stage).
+
+constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;  // StageInfo flags: << h for half h
+
+struct StageInfo {
+  int start;    // the tile's first row (a query tile for dK/dV, a key tile for dQ)
+  int flags;    // kUse0 << h: half h reads it; kMasked0 << h: in half h's masked range; kLast: the CTA's last stage
+  int64_t bh;   // its query head
+};
+
+// A tile as one consumer sees it.
+struct Tile {
+  int stage;
+  uint32_t phase;
+  int start;
+  bool masked;  // in its half's masked range (the causal diagonal, the ragged end)
+  int64_t bh;
+};
+
+// The merge of two halves' schedules (Sched: `tiles`, `unmasked`, `start(i)`, each half's order increasing or not),
+// taking at each step the smaller next tile of the two (both halves when they agree), for `heads` query heads in
+// turn: each half's own order is kept and every tile of each is visited once.
+template <int STAGES, typename Sched>
+struct Walk {
+  Sched half0, half1;
+  int i0 = 0, i1 = 0;  // each half's next tile in its schedule, within the current head
+  int start = 0;       // this position's tile
+  bool use0 = false, use1 = false;
+  int stage = 0;
+  uint32_t phase = 0;
+  int64_t bh, bh_end;
+
+  __device__ Walk(const Sched& first, const Sched& second, int64_t bh0, int heads)
+      : half0(first), half1(second), bh(bh0), bh_end(bh0 + heads) {
+    settle();
+  }
+  __device__ bool done() const { return bh == bh_end; }
+  __device__ int flags() const {  // this position's StageInfo flags, before advance()
+    const bool last = i0 + use0 == half0.tiles && i1 + use1 == half1.tiles && bh + 1 == bh_end;
+    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (i0 >= half0.unmasked ? kMasked0 : 0)
+           | (i1 >= half1.unmasked ? kMasked0 << 1 : 0) | (last ? kLast : 0);
+  }
+  __device__ void settle() {
+    const int m0 = i0 < half0.tiles ? half0.start(i0) : INT_MAX;
+    const int m1 = i1 < half1.tiles ? half1.start(i1) : INT_MAX;
+    start = min(m0, m1);
+    use0 = m0 == start;
+    use1 = m1 == start;
+  }
+  __device__ void advance() {
+    i0 += use0;
+    i1 += use1;
+    if (i0 == half0.tiles && i1 == half1.tiles) i0 = 0, i1 = 0, ++bh;
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+    settle();
+  }
+};
+
+// A consumer's place in the ring of stages.
+template <int STAGES>
+struct Ring {
+  int stage = 0;
+  uint32_t phase = 0;
+  bool done = false;
+
+  // The next tile half `half` reads, once its stage has filled; false after the CTA's last stage.
+  __device__ bool take(const StageInfo* info, uint64_t* full, uint64_t* empty, int half, bool releaser, Tile& t) {
+    while (!done) {
+      mbar_wait(&full[stage], phase);
+      const StageInfo here = info[stage];
+      const Tile tile{stage, phase, here.start, (here.flags & (kMasked0 << half)) != 0, here.bh};
+      done = (here.flags & kLast) != 0;
+      if (++stage == STAGES) stage = 0, phase ^= 1;
+      if (here.flags & (kUse0 << half)) {
+        t = tile;
+        return true;
+      }
+      if (releaser) mbar_arrive(&empty[tile.stage]);
+    }
+    return false;
   }
 };
 

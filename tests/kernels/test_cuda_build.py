@@ -142,6 +142,9 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_dv_factored_params_size() == ctypes.sizeof(cuda_lib.DvFactoredParams)
     assert opened.dm_dk_factored_params_size() == ctypes.sizeof(cuda_lib.DkFactoredParams)
     assert opened.dm_dkdv_factored_params_size() == ctypes.sizeof(cuda_lib.DkdvFactoredParams)
+    assert opened.dm_dq_factored_params_size() == ctypes.sizeof(cuda_lib.DqFactoredParams)
+    ragged = cuda_lib.DqFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
+    assert opened.dm_dq_factored(ctypes.byref(ragged), 1, 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)

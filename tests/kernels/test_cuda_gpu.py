@@ -215,11 +215,12 @@ def factored_dv_operands(q, k, v, do, causal):
     from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel
 
     scale = q.shape[-1] ** -0.5
-    o, saved, _ = fp8_forward(q, k, v, causal, "matched_factored", scale)
+    o, saved, forward_factored = fp8_forward(q, k, v, causal, "matched_factored", scale)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
-                qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape, dtype=k.dtype)
+                qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape, dtype=k.dtype,
+                q_shape=q.shape, k8t_c=forward_factored["k8t"], skc=forward_factored["skc"])
 
 
 def factored_dk_operands(ops, q):
@@ -396,6 +397,44 @@ def test_fused_factored_dkdv_is_tritons_bit_for_bit(dk_operands, n, causal, prom
         assert torch.equal(ours, theirs[name]), (
             f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
             f"{relative_error(ours, theirs[name]):.2e}, first at {where}")
+
+
+def triton_factored_dq(ops, promote):
+    """Triton's factored dQ launch, promoted per 64-key tile or not."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dq"],
+           "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+    dq = torch.empty(ops["q_shape"], device="cuda", dtype=ops["dtype"])
+    triton_bwd._launch_dq(ops["saved"], ops["do8"], ops["sdo"], ops["delta_m"], dq, None, ops["causal"],
+                          ops["qk_scale"], ops["scale"], ops["n"], cfg,
+                          factored=dict(k8t=ops["k8t_c"], skc=ops["skc"], rs=ops["rs"]))
+    return dq
+
+
+def cuda_factored_dq(ops, promote):
+    s = ops["saved"]
+    return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+                                ops["sdo"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"], ops["causal"],
+                                ops["qk_scale"], ops["scale"], dtype=ops["dtype"], promote=promote)
+
+
+# N = 130: a ragged second CTA with no second half; 256: both halves share every key tile but the second half's
+# diagonal; 1024: many tiles; 1000: GQA 8 on 2, a ragged second half
+DQ_CASES = [(n, causal, promote) for n in (130, 256, 1024, 1000) for causal in (True, False) for promote in (True, False)]
+
+
+@pytest.mark.parametrize("n, causal, promote", DQ_CASES)
+def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote):
+    ops = dk_operands(n, causal, *heads(n))
+    ours, theirs = cuda_factored_dq(ops, promote), triton_factored_dq(ops, promote)
+    torch.cuda.synchronize()
+    assert torch.isfinite(ours).all()
+    diff = (ours.float() - theirs.float()).abs()
+    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]  # (b, query, head, d)
+    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, "
+                                       f"relative {relative_error(ours, theirs):.2e}, first at {where}")
 
 
 def test_fused_factored_dkdv_is_deterministic_and_on_torchs_stream(dk_operands):

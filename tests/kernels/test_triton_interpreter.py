@@ -265,20 +265,20 @@ def test_factored_dots_promote_every_tile_unless_the_switch_says_0(monkeypatch):
         forward_config(128, factored=True)
 
 
-def test_the_cuda_dkdv_runs_only_where_it_can_and_says_why_not(monkeypatch, tmp_path):
-    """Unset, matched_factored's dK/dV stays on Triton wherever the CUDA kernel cannot run (here: no GPU); asked for
+def test_the_cuda_backward_runs_only_where_it_can_and_says_why_not(monkeypatch, tmp_path):
+    """Unset, matched_factored's dK, dV and dQ stay on Triton wherever the CUDA kernels cannot run (here: no GPU); asked for
     by the switch, that is an error naming the reason."""
     from deltamatch.kernels import cuda_lib
-    from deltamatch.kernels.triton_bwd import CUDA_SWITCH, cuda_dkdv_selected
+    from deltamatch.kernels.triton_bwd import CUDA_SWITCH, cuda_backward_selected
 
     monkeypatch.delenv(CUDA_SWITCH, raising=False)
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
-    assert not cuda_dkdv_selected(128, torch.bfloat16, stats=False, default_config=True)
+    assert not cuda_backward_selected(128, torch.bfloat16, stats=False, default_config=True)
     monkeypatch.setenv(CUDA_SWITCH, "0")
-    assert not cuda_dkdv_selected(128, torch.bfloat16, stats=False, default_config=True)
+    assert not cuda_backward_selected(128, torch.bfloat16, stats=False, default_config=True)
     monkeypatch.setenv(CUDA_SWITCH, "1")
-    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA=1 but the CUDA dK/dV kernel cannot run: .*missing"):
-        cuda_dkdv_selected(128, torch.bfloat16, stats=False, default_config=True)
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA=1 but the CUDA backward kernels cannot run: .*missing"):
+        cuda_backward_selected(128, torch.bfloat16, stats=False, default_config=True)
 
 if __name__ == "__main__":
     child_main(_measure)

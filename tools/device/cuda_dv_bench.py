@@ -2,7 +2,8 @@
 operands: B·H = 64, N = 8192, D = 128, causal (the shape of kernels/NOTES.md's sweep), each promoted per 64-query
 tile (the default, ``ACC_PROMOTE=64``) and not, every CUDA loop structure (``cuda_lib.DV_VARIANTS``); then the CUDA
 factored dK (M3a, unpromoted) against Triton's factored dK launch; then the fused, warp-specialised dK/dV against
-Triton's two factored launches (dK, dV), promoted and not. One JSON row per variant on stdout and in ``--out``:
+Triton's two factored launches (dK, dV), and the CUDA dQ against Triton's dQ launch, promoted and not. One JSON row
+per variant on stdout and in ``--out``:
 ``ms`` (``do_bench`` median), ``tflops`` executed (two matmuls, S and dV, halved when causal, as the sweep counts),
 and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
 
@@ -26,11 +27,12 @@ def operands(b, h, n, d, causal):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
     scale = d**-0.5
-    o, saved, _ = fp8_forward(q, k, v, causal, "matched_factored", scale)
+    o, saved, forward_factored = fp8_forward(q, k, v, causal, "matched_factored", scale)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
-                qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q)
+                qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, k8t_c=forward_factored["k8t"],
+                skc=forward_factored["skc"])
 
 
 def launchers(ops, promote):
@@ -156,6 +158,39 @@ def dkdv_rows(ops, args, flop, do_bench, variants=None):
     return rows
 
 
+def dq_rows(ops, args, flop, do_bench):
+    """The CUDA factored dQ (``cuda_lib.dq_factored``) against Triton's factored dQ launch, promoted and not.
+    ``flop``: its three matmuls (S, dP, dQ)."""
+    from deltamatch.kernels import cuda_lib, triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    s = ops["saved"]
+    m = matched_operands(ops)
+    rows = []
+    for promote in (True, False):
+        cfg = {**m["cfg"]["dq"], "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+        dq = torch.empty_like(ops["q"])
+
+        def triton_dq():
+            triton_bwd._launch_dq(s, ops["do8"], ops["sdo"], m["delta_m"], dq, None, True, ops["qk"], ops["scale"],
+                                  ops["n"], cfg, factored=dict(k8t=ops["k8t_c"], skc=ops["skc"], rs=m["rs"]))
+
+        def cuda_dq():
+            return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+                                        ops["sdo"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True,
+                                        ops["qk"], ops["scale"], promote=promote)
+
+        triton_dq()
+        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
+        rows.append(timed("dq_factored_triton", triton_dq, do_bench, base))
+        got = cuda_dq()
+        torch.cuda.synchronize()
+        rows.append(timed("dq_factored_cuda", cuda_dq, do_bench, dict(base, variant="ws3"), [got], [dq]))
+    for row in rows:
+        row["tflops"] = round(flop / row["ms"] / 1e9, 1)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="JSONL file for the rows")
@@ -178,6 +213,7 @@ def main(argv=None) -> int:
             fn()
         dk_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)  # Triton's dK, then the CUDA dK, once each (untimed)
         dkdv_rows(ops, args, flop * 2, lambda fn, **_: 1.0, variants=("ws3", "ws3s"))
+        dq_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)
         torch.cuda.synchronize()
         return 0
     for promote in () if args.fused_only else (True, False):
@@ -198,6 +234,7 @@ def main(argv=None) -> int:
     if not args.fused_only:
         rows += dk_rows(ops, args, flop * 1.5, do_bench)  # dK: three matmuls (S, dP, dK) where dV has two
     rows += dkdv_rows(ops, args, flop * 2, do_bench)  # the fused dK/dV: four (S, dP, dV, dK)
+    rows += dq_rows(ops, args, flop * 1.5, do_bench)  # dQ: three (S, dP, dQ)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -1,0 +1,249 @@
+// dQ of the factored scale layout (matched_factored, kernels/README.md) in one warp-specialised kernel, D = 128, causal
+// or not, any GQA group: the dQ half of M4 in kernels/CUDA_BACKWARD.md, deterministic (no atomics), on the structure of
+// dkdv_factored.cu with the roles of queries and keys exchanged.
+//
+// One CTA per 128 queries and query head, three warpgroups:
+//   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread loads Q̂ and dÔ of the 128
+//     queries once, then per key tile K̂, V̂ (rows, 128-byte swizzle) and K̂ᶜᵀ (channel-major, 64-byte swizzle) into a
+//     ring of STAGES stages;
+//   - two consumer warpgroups (setmaxnreg 240), one per 64-query half: each is Triton's factored dQ launch
+//     (triton_bwd._attn_bwd_dq_kernel, BLOCK_M = BLOCK_N = 64) for its 64 queries, reading the key tiles both share.
+// Per key tile a consumer forms S = Q̂ K̂ᵀ and dP̂ = dÔ V̂ᵀ (4 + 4 SS m64n64k32), then P = ex2.approx.ftz(fma(S,
+// (s_q·s_k)·qk_scale, −lse2)), masked; dS = P · fma(dP̂, s_do·s_v, −δ); dŜ = e4m3(dS · div.full(1, s)) (Triton's PTX,
+// lse2 = 0, δ = 0, s = 1 for queries ≥ N as its masked loads give), and adds dQ += dŜ K̂ᶜ (2 RS m64n128k32 over the
+// tile's 64 keys): promoted (ACC_PROMOTE = 64, the default) each tile's product starts from zero and is added in FP32,
+// otherwise the wgmma accumulates in place. The epilogue writes ((dQ · s) · s_Kᶜ[d]) · softmax_scale, queries < N.
+// Each half visits its key tiles in Triton's order (the unmasked ones, then the causal diagonal or the ragged end);
+// the two orders merge (factored.cuh Walk): causal, the second half reads one key tile more than the first.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dq_factored.cuh"
+#include "factored.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace dq {
+
+using namespace factored;
+
+constexpr int kConsumers = 2;                             // consumer warpgroups, one per 64-query half
+constexpr int kCtaRows = kConsumers * kBlockM;            // 128 queries
+constexpr int kCtaThreads = (kConsumers + 1) * kThreads;  // the producer warpgroup first
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;    // 24·128 + 240·256 = 168·384, the launch's share
+constexpr uint32_t kTileBytes = 3 * kBlockN * kHeadDim;   // K̂, V̂, K̂ᶜᵀ
+
+template <int STAGES>
+struct __align__(1024) Smem {
+  uint8_t q[kConsumers][kBlockM * kHeadDim];
+  uint8_t dout[kConsumers][kBlockM * kHeadDim];
+  uint8_t k[STAGES][kBlockN * kHeadDim];
+  uint8_t v[STAGES][kBlockN * kHeadDim];
+  uint8_t kt[STAGES][kHeadDim * kBlockN];
+  StageInfo info[STAGES];
+  uint64_t full[STAGES], empty[STAGES], rows_full;
+};
+template <int STAGES>
+constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
+
+struct Maps {
+  CUtensorMap q, dout, k, v;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+  CUtensorMap kt;             // K̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
+};
+
+// A 64-query half's key tiles in Triton's dQ order (triton_bwd._key_ranges): [0, full_end) unmasked, then
+// [full_end, hi) masked: the causal diagonal, or the ragged end.
+struct KeySchedule {
+  int unmasked, tiles;
+  __device__ KeySchedule(int start_m, int n, bool causal) {
+    int full_end = (n / kBlockN) * kBlockN, hi = n;
+    if (causal) {
+      full_end = min(full_end, start_m);
+      hi = start_m + kBlockM;
+    }
+    unmasked = full_end / kBlockN;
+    tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
+  }
+  __device__ int start(int it) const { return kBlockN * it; }
+};
+
+template <int STAGES>
+__device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
+                                        Walk<STAGES, KeySchedule> w) {
+  const int64_t kv_rows = bh_kv * n_pad;
+  for (int j = 0; !w.done(); ++j, w.advance()) {
+    if (j >= STAGES) mbar_wait(&s.empty[w.stage], w.phase ^ 1);
+    uint64_t* full = &s.full[w.stage];
+    const int st = w.stage;
+    s.info[st] = {w.start, w.flags(), w.bh};
+    mbar_arrive_expect_tx(full, kTileBytes);
+    tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + w.start), full);
+    tma_load_2d(s.v[st], &maps.v, 0, int(kv_rows + w.start), full);
+    tma_load_2d(s.kt[st], &maps.kt, w.start, int(bh_kv * kHeadDim), full);
+  }
+}
+
+// dŜ before its cast, in place in `dpt`, from S (st) and dP̂ (dpt) of the key tile at start_n for this thread's two
+// query rows (`row[r]`, with their lse2, δ and 1/s).
+__device__ __forceinline__ void ds_rows(const float (&st)[kBlockN / 2], float (&dpt)[kBlockN / 2], const int (&row)[2],
+                                        const float (&lse)[2], const float (&delta)[2], const float (&inv_s)[2],
+                                        float row_scale, float dp_scale, bool masked, int start_n, int n,
+                                        bool causal) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int r = v / 2, key = start_n + 8 * i + 2 * q + v % 2;
+      float pv = ex2_approx_ftz(fmaf(st[4 * i + v], row_scale, -lse[r]));
+      if (masked) {
+        const bool visible = key < n && row[r] < n && (!causal || key <= row[r]);
+        pv = visible ? pv : 0.0f;
+      }
+      const float ds = __fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -delta[r]));
+      dpt[4 * i + v] = __fmul_rn(ds, inv_s[r]);
+    }
+  }
+}
+
+template <bool PROMOTE, int STAGES>
+__device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams& p, int half, int64_t bh,
+                                        int64_t bh_kv, int start_m) {
+  const bool releaser = threadIdx.x % 32 == 0;
+  const auto [warp, g, q] = lane();
+  int row[2];
+  float lse[2], delta[2], s_row[2], inv_s[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // Triton's masked loads: lse2 0, δ 0, s 1 for queries ≥ N
+    row[r] = start_m + 16 * warp + g + 8 * r;
+    const bool valid = row[r] < p.n;
+    const int64_t at = bh * p.n_pad + row[r];
+    lse[r] = valid ? p.lse2[at] : 0.0f;
+    delta[r] = valid ? p.delta[at] : 0.0f;
+    s_row[r] = valid ? p.rs[at] : 1.0f;
+    inv_s[r] = div_full(1.0f, s_row[r]);
+  }
+  const int64_t scale_at = bh * (p.n_pad / 128) + start_m / 128;
+  const float s_q = p.sq[scale_at], s_do = p.sdo[scale_at];
+  const int64_t kv_scales = bh_kv * (p.n_pad / kBlockN);
+  const uint8_t* q8 = s.q[half];
+  const uint8_t* do8 = s.dout[half];
+  Ring<STAGES> ring;
+  float dq[kHeadDim / 2] = {};
+  float part[PROMOTE ? kHeadDim / 2 : 1];  // one tile's product (PROMOTE)
+  uint32_t frag[kTileSteps][4];
+  mbar_wait(&s.rows_full, 0);
+  Tile t;
+  while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+    const float s_k = p.sk[kv_scales + t.start / kBlockN], s_v = p.sv[kv_scales + t.start / kBlockN];
+    const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
+    {
+      float st[kBlockN / 2], dpt[kBlockN / 2];
+      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
+      wgmma_wait<0>();
+      fence_operands(st);
+      fence_operands(dpt);
+      if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
+        ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, true, t.start, p.n, p.causal);
+      } else {
+        ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
+      }
+      to_fragments(dpt, frag);
+    }
+    if constexpr (PROMOTE) {
+      issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);
+    } else {
+      issue_channel_product<false>(dq, dq, frag, s.kt[t.stage]);
+    }
+    wgmma_wait<0>();
+    if (releaser) mbar_arrive(&s.empty[t.stage]);
+    if constexpr (PROMOTE) {
+      finish_acc<true>(dq, part);
+    } else {
+      fence_operands(dq);
+    }
+  }
+  const float* skc = p.skc + bh_kv * kHeadDim;
+  const float scale = p.softmax_scale;
+  store_rows(dq, [&](float x, int r, int col) {
+    return __fmul_rn(__fmul_rn(__fmul_rn(x, s_row[r]), skc[col]), scale);
+  }, p.dq, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
+}
+
+template <bool PROMOTE, int STAGES>
+__device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p, const Maps& maps) {
+  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  if (threadIdx.x == 0) {
+    init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
+    mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kConsumers; ++i) {
+      tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
+      tma_load_2d(s.dout[i], &maps.dout, 0, row + kBlockM * i, &s.rows_full);
+    }
+  }
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  // what each role needs is computed after the register split: a value live across it would be spilled
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const int start_m = blockIdx.x * kCtaRows;
+      KeySchedule second(start_m + kBlockM, p.n, p.causal);
+      if (start_m + kBlockM >= p.n) second.tiles = 0;  // no query of the second half exists
+      produce<STAGES>(s, maps, bh_kv, p.n_pad,
+                      Walk<STAGES, KeySchedule>(KeySchedule(start_m, p.n, p.causal), second, bh, 1));
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  consume<PROMOTE, STAGES>(s, p, role - 1, bh, bh_kv, blockIdx.x * kCtaRows + kBlockM * (role - 1));
+}
+
+}  // namespace dq
+}  // namespace dm
+
+#define DM_DQ_KERNEL(NAME, PROMOTE, STAGES)                                                           \
+  extern "C" __global__ void __launch_bounds__(dm::dq::kCtaThreads, 1)                                 \
+      NAME(const DqFactoredParams p, const __grid_constant__ dm::dq::Maps maps) {                      \
+    extern __shared__ uint8_t smem[];                                                                \
+    dm::dq::dq_block<PROMOTE, STAGES>(smem, p, maps);                                                \
+  }
+DM_DQ_KERNEL(dm_dq_factored_ws3_promoted, true, 3)
+DM_DQ_KERNEL(dm_dq_factored_ws3_unpromoted, false, 3)
+#undef DM_DQ_KERNEL
+
+extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int device, cudaStream_t stream) {
+  using namespace dm::factored;
+  using dm::dq::kCtaRows, dm::dq::kCtaThreads;
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n) {
+    return cudaErrorInvalidValue;
+  }
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  auto kernel = promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted;
+  const int smem = dm::dq::smem_bytes<3>();
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      err != cudaSuccess) {
+    return err;
+  }
+  dm::dq::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN, kHeadDim,
+                    CU_TENSOR_MAP_SWIZZLE_64B)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h);
+  kernel<<<grid, kCtaThreads, smem, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
+
+// sizeof(DqFactoredParams), for the loader's check that its ctypes mirror has the same layout.
+extern "C" int dm_dq_factored_params_size(void) { return static_cast<int>(sizeof(DqFactoredParams)); }
