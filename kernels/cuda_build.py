@@ -22,6 +22,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,16 +170,26 @@ def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False) -> Path:
     return out
 
 
+PTX_FLAGS = ("-std=c++17", "-O3", ARCH, "-ptx")
+
+
 def ptx(out_dir: str | os.PathLike) -> Path:
-    """The PTX of the library's sources (one file per ``.cu``, concatenated), for the instruction counts."""
-    nvcc = find_nvcc()
-    texts = []
-    for cu in (f for f in sources() if f.suffix == ".cu"):
-        target = Path(out_dir) / f"{cu.stem}.ptx"
-        _run_nvcc([nvcc, "-std=c++17", "-O3", ARCH, "-ptx", "-o", str(target), str(cu)])
-        texts.append(target.read_text())
+    """The PTX of the library's sources (one file per ``.cu``, compiled side by side, concatenated), for the
+    instruction counts: ``out_dir/all.ptx``, reused while its stamp matches the sources (so the library's folder can
+    keep it beside the library)."""
+    files = sources()
     path = Path(out_dir) / "all.ptx"
-    path.write_text("\n".join(texts))
+    stamp_file = path.with_name(path.name + ".stamp")
+    stamp = _stamp(files, PTX_FLAGS)
+    if path.exists() and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
+        return path
+    nvcc = find_nvcc()
+    units = [f for f in files if f.suffix == ".cu"]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        targets = [Path(tmp) / f"{cu.stem}.ptx" for cu in units]
+        list(pool.map(lambda job: _run_nvcc([nvcc, *PTX_FLAGS, "-o", str(job[1]), str(job[0])]), zip(units, targets)))
+        write_text(path, "\n".join(t.read_text() for t in targets))
+    write_text(stamp_file, stamp + "\n")
     return path
 
 

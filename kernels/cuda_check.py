@@ -16,7 +16,6 @@ and prints one JSON row per ``__global__`` function in the same schema as the Tr
 
 import re
 import subprocess
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -90,9 +89,7 @@ def problems(row: dict, kernel: cuda_build.CudaKernel | None, in_sass: bool) -> 
 
 
 def check(out_dir: str | Path | None = None) -> list[dict]:
-    """Build the library in ``out_dir`` (default ``build/cuda``; when stale) and analyse it; raises
-    ``cuda_build.CudaBuildError``."""
+    """Build the library in ``out_dir`` (default ``build/cuda``; when stale) and its PTX beside it (likewise) and
+    analyse them; raises ``cuda_build.CudaBuildError``."""
     library = cuda_build.build(out_dir or cuda_build.BUILD_DIR)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = cuda_build.ptx(tmp).read_text()
-    return analyse_library(library, ptx)
+    return analyse_library(library, cuda_build.ptx(library.parent).read_text())

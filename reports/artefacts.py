@@ -145,7 +145,7 @@ ARTEFACTS: tuple[Artefact, ...] = (
                    "bf16_dp and maxshift are the paper's Appendix C.4 alternatives (a BF16 dP; a max-shift "
                    "probability encoding) as this harness defines them (kernels/README.md), with the stale δ; "
                    "stale_factored and matched_factored, the factored scale layout of the faster kernel (matched_factored "
-                   "runs on the Triton kernels)."),
+                   "runs on the Triton kernels, and its backward on the CUDA ones where they run)."),
     Artefact("sweep", "figure", "figure_sweep", ("sweep",), enabled_by="sweep.enabled", section="sweep"),
     Artefact("kernel_latency", "table", "kernel_table", ("kernel", "paper"), command="kernel",
              enabled_by="kernel.enabled", title="Kernel", claim_key="kernel",

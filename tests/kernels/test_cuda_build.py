@@ -1,11 +1,13 @@
 """The CUDA library without a GPU: nvcc builds it for sm_90a, each kernel's SASS holds the QGMMA it declares, the
 loader says why it cannot run, and the A-fragment permutation's algorithm is right (a model of the register shuffle).
 
-One build per module (about 2-4 s of nvcc), into a temporary folder; skipped with the reason where nvcc is missing.
+One build per module (about 25 s of nvcc), into a temporary folder with its PTX beside it; skipped with the reason
+where nvcc is missing.
 """
 
 import ctypes
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,9 +32,9 @@ def test_the_library_needs_only_libc(library):
 
 
 @pytest.fixture(scope="module")
-def rows(library, tmp_path_factory):
-    """The SASS check's rows for the library (one PTX build per module)."""
-    return cuda_check.analyse_library(library, cuda_build.ptx(tmp_path_factory.mktemp("ptx")).read_text())
+def rows(library):
+    """The SASS check's rows for the library (its PTX built beside it, once: dm-kernel-check below reuses it)."""
+    return cuda_check.analyse_library(library, cuda_build.ptx(library.parent).read_text())
 
 
 def test_every_kernel_has_the_declared_qgmma_and_no_spills(rows):
@@ -60,6 +62,21 @@ def test_an_up_to_date_build_is_kept_and_needs_no_nvcc(library, monkeypatch):
     before = library.stat().st_mtime_ns
     monkeypatch.setenv(cuda_build.NVCC_ENV, "/nonexistent/nvcc")  # a carried build/cuda on a machine without nvcc
     assert cuda_build.build(library.parent) == library and library.stat().st_mtime_ns == before
+
+
+def test_the_ptx_is_reused_while_its_stamp_matches_the_sources(rows, library, monkeypatch, tmp_path):
+    """dm-kernel-check --cuda keeps the PTX beside the library; a stale stamp compiles every .cu again."""
+    calls = []
+    monkeypatch.setattr(cuda_build, "_run_nvcc", lambda cmd: calls.append(cmd) or Path(cmd[cmd.index("-o") + 1])
+                        .write_text(f"// {Path(cmd[-1]).name}\n"))
+    assert cuda_build.ptx(library.parent) == library.parent / "all.ptx" and calls == []  # built by `rows`
+    stale = tmp_path / "all.ptx.stamp"
+    stale.write_text("an older source tree\n")
+    (tmp_path / "all.ptx").write_text("old")
+    text = cuda_build.ptx(tmp_path).read_text()
+    units = sorted(f.name for f in cuda_build.sources() if f.suffix == ".cu")
+    assert sorted(Path(cmd[-1]).name for cmd in calls) == units
+    assert all(f"// {name}" in text for name in units) and "old" not in text
 
 
 def test_dm_kernel_check_cuda_prints_the_rows(library, monkeypatch, capsys, tmp_path):
