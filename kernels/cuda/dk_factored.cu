@@ -75,7 +75,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     if (issuer && ahead.j < total) {
       if (ahead.j >= STAGES) mbar_wait(&s.empty[ahead.stage], ahead.phase ^ 1);
       uint64_t* full = &s.full[ahead.stage];
-      const int st = ahead.stage, start_m = sched.start_m(ahead.it);
+      const int st = ahead.stage, start_m = sched.start(ahead.it);
       const int64_t row = ahead.bh * p.n_pad + start_m;
       mbar_arrive_expect_tx(full, kTileBytes);
       tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
@@ -94,12 +94,12 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     float row, dp;  // Sᵀ's (s_q·qk_scale)·s_k and dP̂ᵀ's s_v·s_do
   };
   auto scales_of = [&](const Cursor& c) {  // read ahead of their use: global loads
-    const int64_t at = c.bh * (p.n_pad / 128) + sched.start_m(c.it) / 128;
+    const int64_t at = c.bh * (p.n_pad / 128) + sched.start(c.it) / 128;
     return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
   };
   auto ds = [&](const Cursor& c, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
     ds_tile<false>(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp, c.it >= sched.unmasked,
-                   start_n, sched.start_m(c.it), p.n, p.causal);
+                   start_n, sched.start(c.it), p.n, p.causal);
   };
 
   if (issuer) init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full);
@@ -177,11 +177,9 @@ DM_DK_KERNEL(dm_dk_factored_tma3_unpromoted, false, 3)
 extern "C" int dm_dk_factored(const DkFactoredParams* p, int device, cudaStream_t stream) {
   using namespace dm::factored;
   if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % 128 || p->n_pad < p->n) return cudaErrorInvalidValue;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   auto kernel = dm_dk_factored_tma3_unpromoted;
   const int smem = dm::dk::smem_bytes<3>();
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess) {
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
   dm::dk::Maps maps;

@@ -39,10 +39,6 @@ namespace dkdv {
 
 using namespace factored;
 
-constexpr int kConsumers = 2;                               // consumer warpgroups, one per 64-key half
-constexpr int kCtaKeys = kConsumers * kBlockN;              // 128
-constexpr int kCtaThreads = (kConsumers + 1) * kThreads;    // the producer warpgroup first
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;      // 24·128 + 240·256 = 168·384, the launch's share
 // Q̂, dÔ, Q'ᶜᵀ, dÔᶜᵀ; lse2, δ, s
 constexpr uint32_t kTileBytes = 4 * kBlockM * kHeadDim + 3 * kBlockM * sizeof(float);
 
@@ -161,7 +157,6 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       cur = t;
     } while (take(t));
   } else {
-    float part[1][kHeadDim / 2];  // unused: the products accumulate in place
     {
       float st[kBlockM / 2], dpt[kBlockM / 2];
       const Scales sc = scales_of(cur);
@@ -179,8 +174,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       const Scales sc = scales_of(next);
       float st[kBlockM / 2], dpt[kBlockM / 2];
       issue_s_dp(st, dpt, k, v, s.q[next.stage], s.dout[next.stage]);
-      issue_channel_product<false>(dv, part[0], pfrag, s.dot[cur.stage]);
-      issue_channel_product<false>(dk, part[0], dsfrag, s.qt[cur.stage]);
+      issue_channel_product<false>(dv, dv, pfrag, s.dot[cur.stage]);
+      issue_channel_product<false>(dk, dk, dsfrag, s.qt[cur.stage]);
       wgmma_wait<2>();  // Sᵀ and dP̂ᵀ of next; dV and dK of cur run on
       fence_operands(st);
       fence_operands(dpt);
@@ -194,8 +189,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       to_fragments(dpt, dsfrag);
       cur = next;
     }
-    issue_channel_product<false>(dv, part[0], pfrag, s.dot[cur.stage]);
-    issue_channel_product<false>(dk, part[0], dsfrag, s.qt[cur.stage]);
+    issue_channel_product<false>(dv, dv, pfrag, s.dot[cur.stage]);
+    issue_channel_product<false>(dk, dk, dsfrag, s.qt[cur.stage]);
     wgmma_wait<0>();
     fence_operands(dv);
     fence_operands(dk);
@@ -214,8 +209,8 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) {
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
-    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaKeys);
-    mbar_arrive_expect_tx(&s.kv_full, 2 * kCtaKeys * kHeadDim);
+    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
+    mbar_arrive_expect_tx(&s.kv_full, 2 * kCtaRows * kHeadDim);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) {
       tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
@@ -230,7 +225,7 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
     if (threadIdx.x == 0) {
       const int group = p.h / p.h_kv, b = blockIdx.y / p.h_kv, h_kv = blockIdx.y % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
-      const int start_n = blockIdx.x * kCtaKeys;
+      const int start_n = blockIdx.x * kCtaRows;
       Schedule second(start_n + kBlockN, p.n, p.causal);
       if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
       produce<STAGES>(s, p, maps, Walk<STAGES, Schedule>(Schedule(start_n, p.n, p.causal), second, bh0, group));
@@ -239,14 +234,14 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   }
   claim_registers<kConsumerRegs>();
   consume<PROMOTE, PIPELINED, STAGES>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
-                           blockIdx.x * kCtaKeys + kBlockN * (role - 1));
+                           blockIdx.x * kCtaRows + kBlockN * (role - 1));
 }
 
 }  // namespace dkdv
 }  // namespace dm
 
 #define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES)                                              \
-  extern "C" __global__ void __launch_bounds__(dm::dkdv::kCtaThreads, 1)                               \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
     dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES>(smem, p, maps);                                 \
@@ -284,14 +279,12 @@ DkdvLaunch dkdv_launch(int variant, bool promote) {
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
-  using dm::dkdv::kCtaKeys, dm::dkdv::kCtaThreads;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaKeys || p->n_pad < p->n) {
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n) {
     return cudaErrorInvalidValue;
   }
   const DkdvLaunch launch = dkdv_launch(variant, promote != 0);
   if (!launch.kernel) return cudaErrorInvalidValue;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
-  if (cudaError_t err = cudaFuncSetAttribute(launch.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch.smem);
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(launch.kernel), launch.smem, device);
       err != cudaSuccess) {
     return err;
   }
@@ -306,7 +299,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
       !encode_codes(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  const dim3 grid((p->n + kCtaKeys - 1) / kCtaKeys, p->b * p->h_kv);
+  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h_kv);
   launch.kernel<<<grid, kCtaThreads, launch.smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }

@@ -29,10 +29,6 @@ namespace dq {
 
 using namespace factored;
 
-constexpr int kConsumers = 2;                             // consumer warpgroups, one per 64-query half
-constexpr int kCtaRows = kConsumers * kBlockM;            // 128 queries
-constexpr int kCtaThreads = (kConsumers + 1) * kThreads;  // the producer warpgroup first
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;    // 24·128 + 240·256 = 168·384, the launch's share
 constexpr uint32_t kTileBytes = 3 * kBlockN * kHeadDim;   // K̂, V̂, K̂ᶜᵀ
 
 template <int STAGES>
@@ -208,7 +204,7 @@ __device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p
 }  // namespace dm
 
 #define DM_DQ_KERNEL(NAME, PROMOTE, STAGES)                                                           \
-  extern "C" __global__ void __launch_bounds__(dm::dq::kCtaThreads, 1)                                 \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DqFactoredParams p, const __grid_constant__ dm::dq::Maps maps) {                      \
     extern __shared__ uint8_t smem[];                                                                \
     dm::dq::dq_block<PROMOTE, STAGES>(smem, p, maps);                                                \
@@ -219,15 +215,12 @@ DM_DQ_KERNEL(dm_dq_factored_ws3_unpromoted, false, 3)
 
 extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  using dm::dq::kCtaRows, dm::dq::kCtaThreads;
   if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n) {
     return cudaErrorInvalidValue;
   }
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   auto kernel = promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted;
   const int smem = dm::dq::smem_bytes<3>();
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      err != cudaSuccess) {
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
   dm::dq::Maps maps;

@@ -125,7 +125,7 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
   auto head = [&](int j) { return int64_t(b) * p.h + int64_t(h_kv) * group + j / sched.tiles; };
 
   load_k(s.k, p, bh_kv, start_n);  // K̂ once, with the first tile (one cp.async group)
-  if (total > 0) load_tile(s.q[0], s.dot[0], s.lse[0], p, head(0), sched.start_m(0));
+  if (total > 0) load_tile(s.q[0], s.dot[0], s.lse[0], p, head(0), sched.start(0));
   cp_async_commit();
   const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
 
@@ -135,10 +135,10 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
   for (int j = 0; j < total; ++j) {
     const int it = j % sched.tiles, stage = j & 1;
     const int64_t bh = head(j);
-    const int start_m = sched.start_m(it);
+    const int start_m = sched.start(it);
     if (j + 1 < total) {
       const int next = stage ^ 1;
-      load_tile(s.q[next], s.dot[next], s.lse[next], p, head(j + 1), sched.start_m((j + 1) % sched.tiles));
+      load_tile(s.q[next], s.dot[next], s.lse[next], p, head(j + 1), sched.start((j + 1) % sched.tiles));
     }
     cp_async_commit();
     const float s_q = p.sq[bh * (p.n_pad / 128) + start_m / 128];
@@ -261,7 +261,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   Cursor ahead{0, 0, 0, 0, bh0};  // the next tile to load
   auto load = [&]() {  // tile `ahead` into its stage (nothing past the end); always one commit group
     if (ahead.j < total) {
-      load_tile(s.q[ahead.stage], s.dot[ahead.stage], s.lse[ahead.stage], p, ahead.bh, sched.start_m(ahead.it));
+      load_tile(s.q[ahead.stage], s.dot[ahead.stage], s.lse[ahead.stage], p, ahead.bh, sched.start(ahead.it));
     }
     cp_async_commit();
     ahead.advance(sched.tiles);
@@ -269,7 +269,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
   // Sᵀ of tile c → P·448 in `st`, masked (the cast saturates)
   auto softmax = [&](const Cursor& c, float (&st)[kBlockM / 2]) {
-    const int start_m = sched.start_m(c.it);
+    const int start_m = sched.start(c.it);
     const float s_q = p.sq[c.bh * (p.n_pad / 128) + start_m / 128];
     softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
                  start_m, p);
@@ -368,7 +368,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     if (issuer && ahead.j < total) {
       if (ahead.j >= STAGES) mbar_wait(&s.empty[ahead.stage], ahead.phase ^ 1);
       uint64_t* full = &s.full[ahead.stage];
-      const int start_m = sched.start_m(ahead.it);
+      const int start_m = sched.start(ahead.it);
       mbar_arrive_expect_tx(full, kTileBytes);
       tma_load_2d(s.q[ahead.stage], &maps.q, 0, int(ahead.bh * p.n_pad + start_m), full);
       tma_load_2d(s.dot[ahead.stage], &maps.dot, start_m, int(ahead.bh * kHeadDim), full);
@@ -378,11 +378,11 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
     ahead.advance(sched.tiles);
   };
   const float s_k = p.sk[int64_t(bh_kv) * (p.n_pad / kBlockN) + start_n / kBlockN];
-  auto s_q_of = [&](const Cursor& c) { return p.sq[c.bh * (p.n_pad / 128) + sched.start_m(c.it) / 128]; };
+  auto s_q_of = [&](const Cursor& c) { return p.sq[c.bh * (p.n_pad / 128) + sched.start(c.it) / 128]; };
   // Sᵀ of tile c → P·448 in `st`, masked; s_q is c's Q̂ scale, read ahead (a global load's latency)
   auto softmax = [&](const Cursor& c, float s_q, float (&st)[kBlockM / 2]) {
     softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
-                 sched.start_m(c.it), p);
+                 sched.start(c.it), p);
   };
 
   if (issuer) init_stage_barriers<STAGES>(s.full, s.empty, &s.k_full);
@@ -533,16 +533,10 @@ extern "C" int dm_dv_factored(const DvFactoredParams* p, int promote, int varian
   const DvLaunch launch = dv_launch(variant, promote != 0);
   const DvTmaLaunch tma = dv_tma_launch(variant, promote != 0);
   if (!launch.kernel && !tma.kernel) return cudaErrorInvalidValue;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   const void* kernel = launch.kernel ? reinterpret_cast<const void*>(launch.kernel)
                                      : reinterpret_cast<const void*>(tma.kernel);
   const int smem = launch.kernel ? launch.smem : tma.smem;
-  if (smem > 48 * 1024) {  // above the static limit: opt in (cheap, per call, so any device is covered)
-    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        err != cudaSuccess) {
-      return err;
-    }
-  }
+  if (cudaError_t err = dm::factored::prepare_launch(kernel, smem, device); err != cudaSuccess) return err;
   const dim3 grid((p->n + dm::dv::kBlockN - 1) / dm::dv::kBlockN, p->b * p->h_kv);
   if (launch.kernel) {
     launch.kernel<<<grid, dm::dv::kThreads, smem, stream>>>(*p);

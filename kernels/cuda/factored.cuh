@@ -1,6 +1,7 @@
-// What the CUDA kernels of matched_factored's backward share (dv_factored.cu, dk_factored.cu): the tile sizes, Triton's
-// query-tile schedule, the FP32 helpers whose PTX Triton's kernels use, the accumulator -> A-fragment cast, the
-// per-head channel rescale, the promotion's add, the TMA pipeline's tile cursor, and the host's tensor-map encoding.
+// What the CUDA kernels of matched_factored's backward share (dv_factored.cu, dk_factored.cu, dkdv_factored.cu,
+// dq_factored.cu): the tile sizes, Triton's query-tile schedule, the FP32 helpers whose PTX Triton's kernels use, the
+// accumulator -> A-fragment cast, the per-head channel rescale, the promotion's add, the TMA pipeline's tile cursor,
+// the warp-specialised kernels' shape and stage walk, and the host's launch preparation and tensor-map encoding.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -70,12 +71,11 @@ struct Schedule {
     const int hi = n - (tail - diag_end);
     tiles = unmasked + (hi > lo ? (hi - lo + kBlockM - 1) / kBlockM : 0);
   }
-  __device__ int start_m(int it) const {
+  __device__ int start(int it) const {  // the first query of tile `it`
     if (it < unmasked) return diag_end + kBlockM * it;
     const int tile_m = lo + kBlockM * (it - unmasked);
     return tile_m < diag_end ? tile_m : tile_m + (tail - diag_end);
   }
-  __device__ int start(int it) const { return start_m(it); }  // Walk's name
 };
 
 // e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
@@ -269,6 +269,10 @@ struct Cursor {
 // ones its half uses and releases the others once they have filled, so that every `empty` phase counts all eight
 // consumer warps in order (an arrival before the fill could complete an earlier phase of that stage).
 
+constexpr int kConsumers = 2;                              // consumer warpgroups, one per 64-row half
+constexpr int kCtaRows = kConsumers * kBlockM;             // 128 keys (dK/dV) or queries (dQ) per CTA
+constexpr int kCtaThreads = (kConsumers + 1) * kThreads;   // the producer warpgroup first
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;     // 24·128 + 240·256 = 168·384, the launch's share
 constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;  // StageInfo flags: << h for half h
 
 struct StageInfo {
@@ -349,6 +353,13 @@ struct Ring {
     return false;
   }
 };
+
+// Before a launch: the caller's device made current (the static runtime keeps its own) and the kernel allowed `smem`
+// bytes of dynamic shared memory.
+inline cudaError_t prepare_launch(const void* kernel, int smem, int device) {
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+}
 
 // cuTensorMapEncodeTiled from the driver (the runtime is linked statically; the driver is whatever torch runs on).
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
