@@ -247,6 +247,16 @@ def _fp32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.devi
     return t
 
 
+def _operand_pointers(codes: list[tuple], scales: list[tuple]) -> list[int]:
+    """The data pointers of ``codes`` then ``scales``, each given as ``(name, tensor, shape)``, after checking them:
+    the codes as ``_codes`` does, all on the first one's device, the scales FP32 there (``_fp32``)."""
+    checked = [_codes(name, t, shape) for name, t, shape in codes]
+    device = codes[0][1].device
+    if elsewhere := [f"{name} on {t.device}" for name, t, _ in codes[1:] if t.device != device]:
+        raise ValueError(f"{codes[0][0]} on {device}, {', '.join(elsewhere)}: expected one device")
+    return [t.data_ptr() for t in checked + [_fp32(name, t, shape, device) for name, t, shape in scales]]
+
+
 def _attention_shape(q8: torch.Tensor, k8: torch.Tensor, n: int, dtype: torch.dtype,
                      what: str) -> tuple[int, int, int, int, int]:
     """``(B, H, H_kv, N_pad, D)`` of Q̂ and K̂ codes, after checking them, ``n`` and the output dtype."""
@@ -279,17 +289,13 @@ def dv_factored(q8: torch.Tensor, k8: torch.Tensor, do8t: torch.Tensor, sq: torc
     if promote and variant in DV_UNPROMOTED_ONLY:
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dV")
-    q8u = _codes("q8", q8, (b, h, n_pad, d))
-    k8u = _codes("k8", k8, (b, h_kv, n_pad, d))
-    do8tu = _codes("do8t", do8t, (b, h, d, n_pad))
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("do8t", do8t, (b, h, d, n_pad))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sdoc", sdoc, (b, h, d)),
+         ("lse2", lse2, (b, h, n_pad))])
     device = q8.device
-    if k8.device != device or do8t.device != device:
-        raise ValueError(f"q8 on {device}, k8 on {k8.device}, do8t on {do8t.device}: expected one device")
-    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
-              _fp32("sdoc", sdoc, (b, h, d), device), _fp32("lse2", lse2, (b, h, n_pad), device)]
     dv = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
-    params = DvFactoredParams(q8u.data_ptr(), k8u.data_ptr(), do8tu.data_ptr(), *(t.data_ptr() for t in scales),
-                              dv.data_ptr(), dv.stride(0), dv.stride(1), dv.stride(2), b, h, h_kv, n, n_pad,
+    params = DvFactoredParams(*pointers, dv.data_ptr(), dv.stride(0), dv.stride(1), dv.stride(2), b, h, h_kv, n, n_pad,
                               float(qk_scale), int(causal), int(dtype == torch.float16))
     _call(_library(), "dm_dv_factored", ctypes.byref(params), int(promote), DV_VARIANTS.index(variant),
           *_launch_args(dv))
@@ -307,19 +313,15 @@ def dk_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
     ``q8t`` Q' = s ⊙ Q per channel, channel-major (B, H, D, N_pad), with ``sqc`` (B, H, D); ``rs`` dŜ's row scales s,
     ``lse2`` and matched's ``delta``, each (B, H, N_pad)."""
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK")
-    codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
-             _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),
-             _codes("q8t", q8t, (b, h, d, n_pad))]
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
+         ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),
+         ("sdo", sdo, (b, h, n_pad // 128)), ("sqc", sqc, (b, h, d)), ("rs", rs, (b, h, n_pad)),
+         ("lse2", lse2, (b, h, n_pad)), ("delta", delta, (b, h, n_pad))])
     device = q8.device
-    if any(t.device != device for t in (k8, v8, do8, q8t)):
-        raise ValueError(f"q8 on {device}, k8, v8, do8, q8t on {[str(t.device) for t in (k8, v8, do8, q8t)]}: "
-                         "expected one device")
-    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
-              _fp32("sv", sv, (b, h_kv, n_pad // 64), device), _fp32("sdo", sdo, (b, h, n_pad // 128), device),
-              _fp32("sqc", sqc, (b, h, d), device), _fp32("rs", rs, (b, h, n_pad), device),
-              _fp32("lse2", lse2, (b, h, n_pad), device), _fp32("delta", delta, (b, h, n_pad), device)]
     dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
-    params = DkFactoredParams(*(t.data_ptr() for t in codes + scales), dk.data_ptr(), dk.stride(0), dk.stride(1),
+    params = DkFactoredParams(*pointers, dk.data_ptr(), dk.stride(0), dk.stride(1),
                               dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale), int(causal),
                               int(dtype == torch.float16))
     _call(_library(), "dm_dk_factored", ctypes.byref(params), *_launch_args(dk))
@@ -341,21 +343,16 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     if promote and variant in DKDV_UNPROMOTED_ONLY:
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
-    codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
-             _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),
-             _codes("q8t", q8t, (b, h, d, n_pad)), _codes("do8t", do8t, (b, h, d, n_pad))]
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
+         ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad)), ("do8t", do8t, (b, h, d, n_pad))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),
+         ("sdo", sdo, (b, h, n_pad // 128)), ("sqc", sqc, (b, h, d)), ("sdoc", sdoc, (b, h, d)),
+         ("rs", rs, (b, h, n_pad)), ("lse2", lse2, (b, h, n_pad)), ("delta", delta, (b, h, n_pad))])
     device = q8.device
-    if any(t.device != device for t in (k8, v8, do8, q8t, do8t)):
-        raise ValueError(f"q8 on {device}, k8, v8, do8, q8t, do8t on "
-                         f"{[str(t.device) for t in (k8, v8, do8, q8t, do8t)]}: expected one device")
-    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
-              _fp32("sv", sv, (b, h_kv, n_pad // 64), device), _fp32("sdo", sdo, (b, h, n_pad // 128), device),
-              _fp32("sqc", sqc, (b, h, d), device), _fp32("sdoc", sdoc, (b, h, d), device),
-              _fp32("rs", rs, (b, h, n_pad), device), _fp32("lse2", lse2, (b, h, n_pad), device),
-              _fp32("delta", delta, (b, h, n_pad), device)]
     dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
     dv = torch.empty_like(dk)
-    params = DkdvFactoredParams(*(t.data_ptr() for t in codes + scales), dk.data_ptr(), dv.data_ptr(), dk.stride(0),
+    params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
                                 int(causal), int(dtype == torch.float16))
     _call(_library(), "dm_dkdv_factored", ctypes.byref(params), int(promote), DKDV_VARIANTS.index(variant),
@@ -373,19 +370,15 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
     (B, H_kv, D); ``rs`` dŜ's row scales s, ``lse2`` and matched's ``delta``, each (B, H, N_pad). ``promote``: each
     64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma."""
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dQ")
-    codes = [_codes("q8", q8, (b, h, n_pad, d)), _codes("k8", k8, (b, h_kv, n_pad, d)),
-             _codes("v8", v8, (b, h_kv, n_pad, d)), _codes("do8", do8, (b, h, n_pad, d)),
-             _codes("k8t", k8t, (b, h_kv, d, n_pad))]
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
+         ("do8", do8, (b, h, n_pad, d)), ("k8t", k8t, (b, h_kv, d, n_pad))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),
+         ("sdo", sdo, (b, h, n_pad // 128)), ("skc", skc, (b, h_kv, d)), ("rs", rs, (b, h, n_pad)),
+         ("lse2", lse2, (b, h, n_pad)), ("delta", delta, (b, h, n_pad))])
     device = q8.device
-    if any(t.device != device for t in (k8, v8, do8, k8t)):
-        raise ValueError(f"q8 on {device}, k8, v8, do8, k8t on {[str(t.device) for t in (k8, v8, do8, k8t)]}: "
-                         "expected one device")
-    scales = [_fp32("sq", sq, (b, h, n_pad // 128), device), _fp32("sk", sk, (b, h_kv, n_pad // 64), device),
-              _fp32("sv", sv, (b, h_kv, n_pad // 64), device), _fp32("sdo", sdo, (b, h, n_pad // 128), device),
-              _fp32("skc", skc, (b, h_kv, d), device), _fp32("rs", rs, (b, h, n_pad), device),
-              _fp32("lse2", lse2, (b, h, n_pad), device), _fp32("delta", delta, (b, h, n_pad), device)]
     dq = torch.empty((b, n, h, d), dtype=dtype, device=device)
-    params = DqFactoredParams(*(t.data_ptr() for t in codes + scales), dq.data_ptr(), dq.stride(0), dq.stride(1),
+    params = DqFactoredParams(*pointers, dq.data_ptr(), dq.stride(0), dq.stride(1),
                               dq.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale), int(causal),
                               int(dtype == torch.float16))
     _call(_library(), "dm_dq_factored", ctypes.byref(params), int(promote), *_launch_args(dq))

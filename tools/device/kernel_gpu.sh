@@ -5,8 +5,8 @@
 #   tma, dqatomic: A/B of DELTAMATCH_KERNEL_TMA / DELTAMATCH_KERNEL_DQ_ATOMIC: the GPU kernel tests with the switch on,
 #        then the bench at D = 128, causal, N 8K and 16K, off and on in one run (kernels/NOTES.md)
 #   promote: the same for DELTAMATCH_KERNEL_ACC_PROMOTE, tests with it at 0 (the factored dots unpromoted)
-#   cuda: the same for DELTAMATCH_KERNEL_CUDA (matched_factored's dK/dV by kernels/cuda/dkdv_factored.cu), tests with
-#        it unset; AB_TESTS_K narrows the tests (pytest -k)
+#   cuda: the same for DELTAMATCH_KERNEL_CUDA (matched_factored's dK, dV and dQ by kernels/cuda/dkdv_factored.cu and
+#        dq_factored.cu), tests with it unset; AB_TESTS_K narrows the tests (pytest -k)
 set -uo pipefail
 WHAT=${1:-all}
 SIZE=${2:-quick}
@@ -47,8 +47,8 @@ has tma && ab tma DELTAMATCH_KERNEL_TMA  # TMA loads (kernels/NOTES.md v5; launc
 has dqatomic && ab dqatomic DELTAMATCH_KERNEL_DQ_ATOMIC  # dQ by atomic adds in the dK launch
 # the factored dots without per-tile promotion: its tests (the 8K one says whether it is accurate enough), then timed
 has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factored sdpa_cudnn_bf16
-# matched_factored's dK/dV by the CUDA kernel (carry build/cuda): the tests with the switch unset (CUDA where it can
-# run, Triton for D ≠ 128 and the ds_stats diagnostics), then the bench with Triton's launches (0) and the CUDA one (1)
+# matched_factored's backward by the CUDA kernels (carry build/cuda): the tests with the switch unset (CUDA where they
+# can run, Triton for D ≠ 128 and the ds_stats diagnostics), then the bench with Triton's launches (0) and CUDA's (1)
 has cuda && ab cuda DELTAMATCH_KERNEL_CUDA "" matched matched_factored sdpa_cudnn_bf16
 
 if has quant; then  # the quantisation passes alone at D = 128, with the store diagnostics (which store costs what)
