@@ -26,7 +26,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 
 SAVED = ("q8", "q8t", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2")
-"""What every mode's backward reads: FP8 codes, block scales, lse2."""
+"""What every mode's backward reads: FP8 codes, block scales, lse2 (``matched_factored``'s has no ``q8t``, ``k8t``: None)."""
 FACTORED_SAVED = ("q", "k8t", "skc")
 """What ``matched_factored``'s backward also reads: Q (for Q' = s ⊙ Q) and K̂ᶜ (codes, channel scales)."""
 
@@ -35,13 +35,15 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     """Quantise and run the forward kernel: ``(o, saved, factored)`` — ``saved`` the tensors of ``SAVED``,
     ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None)."""
     k_mean = token_mean(k)
-    q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
-    k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean)
-    v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
+    # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
+    blocks = "token" if mode == "matched_factored" else "both"
+    q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts=blocks)
+    k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts=blocks)
+    v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v", layouts=blocks)
     factored = None
     if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
-        _, v8t_c, sv_c = quantize_per_channel(v, "v")
-        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean)
+        _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel")
+        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel")
         o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
                                     config=forward_config(q.shape[-1], factored=True))
         factored = dict(q=q, k8t=k8t_c, skc=sk_c)
@@ -56,7 +58,8 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
     """Quantise dO (and form the stale / consistent δ), run the backward kernels: ``(dq, dk, dv)``. ``ds_stats``:
     the dS row-sum diagnostics of ``triton_bwd.attention_backward``."""
     do = do.contiguous()
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode)
+    layouts = "token" if mode == "matched_factored" else "both"  # its dV reads dÔ per channel (triton_bwd)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts)
     return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,
                               ds_stats=ds_stats, factored=dict(factored, do=do) if factored else None)
 

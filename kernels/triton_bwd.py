@@ -553,7 +553,7 @@ def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, 
         atomic = dq_acc is not None and part.get("DO_DK", True)
         _attn_bwd_dkdv_kernel[(triton.cdiv(n, c["BLOCK_N"]), b * h_kv)](
             q8, q8t, k8, v8, do8, do8t, sq, sk, sv, sdo, lse2, delta, dk, dv, stats if stats is not None else delta,
-            saved["k8t"], dq_acc if atomic else delta, *extra,
+            saved["k8t"] if saved["k8t"] is not None else k8, dq_acc if atomic else delta, *extra,  # k8t: DQ_ATOMIC
             dk.stride(0), dk.stride(1), dk.stride(2), qk_scale, softmax_scale, n, n_pad, h, h // h_kv,
             HEAD_DIM=d, CAUSAL=causal, ROUND_FP32=round_fp32_in_kernels(), DS_STATS=stats is not None,
             DQ_ATOMIC=atomic, **part, **c,
@@ -614,8 +614,8 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         cfg = factored_config(cfg) if not cfg["dq"].get("FACTORED") else cfg
         rs = torch.empty_like(delta)
         _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
-        _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs)
-        _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do")
+        _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel")
+        _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel")
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])
         if cuda_backward_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, round_fp32_in_kernels, to_e4m3
+from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, env_switch, round_fp32_in_kernels, to_e4m3  # noqa: F401
 
 
 @triton.jit
@@ -224,14 +224,6 @@ TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
 everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5)."""
 TMA_HEAD_DIMS = (128,)
-
-
-def env_switch(name: str) -> bool | None:
-    """A kernel switch from the environment: True for ``1``, False for ``0``, None when unset or empty."""
-    value = os.environ.get(name, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{name}={value!r}: expected 0 or 1 (or unset for the default)")
-    return None if value == "" else value == "1"
 
 
 def tma_enabled(head_dim: int) -> bool:

@@ -68,6 +68,21 @@ the GPU; the sweep still times them (its ``bit_equal`` column says so) until the
 STORE_MODE = STORE_MODES["pointers"]
 """The store mode of every quantisation launch, one of ``VERIFIED_STORE_MODES``: the pointer stores (0.220 ms for the
 Q pass at N = 8K, D = 128 on the H200; ``tma_both`` is bit-equal but 0.238); changing it here changes every pass."""
+LAYOUTS = {"token": 1, "channel": 2, "both": 3}
+"""Which code layouts a pass writes (its kernels' ``STORES`` bits): token-major ``x8``, channel-major ``x8t``, or both.
+The paper layout's kernels read both; ``matched_factored`` reads one of each operand's (Q̂, K̂, V̂, dÔ token-major; the
+per-channel V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ channel-major), and a pass that writes one layout also computes its codes once (the
+module docstring): on the H200 the Q pass takes 0.083 ms with the token-major store alone against 0.218 with both."""
+STORE_UNUSED_SWITCH = "DELTAMATCH_KERNEL_STORE_UNUSED"
+"""``1``: every pass writes both layouts, as before ``LAYOUTS`` (the A/B of kernels/NOTES.md)."""
+
+
+def env_switch(name: str) -> bool | None:
+    """A kernel switch from the environment: True for ``1``, False for ``0``, None when unset or empty."""
+    value = os.environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1 (or unset for the default)")
+    return None if value == "" else value == "1"
 
 
 def round_fp32_in_kernels() -> bool:
@@ -135,8 +150,7 @@ def _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, r
 def _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                  STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3):
     """Store row block ``pid_r`` of (batch·head) ``bh``'s codes token-major (bit 1 of ``STORES``) and channel-major
-    (bit 2), the way ``STORE_MODE`` says. Every launch stores both; the bits exist for the H200 sweep, which times
-    each store alone (tools/device/kernel_sweep.py)."""
+    (bit 2), the way ``STORE_MODE`` says (``LAYOUTS`` names the bits)."""
     tl.static_assert(STORE_MODE <= STORE_TMA_BOTH, "unknown STORE_MODE")
     offs_d = tl.arange(0, HEAD_DIM)
     row0 = pid_r * BLOCK_ROWS
@@ -192,7 +206,7 @@ def _quant_do_delta_pass_kernel(
     stride_db, stride_dn, stride_dh, stride_ob, stride_on, stride_oh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, DELTA: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
     """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik)."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
@@ -200,7 +214,7 @@ def _quant_do_delta_pass_kernel(
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     do, codes, scale = _quant_block(do_ptr, do_ptr, b, h, H, N, stride_db, stride_dn, stride_dh, rows,
                                     HEAD_DIM, False, ROUND_FP32)
-    _store_codes(do8_ptr, do8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE)
+    _store_codes(do8_ptr, do8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
     if DELTA != 0:
         offs_d = tl.arange(0, HEAD_DIM)
@@ -254,10 +268,10 @@ def _per_channel_quant_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
-    ROUND_FP32: tl.constexpr, STORE_MODE: tl.constexpr,
+    ROUND_FP32: tl.constexpr, STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
-    """Recompute the block, cast it with its channels' scales, store both code layouts; the first block of each
-    (batch, head) stores the scales."""
+    """Recompute the block, cast it with its channels' scales, store the code layouts ``STORES`` names; the first block
+    of each (batch, head) stores the scales."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -266,7 +280,7 @@ def _per_channel_quant_pass_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     scale = scale_from_amax(tl.load(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d))  # [D]
     codes = to_e4m3(tl.math.div_rn(x, scale[None, :]), ROUND_FP32)
-    _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE)
+    _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     if pid_r == 0:
         tl.store(scale_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, scale)
 
@@ -281,9 +295,17 @@ def _warps(rows: int, head_dim: int) -> int:
     return 8 if rows * head_dim >= 128 * 128 else 4
 
 
-def store_flags(store_mode: int | None) -> dict:
-    """The ``STORE_MODE`` constexpr of a launch: ``store_mode`` (a ``STORE_MODES`` value), or ``STORE_MODE`` when it is
-    None. Sets Triton's allocator for the modes that make TMA descriptors on the device."""
+def stored_layouts(layouts: str) -> str:
+    """The layouts a pass asked for ``layouts`` writes: itself, or ``both`` under :data:`STORE_UNUSED_SWITCH`."""
+    if layouts not in LAYOUTS:
+        raise ValueError(f"layouts {layouts!r}: expected one of {tuple(LAYOUTS)}")
+    return "both" if env_switch(STORE_UNUSED_SWITCH) else layouts
+
+
+def store_flags(store_mode: int | None, layouts: str = "both") -> dict:
+    """The ``STORE_MODE`` and ``STORES`` constexprs of a launch: ``store_mode`` (a ``STORE_MODES`` value), or
+    ``STORE_MODE`` when it is None; ``layouts`` a ``LAYOUTS`` key, as :func:`stored_layouts` returned it. Sets Triton's
+    allocator for the modes that make TMA descriptors on the device."""
     mode = STORE_MODE if store_mode is None else store_mode
     if mode not in STORE_MODES.values():
         raise ValueError(f"store_mode {mode!r}: expected one of {STORE_MODES}")
@@ -291,16 +313,22 @@ def store_flags(store_mode: int | None) -> dict:
         from deltamatch.kernels.triton_fwd import ensure_allocator  # triton_fwd imports this module
 
         ensure_allocator()
-    return dict(STORE_MODE=mode)
+    return dict(STORE_MODE=mode, STORES=LAYOUTS[layouts])
 
 
-def code_buffers(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uninitialised E4M3 codes for a public-layout ``(B, N, H, D)`` ``x``, in both layouts the kernels read:
-    token-major ``(B, H, N_pad, D)`` and channel-major ``(B, H, D, N_pad)``."""
+def code_buffers(x: torch.Tensor, layouts: str = "both") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Uninitialised E4M3 codes for a public-layout ``(B, N, H, D)`` ``x`` in the layouts the kernels read:
+    token-major ``(B, H, N_pad, D)`` and channel-major ``(B, H, D, N_pad)``; None for a layout ``layouts`` leaves out."""
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    return (torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn),
-            torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn))
+    stores = LAYOUTS[layouts]
+    return (torch.empty((b, h, n_pad, d), device=x.device, dtype=torch.float8_e4m3fn) if stores & 1 else None,
+            torch.empty((b, h, d, n_pad), device=x.device, dtype=torch.float8_e4m3fn) if stores & 2 else None)
+
+
+def _code_args(x8: torch.Tensor | None, x8t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two code pointers of a launch: a layout left out is never written, so the other stands in for it."""
+    return (x8 if x8 is not None else x8t), (x8t if x8t is not None else x8)
 
 
 def token_mean(x: torch.Tensor) -> torch.Tensor:
@@ -309,16 +337,17 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x",
-                     mean: torch.Tensor | None = None, *, store_mode: int | None = None):
+                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both"):
     """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean
     (``mean``, when the caller has it already: ``token_mean(x)``).
 
     ``name`` is the operand's name in errors (``q``, ``k``, ``v``); ``store_mode`` overrides ``STORE_MODE`` (every
-    mode stores the same bits)."""
+    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out."""
     _check_public(x, name)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    x8, x8t = code_buffers(x)
+    layouts = stored_layouts(layouts)
+    x8, x8t = code_buffers(x, layouts)
     scales = torch.empty((b, h, n_pad // block_rows), device=x.device, dtype=torch.float32)
     if centre:
         mean = token_mean(x) if mean is None else mean
@@ -327,9 +356,9 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
         mean = scales  # unused
     grid = (n_pad // block_rows, b * h)
     _quant_pass_kernel[grid](
-        x, mean, x8, x8t, scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
+        x, mean, *_code_args(x8, x8t), scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode), num_warps=_warps(block_rows, d),
+        **store_flags(store_mode, layouts), num_warps=_warps(block_rows, d),
     )
     return x8, x8t, scales
 
@@ -345,7 +374,8 @@ def _check_per_channel(x: torch.Tensor, name: str, mean: torch.Tensor | None, ro
 
 
 def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
-                         row_scales: torch.Tensor | None = None, store_mode: int | None = None):
+                         row_scales: torch.Tensor | None = None, store_mode: int | None = None,
+                         layouts: str = "both"):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
     the factored layout's operand of a token-contracting matmul (V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q̂' for dK;
     kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
@@ -353,12 +383,13 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
 
     A scale spans every token, so this is two launches over the same grid of 128-row blocks: the first folds each
     block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and scales.
-    Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` as
-    ``quantize_operand``'s."""
+    Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` and
+    ``layouts`` as ``quantize_operand``'s."""
     _check_per_channel(x, name, mean, row_scales)
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    x8, x8t = code_buffers(x)
+    layouts = stored_layouts(layouts)
+    x8, x8t = code_buffers(x, layouts)
     scales = torch.empty((b, h, d), device=x.device, dtype=torch.float32)
     amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
     flags = dict(HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=mean is not None, ROW_SCALED=row_scales is not None,
@@ -368,8 +399,8 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
     grid = (n_pad // BLOCK_Q, b * h)
     _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
-    _per_channel_quant_pass_kernel[grid](*operands, amax, x8, x8t, scales, *shape, **flags,
-                                         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode))
+    _per_channel_quant_pass_kernel[grid](*operands, amax, *_code_args(x8, x8t), scales, *shape, **flags,
+                                         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts))
     return x8, x8t, scales
 
 
@@ -393,21 +424,23 @@ def quantize_per_channel_torch(x: torch.Tensor, name: str = "x", *, mean: torch.
 DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 
-def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store_mode: int | None = None):
+def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store_mode: int | None = None,
+                          layouts: str = "both"):
     """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for the methods whose
-    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode`` as
+    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode`` and ``layouts`` as
     ``quantize_operand``'s."""
     _check_public(do, "do")
     _check_public(o, "o")
     b, n, h, d = do.shape
     n_pad = padded_len(n)
-    do8, do8t = code_buffers(do)
+    layouts = stored_layouts(layouts)
+    do8, do8t = code_buffers(do, layouts)
     scales = torch.empty((b, h, n_pad // BLOCK_Q), device=do.device, dtype=torch.float32)
     delta = torch.empty((b, h, n_pad), device=do.device, dtype=torch.float32)
     _quant_do_delta_pass_kernel[(n_pad // BLOCK_Q, b * h)](
-        do, o, do8, do8t, scales, delta,
+        do, o, *_code_args(do8, do8t), scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[get_method(mode).delta], ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode), num_warps=_warps(BLOCK_Q, d),
+        **store_flags(store_mode, layouts), num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta

@@ -270,7 +270,7 @@ def triton_factored_dv(ops, promote):
     s = ops["saved"]
     dk = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
     dv = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
-    factored = dict(q8t=s["q8t"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
+    factored = dict(q8t=ops["do8t_c"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
     triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], ops["delta"], dk, dv, None, ops["causal"],
                             ops["qk_scale"], ops["scale"], ops["n"], cfg, factored=factored)
     return dv

@@ -175,21 +175,34 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
     (128-row blocks), centred K (64-row blocks), dO with the consistent δ (which reads the codes back) and the
     per-channel pass, ragged N and 8K; and each mode's channel-major codes are its token-major codes transposed.
     The unverified modes wrote wrong channel-major codes here (session 8); the sweep's ``bit_equal`` column tracks
-    them."""
+    them, and ``DELTAMATCH_TEST_STORE_MODES`` (comma-separated names) puts them to this test, e.g. under another ptxas
+    (``TRITON_PTXAS_PATH``: kernel_gpu.sh's ``ptxas`` stage). Each pass also asked for one layout alone
+    (``layouts``, matched_factored's way) stores that layout's bits."""
+    import os
+
     from deltamatch.kernels import triton_quant as tq
 
+    modes = [m for m in os.environ.get("DELTAMATCH_TEST_STORE_MODES", "").split(",") if m] or tq.VERIFIED_STORE_MODES
+
     q, k, v, do = make(b=1, n=n, h=2, hk=2, d=d)
-    passes = {"q": lambda mode: tq.quantize_operand(q, tq.BLOCK_Q, store_mode=mode),
-              "k": lambda mode: tq.quantize_operand(k, tq.BLOCK_KV, centre=True, store_mode=mode),
-              "do": lambda mode: tq.quantize_do_and_delta(do, v, "consistent", store_mode=mode),  # V in O's place
-              "per channel": lambda mode: tq.quantize_per_channel(q, "q", store_mode=mode)}
+    passes = {"q": lambda mode, lay="both": tq.quantize_operand(q, tq.BLOCK_Q, store_mode=mode, layouts=lay),
+              "k": lambda mode, lay="both": tq.quantize_operand(k, tq.BLOCK_KV, centre=True, store_mode=mode,
+                                                                layouts=lay),
+              "do": lambda mode, lay="both": tq.quantize_do_and_delta(do, v, "consistent", store_mode=mode,
+                                                                      layouts=lay),  # V in O's place
+              "per channel": lambda mode, lay="both": tq.quantize_per_channel(q, "q", store_mode=mode, layouts=lay)}
     bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)  # noqa: E731
     for name, run in passes.items():
         pointers = run(tq.STORE_MODES["pointers"])
         assert tq.STORE_MODE in (tq.STORE_MODES[m] for m in tq.VERIFIED_STORE_MODES)
-        for mode_name in tq.VERIFIED_STORE_MODES:
+        for mode_name in modes:
             out = run(tq.STORE_MODES[mode_name])
             assert len(out) == (4 if name == "do" else 3)
             for i, (a, b) in enumerate(zip(out, pointers)):
                 assert torch.equal(bits(a), bits(b)), (name, mode_name, i)
             assert torch.equal(bits(out[0]).transpose(-1, -2), bits(out[1])), (name, mode_name)
+        for i, lay in enumerate(("token", "channel")):
+            out = run(tq.STORE_MODE, lay)
+            assert out[1 - i] is None and torch.equal(bits(out[i]), bits(pointers[i])), (name, lay)
+            for j in range(2, len(out)):  # scales (and δ)
+                assert torch.equal(bits(out[j]), bits(pointers[j])), (name, lay, j)

@@ -6,6 +6,8 @@ The cases run in a child process under the interpreter (triton_child.py), which 
 a code, transposed code or scale the kernels leave unwritten differs from the twin's (or the pointer stores').
 """
 
+import os
+
 import pytest
 import torch
 
@@ -51,15 +53,17 @@ def _store_mode_passes(gen) -> dict:
     x, _ = _case_input("bfloat16", 1, 130, 2, 64, False, False, gen)
     k, _ = _case_input("bfloat16", 1, 70, 2, 128, False, False, gen)
     o = torch.randn(x.shape, generator=gen).to(torch.bfloat16)
-    return {"q": lambda mode: quantize_operand(x, 128, store_mode=mode),
-            "k centred": lambda mode: quantize_operand(k, 64, centre=True, store_mode=mode),
-            "dO, consistent delta": lambda mode: quantize_do_and_delta(x, o, "consistent", store_mode=mode),
-            "per channel": lambda mode: quantize_per_channel(x, "q", store_mode=mode)}
+    return {"q": lambda mode, lay="both": quantize_operand(x, 128, store_mode=mode, layouts=lay),
+            "k centred": lambda mode, lay="both": quantize_operand(k, 64, centre=True, store_mode=mode, layouts=lay),
+            "dO, consistent delta": lambda mode, lay="both": quantize_do_and_delta(x, o, "consistent", store_mode=mode,
+                                                                                   layouts=lay),
+            "per channel": lambda mode, lay="both": quantize_per_channel(x, "q", store_mode=mode, layouts=lay)}
 
 
 def _measure() -> dict:
     from deltamatch.kernels import quant
-    from deltamatch.kernels.triton_quant import STORE_MODES, quantize_per_channel, quantize_per_channel_torch
+    from deltamatch.kernels.triton_quant import (STORE_MODES, STORE_UNUSED_SWITCH, quantize_per_channel,
+                                                 quantize_per_channel_torch)
 
     patch_interpreter_index()
     gen = torch.Generator().manual_seed(0)
@@ -83,12 +87,22 @@ def _measure() -> dict:
             zero_channel_scale=scales[..., 9].unique().tolist(),
             outlier_scale_ratio=(scales[..., 5] / scales[..., 4]).min().item(),
         )
-    out["store_modes"] = {}
+    out["store_modes"], out["layouts"] = {}, {}
     for name, run in _store_mode_passes(gen).items():
         pointers = run(STORE_MODES["pointers"])
         out["store_modes"][name] = {
             mode_name: [bool(torch.equal(_bits(a), _bits(b))) for a, b in zip(run(mode), pointers)]
             for mode_name, mode in STORE_MODES.items() if mode_name != "pointers"}
+        # one layout: its codes the bits of both's, the other None; under the switch both again
+        out["layouts"][name] = {}
+        for lay in ("token", "channel"):
+            one = run(STORE_MODES["pointers"], lay)
+            out["layouts"][name][lay] = ["none" if a is None else bool(torch.equal(_bits(a), _bits(b)))
+                                         for a, b in zip(one, pointers)]
+        os.environ[STORE_UNUSED_SWITCH] = "1"
+        out["layouts"][name]["switch"] = [a is not None and bool(torch.equal(_bits(a), _bits(b)))
+                                          for a, b in zip(run(STORE_MODES["pointers"], "token"), pointers)]
+        del os.environ[STORE_UNUSED_SWITCH]
     return out
 
 
@@ -126,6 +140,18 @@ def test_every_store_mode_stores_the_bits_of_the_pointer_stores(measured):
             assert len(equal) == (4 if name.startswith("dO") else 3) and all(equal), (name, mode, equal)
 
 
+def test_a_pass_asked_for_one_layout_stores_its_bits_and_leaves_the_other_out(measured):
+    """``layouts="token"`` / ``"channel"`` (matched_factored's passes): the codes of that layout are the bits both
+    layouts' launch stores, the other is None; scales and δ unchanged; ``DELTAMATCH_KERNEL_STORE_UNUSED=1`` stores
+    both again."""
+    assert set(measured["layouts"]) == {"q", "k centred", "dO, consistent delta", "per channel"}
+    for name, lays in measured["layouts"].items():
+        rest = [True] * (2 if name.startswith("dO") else 1)  # scales (and δ)
+        assert lays["token"] == [True, "none", *rest], (name, lays)
+        assert lays["channel"] == ["none", True, *rest], (name, lays)
+        assert lays["switch"] == [True, True, *rest], (name, lays)
+
+
 def test_bad_inputs_are_refused_by_name_before_any_launch():
     from deltamatch.kernels.triton_quant import padded_len, quantize_per_channel
 
@@ -144,6 +170,8 @@ def test_bad_inputs_are_refused_by_name_before_any_launch():
         quantize_per_channel(x, "q", row_scales=rows[:, :, :130])
     with pytest.raises(ValueError, match=r"^row_scales must be FP32 \(B, H, N_pad\)"):
         quantize_per_channel(x, "q", row_scales=rows.bfloat16())
+    with pytest.raises(ValueError, match=r"^layouts 'rows': expected one of \('token', 'channel', 'both'\)"):
+        quantize_per_channel(x, "q", layouts="rows")
 
 
 if __name__ == "__main__":

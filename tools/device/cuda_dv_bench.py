@@ -44,7 +44,7 @@ def launchers(ops, promote):
     cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DV_ONLY": True,
            "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     dk, dv = torch.empty_like(ops["k"]), torch.empty_like(ops["k"])
-    factored = dict(q8t=s["q8t"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
+    factored = dict(q8t=ops["do8t_c"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
     out = {}
 
     def triton_dv():

@@ -5,6 +5,10 @@
 #   tma, dqatomic: A/B of DELTAMATCH_KERNEL_TMA / DELTAMATCH_KERNEL_DQ_ATOMIC: the GPU kernel tests with the switch on,
 #        then the bench at D = 128, causal, N 8K and 16K, off and on in one run (kernels/NOTES.md)
 #   promote: the same for DELTAMATCH_KERNEL_ACC_PROMOTE, tests with it at 0 (the factored dots unpromoted)
+#   stores: the same for DELTAMATCH_KERNEL_STORE_UNUSED (matched_factored's passes writing both code layouts again)
+#   ptxas: the store-mode GPU test of the unverified modes under CUDA's own ptxas (TRITON_PTXAS_PATH; NOTES.md)
+#   profile: matched_factored's (and matched's) fwd+bwd kernel by kernel (tools/device/attn_profile.py), and
+#        matched_factored again with DELTAMATCH_KERNEL_STORE_UNUSED=1
 #   cuda: the same for DELTAMATCH_KERNEL_CUDA (matched_factored's dK, dV and dQ by kernels/cuda/dkdv_factored.cu and
 #        dq_factored.cu), tests with it unset; AB_TESTS_K narrows the tests (pytest -k)
 set -uo pipefail
@@ -50,6 +54,25 @@ has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factor
 # matched_factored's backward by the CUDA kernels (carry build/cuda): the tests with the switch unset (CUDA where they
 # can run, Triton for D ≠ 128 and the ds_stats diagnostics), then the bench with Triton's launches (0) and CUDA's (1)
 has cuda && ab cuda DELTAMATCH_KERNEL_CUDA "" matched matched_factored sdpa_cudnn_bf16
+
+# matched_factored's quantisation passes writing only the code layouts its kernels read (triton_quant.LAYOUTS), against
+# all of them (1: as before)
+has stores && ab stores DELTAMATCH_KERNEL_STORE_UNUSED 1 matched_factored sdpa_cudnn_bf16
+
+if has ptxas; then  # triton-lang/triton#11111: do the unverified store modes store the right bits under ptxas 13.x?
+  TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas DELTAMATCH_TEST_STORE_MODES=narrow_convert,tma_channel,tma_both \
+    TRITON_CACHE_DIR=/tmp/triton_ptxas13 timeout 240 python3 -m pytest -q -p no:cacheprovider -n 6 -rfE -k store_mode \
+    tests/kernels/test_triton_gpu.py > "$OUT/ptxas_tests.log" 2>&1
+  /usr/local/cuda/bin/ptxas --version | tail -1; tail -12 "$OUT/ptxas_tests.log"
+  stamp ptxas done
+fi
+
+if has profile; then
+  python3 tools/device/attn_profile.py --out "$OUT" --methods matched_factored matched
+  DELTAMATCH_KERNEL_STORE_UNUSED=1 python3 tools/device/attn_profile.py --out "$OUT" --methods matched_factored \
+    --tag store_unused
+  stamp profile done
+fi
 
 if has quant; then  # the quantisation passes alone at D = 128, with the store diagnostics (which store costs what)
   python3 tools/device/kernel_sweep.py --out "$OUT" --quant-only --head-dims 128 2>&1 | tee "$OUT/quant.log" | tail -20

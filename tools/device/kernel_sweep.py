@@ -191,7 +191,7 @@ def _store_diagnostics(x, elems) -> dict:
     def q_pass(stores, mode=STORE_MODE, out=(x8, x8t, scales)):
         flags = store_flags(mode)  # sets Triton's allocator for the TMA modes, once, outside the timing
         return lambda: _quant_pass_kernel[grid](x, scales, *out, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
-                                                ROUND_FP32=round_fp32_in_kernels(), **flags, STORES=stores,
+                                                ROUND_FP32=round_fp32_in_kernels(), **{**flags, "STORES": stores},
                                                 num_warps=_warps(BLOCK_Q, d))
 
     def outputs(mode):  # each mode's codes and scales in buffers of its own, filled with 0xff (an E4M3 NaN) first
