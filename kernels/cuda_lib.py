@@ -42,7 +42,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -64,6 +64,8 @@ SIGNATURES = {
     "dm_dkdv_factored_params_size": ((), _I),
     "dm_dq_factored": ((_P, _I, _I, _P), _I),
     "dm_dq_factored_params_size": ((), _I),
+    "dm_fwd_factored": ((_P, _I, _I, _P), _I),
+    "dm_fwd_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
@@ -121,6 +123,15 @@ class DqFactoredParams(ctypes.Structure):
                 ("causal", _I), ("out_fp16", _I)]
 
 
+class FwdFactoredParams(ctypes.Structure):
+    """``FwdFactoredParams`` of ``kernels/cuda/fwd_factored.cuh``, field for field."""
+
+    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8t", "sq", "sk", "svc", "lse2", "o")),
+                ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
+                ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F),
+                ("causal", _I), ("out_fp16", _I)]
+
+
 def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or BUILD_DIR / LIBRARY)
 
@@ -141,7 +152,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
     for name, mirror in (("dm_dv_factored_params_size", DvFactoredParams),
                          ("dm_dk_factored_params_size", DkFactoredParams),
                          ("dm_dkdv_factored_params_size", DkdvFactoredParams),
-                         ("dm_dq_factored_params_size", DqFactoredParams)):
+                         ("dm_dq_factored_params_size", DqFactoredParams),
+                         ("dm_fwd_factored_params_size", FwdFactoredParams)):
         if (size := getattr(lib, name)()) != ctypes.sizeof(mirror):
             return None, f"{path}: {mirror.__name__} is {size} bytes there, {ctypes.sizeof(mirror)} here"
     return lib, ""
@@ -383,3 +395,28 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
                               int(dtype == torch.float16))
     _call(_library(), "dm_dq_factored", ctypes.byref(params), int(promote), *_launch_args(dq))
     return dq
+
+
+def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
+                 svc: torch.Tensor, out_shape: tuple[int, int, int, int], causal: bool, qk_scale: float,
+                 dtype: torch.dtype = torch.bfloat16, promote: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (B, N, H, D), lse2 (B, H, N_pad)) of ``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``) from the
+    operands of Triton's factored forward: ``q8`` (B, H, N_pad, D) and ``k8`` (B, H_kv, N_pad, D) codes with scales
+    ``sq`` (B, H, N_pad / 128) and ``sk`` (B, H_kv, N_pad / 64); ``v8t`` V̂ᶜ, V per channel, channel-major
+    (B, H_kv, D, N_pad), with ``svc`` (B, H_kv, D); ``out_shape`` O's (B, N, H, D); ``qk_scale`` = softmax_scale ·
+    log2(e). ``promote``: each 64-key tile's P̂ V̂ᶜ added into O in FP32 (``ACC_PROMOTE=64``), else accumulated by the
+    wgmma. lse2 is written for every query of each 64-query block that holds one below N, as Triton's launch does."""
+    n = out_shape[1]
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward")
+    if tuple(out_shape) != (b, n, h, d):
+        raise ValueError(f"out_shape {tuple(out_shape)}: expected (B, N, H, D) = {(b, n, h, d)}")
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8t", v8t, (b, h_kv, d, n_pad))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("svc", svc, (b, h_kv, d))])
+    device = q8.device
+    o = torch.empty(out_shape, dtype=dtype, device=device)
+    lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
+    params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
+                               h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
+    _call(_library(), "dm_fwd_factored", ctypes.byref(params), int(promote), *_launch_args(o))
+    return o, lse2

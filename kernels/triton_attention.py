@@ -11,10 +11,12 @@ K per channel (V̂ᶜ for PV, K̂ᶜ kept for dQ); its backward quantises dO per
 the δ pass has formed dŜ's row scales s (dK), so it also keeps Q for the backward.
 """
 
+import math
+
 import torch
 
 from deltamatch.kernels.inputs import validate_attention_inputs
-from deltamatch.kernels.triton_bwd import attention_backward
+from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected
 from deltamatch.kernels.triton_fwd import attention_forward, forward_config
 from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand,
                                              quantize_per_channel, token_mean)
@@ -34,6 +36,7 @@ FACTORED_SAVED = ("q", "k8t", "skc")
 def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     """Quantise and run the forward kernel: ``(o, saved, factored)`` — ``saved`` the tensors of ``SAVED``,
     ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None)."""
+    cuda = mode == "matched_factored" and cuda_kernels_selected(q.shape[-1], q.dtype, what="forward")
     k_mean = token_mean(k)
     # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
     blocks = "token" if mode == "matched_factored" else "both"
@@ -44,8 +47,16 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
         _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel")
         _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel")
-        o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
-                                    config=forward_config(q.shape[-1], factored=True))
+        config = forward_config(q.shape[-1], factored=True)
+        if cuda:
+            from deltamatch.kernels import cuda_lib
+
+            o, lse2 = cuda_lib.fwd_factored(q8, k8, v8t_c, sq, sk, sv_c, tuple(q.shape), causal,
+                                            softmax_scale * math.log2(math.e), dtype=q.dtype,
+                                            promote=config.get("ACC_PROMOTE") is not None)
+        else:
+            o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
+                                        config=config)
         factored = dict(q=q, k8t=k8t_c, skc=sk_c)
     else:
         o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)

@@ -470,14 +470,16 @@ def dq_atomic_requested() -> bool:
 
 
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
-"""``matched_factored``'s dK, dV and dQ: ``1`` through the CUDA kernels (``kernels/cuda/dkdv_factored.cu``, one
-warp-specialised launch for dK and dV, and ``dq_factored.cu``; an error where they cannot run), ``0`` through Triton's
-launches, unset: CUDA where the library loads (built by ``dm-cuda-build``, an sm90 GPU) at D = 128 with the default
-launch config, Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
+"""``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``) and its dK, dV and dQ (``dkdv_factored.cu``, one
+warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the CUDA kernels (an error where they
+cannot run), ``0`` through Triton's launches, unset: CUDA where the library loads (built by ``dm-cuda-build``, an sm90
+GPU) at D = 128 with the default launch config, Triton elsewhere. The two give the same bits
+(tests/kernels/test_cuda_gpu.py)."""
 
 
-def cuda_backward_selected(head_dim: int, dtype: torch.dtype, stats: bool, default_config: bool) -> bool:
-    """Whether ``attention_backward`` runs ``matched_factored``'s dK, dV and dQ through the CUDA kernels
+def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False, default_config: bool = True,
+                          what: str = "backward") -> bool:
+    """Whether ``matched_factored``'s ``what`` (``forward`` or ``backward``) runs through the CUDA kernels
     (:data:`CUDA_SWITCH`). They have no ``ds_stats`` diagnostics and serve D = 128 only; unset, a config the caller
     chose (the sweep) keeps Triton's launches."""
     from deltamatch.kernels import cuda_lib
@@ -487,13 +489,13 @@ def cuda_backward_selected(head_dim: int, dtype: torch.dtype, stats: bool, defau
         return False
     _, reason = cuda_lib.load()
     if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
-        reason = f"head dim {head_dim}: the CUDA backward kernels are built for D = {cuda_lib.DV_HEAD_DIM} only"
+        reason = f"head dim {head_dim}: the CUDA {what} kernels are built for D = {cuda_lib.DV_HEAD_DIM} only"
     if not reason and dtype not in (torch.bfloat16, torch.float16):
-        reason = f"dtype {dtype}: the CUDA backward kernels write bf16 or fp16"
+        reason = f"dtype {dtype}: the CUDA {what} kernels write bf16 or fp16"
     if not reason and stats:
         reason = "ds_stats diagnostics are formed by Triton's kernels only"
     if reason and switch:
-        raise RuntimeError(f"{CUDA_SWITCH}=1 but the CUDA backward kernels cannot run: {reason}")
+        raise RuntimeError(f"{CUDA_SWITCH}=1 but the CUDA {what} kernels cannot run: {reason}")
     return not reason
 
 
@@ -617,7 +619,7 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel")
         _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel")
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])
-        if cuda_backward_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
+        if cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
         dq, dk, dv = outputs()
         _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,

@@ -49,22 +49,6 @@ struct Maps {
   CUtensorMap kt;             // K̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
 };
 
-// A 64-query half's key tiles in Triton's dQ order (triton_bwd._key_ranges): [0, full_end) unmasked, then
-// [full_end, hi) masked: the causal diagonal, or the ragged end.
-struct KeySchedule {
-  int unmasked, tiles;
-  __device__ KeySchedule(int start_m, int n, bool causal) {
-    int full_end = (n / kBlockN) * kBlockN, hi = n;
-    if (causal) {
-      full_end = min(full_end, start_m);
-      hi = start_m + kBlockM;
-    }
-    unmasked = full_end / kBlockN;
-    tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
-  }
-  __device__ int start(int it) const { return kBlockN * it; }
-};
-
 template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
                                         Walk<STAGES, KeySchedule> w) {

@@ -78,6 +78,23 @@ struct Schedule {
   }
 };
 
+// A 64-query half's key tiles in Triton's order for the forward (triton_fwd._attn_fwd_kernel) and dQ
+// (triton_bwd._key_ranges), which agree: [0, full_end) unmasked, then [full_end, hi) masked: the causal diagonal, or
+// the ragged end.
+struct KeySchedule {
+  int unmasked, tiles;
+  __device__ KeySchedule(int start_m, int n, bool causal) {
+    int full_end = (n / kBlockN) * kBlockN, hi = n;
+    if (causal) {
+      full_end = min(full_end, start_m);
+      hi = start_m + kBlockM;
+    }
+    unmasked = full_end / kBlockN;
+    tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
+  }
+  __device__ int start(int it) const { return kBlockN * it; }
+};
+
 // e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
 // over the tile's 64 queries (two k = 32 steps).
 __device__ __forceinline__ void to_fragments(const float (&st)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4]) {

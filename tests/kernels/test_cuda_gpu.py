@@ -437,6 +437,71 @@ def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote):
                                        f"relative {relative_error(ours, theirs):.2e}, first at {where}")
 
 
+@pytest.fixture(scope="module")
+def forward_operands():
+    """The codes matched_factored's forward reads (Q̂, K̂ centred, token-major; V̂ᶜ channel-major), by the project's
+    passes, per (n, causal, h, hk)."""
+    from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, quantize_operand, quantize_per_channel, token_mean
+
+    cache = {}
+
+    def get(n, h, hk):
+        if (n, h, hk) not in cache:
+            q, k, v, _ = attention_inputs(2, n, h, hk, seed=n + h)
+            q8, _, sq = quantize_operand(q, BLOCK_Q, layouts="token")
+            k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True, mean=token_mean(k), layouts="token")
+            _, v8t, svc = quantize_per_channel(v, "v", layouts="channel")
+            cache[n, h, hk] = dict(q=q, q8=q8, k8=k8, v8t=v8t, sq=sq, sk=sk, svc=svc)
+        return cache[n, h, hk]
+
+    return get
+
+
+def triton_factored_forward(ops, causal, promote):
+    from deltamatch.kernels import triton_fwd
+
+    cfg = {**triton_fwd.forward_config(128, factored=True),
+           "ACC_PROMOTE": triton_fwd.FACTORED_ACC_PROMOTE if promote else None}
+    q = ops["q"]
+    return triton_fwd.attention_forward(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], q.shape,
+                                        q.dtype, causal, 128**-0.5, config=cfg)
+
+
+def cuda_factored_forward(ops, causal, promote):
+    q = ops["q"]
+    return cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], tuple(q.shape),
+                                 causal, 128**-0.5 * math.log2(math.e), dtype=q.dtype, promote=promote)
+
+
+# the dQ cases: a ragged second CTA with no second half (130), halves that share all but one key tile (256), many
+# tiles (1024), GQA 8 on 2 with a ragged second half (1000)
+@pytest.mark.parametrize("n, causal, promote", DQ_CASES)
+def test_factored_forward_is_tritons_bit_for_bit(forward_operands, n, causal, promote):
+    """O and lse2 of the CUDA forward against Triton's factored forward: O bit for bit below N, lse2 bit for bit on
+    every row Triton writes (each 64-query block that holds a query below N)."""
+    ops = forward_operands(n, *heads(n))
+    (o, lse), (o_ref, lse_ref) = cuda_factored_forward(ops, causal, promote), triton_factored_forward(ops, causal, promote)
+    torch.cuda.synchronize()
+    rows = -(-n // 64) * 64
+    assert torch.isfinite(o).all() and torch.isfinite(lse[..., :rows]).all()
+    for name, ours, theirs in (("o", o, o_ref), ("lse2", lse[..., :rows], lse_ref[..., :rows])):
+        diff = (ours.float() - theirs.float()).abs()
+        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+        assert torch.equal(ours, theirs), (
+            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
+            f"{relative_error(ours, theirs):.2e}, first at {where}")
+
+
+def test_factored_forward_refuses_what_it_is_not_built_for(forward_operands):
+    ops = forward_operands(130, 2, 2)
+    with pytest.raises(ValueError, match=r"out_shape \(2, 131, 2, 128\): expected"):
+        cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], (2, 131, 2, 128),
+                              True, 0.1)
+    with pytest.raises(ValueError, match=r"svc: torch.float32 \(2, 2, 64\)"):
+        cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"][..., :64],
+                              (2, 130, 2, 128), True, 0.1)
+
+
 def test_fused_factored_dkdv_is_deterministic_and_on_torchs_stream(dk_operands):
     """Two runs give the same bits, the second from an lse2 written on a side stream after a sleep: a launch not
     ordered after that copy would read zeros."""

@@ -173,7 +173,8 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
     """Each verified code-store mode of the quantisation passes (``triton_quant.VERIFIED_STORE_MODES``, the launched
     ``STORE_MODE`` among them) against the pointer stores, on the hardware whose stores they change: the Q pass
     (128-row blocks), centred K (64-row blocks), dO with the consistent δ (which reads the codes back) and the
-    per-channel pass, ragged N and 8K; and each mode's channel-major codes are its token-major codes transposed.
+    per-channel pass, ragged N and 8K; and each mode's channel-major codes are its token-major codes transposed
+    (δ to FP32 round-off: ``tma_both`` sums it in another order, seen on the H200 in session 10).
     The unverified modes wrote wrong channel-major codes here (session 8); the sweep's ``bit_equal`` column tracks
     them, and ``DELTAMATCH_TEST_STORE_MODES`` (comma-separated names) puts them to this test, e.g. under another ptxas
     (``TRITON_PTXAS_PATH``: kernel_gpu.sh's ``ptxas`` stage). Each pass also asked for one layout alone
@@ -192,6 +193,15 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
                                                                       layouts=lay),  # V in O's place
               "per channel": lambda mode, lay="both": tq.quantize_per_channel(q, "q", store_mode=mode, layouts=lay)}
     bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)  # noqa: E731
+    # δ = Σ_k dÔ_ik O_ik is summed in whatever register layout a mode leaves the block in (tma_both's differs), so it
+    # agrees to FP32 round-off of its D terms, not bit for bit; codes and scales agree bit for bit
+    terms = (do.float().abs() * v.float().abs()).sum(-1).transpose(1, 2)  # Σ_k |dO_ik| |O_ik|, (B, H, N)
+
+    def same(a, b, i):
+        if i == 3:
+            return bool(((a[..., :n] - b[..., :n]).abs() <= 1e-5 * terms).all())
+        return torch.equal(bits(a), bits(b))
+
     for name, run in passes.items():
         pointers = run(tq.STORE_MODES["pointers"])
         assert tq.STORE_MODE in (tq.STORE_MODES[m] for m in tq.VERIFIED_STORE_MODES)
@@ -199,10 +209,10 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
             out = run(tq.STORE_MODES[mode_name])
             assert len(out) == (4 if name == "do" else 3)
             for i, (a, b) in enumerate(zip(out, pointers)):
-                assert torch.equal(bits(a), bits(b)), (name, mode_name, i)
+                assert same(a, b, i), (name, mode_name, i)
             assert torch.equal(bits(out[0]).transpose(-1, -2), bits(out[1])), (name, mode_name)
         for i, lay in enumerate(("token", "channel")):
             out = run(tq.STORE_MODE, lay)
             assert out[1 - i] is None and torch.equal(bits(out[i]), bits(pointers[i])), (name, lay)
             for j in range(2, len(out)):  # scales (and δ)
-                assert torch.equal(bits(out[j]), bits(pointers[j])), (name, lay, j)
+                assert same(out[j], pointers[j], j), (name, lay, j)

@@ -265,20 +265,30 @@ def test_factored_dots_promote_every_tile_unless_the_switch_says_0(monkeypatch):
         forward_config(128, factored=True)
 
 
-def test_the_cuda_backward_runs_only_where_it_can_and_says_why_not(monkeypatch, tmp_path):
-    """Unset, matched_factored's dK, dV and dQ stay on Triton wherever the CUDA kernels cannot run (here: no GPU); asked for
-    by the switch, that is an error naming the reason."""
+def test_the_cuda_kernels_run_only_where_they_can_and_say_why_not(monkeypatch, tmp_path):
+    """Unset, matched_factored's forward and its dK, dV and dQ stay on Triton wherever the CUDA kernels cannot run
+    (here: no GPU); asked for by the switch, that is an error naming the reason."""
     from deltamatch.kernels import cuda_lib
-    from deltamatch.kernels.triton_bwd import CUDA_SWITCH, cuda_backward_selected
+    from deltamatch.kernels.triton_bwd import CUDA_SWITCH, cuda_kernels_selected
 
     monkeypatch.delenv(CUDA_SWITCH, raising=False)
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
-    assert not cuda_backward_selected(128, torch.bfloat16, stats=False, default_config=True)
+    for what in ("forward", "backward"):
+        assert not cuda_kernels_selected(128, torch.bfloat16, what=what)
     monkeypatch.setenv(CUDA_SWITCH, "0")
-    assert not cuda_backward_selected(128, torch.bfloat16, stats=False, default_config=True)
+    assert not cuda_kernels_selected(128, torch.bfloat16, stats=False, default_config=True)
     monkeypatch.setenv(CUDA_SWITCH, "1")
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA=1 but the CUDA backward kernels cannot run: .*missing"):
-        cuda_backward_selected(128, torch.bfloat16, stats=False, default_config=True)
+        cuda_kernels_selected(128, torch.bfloat16, stats=False, default_config=True)
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA=1 but the CUDA forward kernels cannot run: .*missing"):
+        cuda_kernels_selected(128, torch.bfloat16, what="forward")
+    # through dm_attn_func's Triton path on the CPU: the forward asks first, and says so
+    q = torch.randn(1, 64, 1, 128, dtype=torch.bfloat16)
+    from deltamatch.kernels.triton_attention import fp8_forward
+
+    with pytest.raises(RuntimeError, match="CUDA forward kernels cannot run"):
+        fp8_forward(q, q, q, True, "matched_factored", 128**-0.5)
+
 
 if __name__ == "__main__":
     child_main(_measure)

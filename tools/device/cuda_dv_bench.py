@@ -31,7 +31,7 @@ def operands(b, h, n, d, causal):
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
-                qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, k8t_c=forward_factored["k8t"],
+                qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, v=v, k8t_c=forward_factored["k8t"],
                 skc=forward_factored["skc"])
 
 
@@ -193,6 +193,38 @@ def dq_rows(ops, args, flop, do_bench):
     return rows
 
 
+def fwd_rows(ops, args, flop, do_bench):
+    """The CUDA factored forward (``cuda_lib.fwd_factored``) against Triton's factored forward, promoted and not, on
+    the codes the forward reads (Q̂, K̂ token-major; V̂ᶜ channel-major). ``flop``: its two matmuls (S, PV)."""
+    from deltamatch.kernels import cuda_lib, triton_fwd
+    from deltamatch.kernels.triton_quant import quantize_per_channel
+
+    s, q = ops["saved"], ops["q"]
+    _, v8t_c, svc = quantize_per_channel(ops["v"], "v", layouts="channel")
+    rows = []
+    for promote in (True, False):
+        cfg = {**triton_fwd.forward_config(128, factored=True),
+               "ACC_PROMOTE": triton_fwd.FACTORED_ACC_PROMOTE if promote else None}
+
+        def triton_fwd_launch():
+            return triton_fwd.attention_forward(s["q8"], s["k8"], v8t_c, s["sq"], s["sk"], svc, q.shape, q.dtype, True,
+                                                ops["scale"], config=cfg)
+
+        def cuda_fwd():
+            return cuda_lib.fwd_factored(s["q8"], s["k8"], v8t_c, s["sq"], s["sk"], svc, tuple(q.shape), True,
+                                         ops["qk"], promote=promote)
+
+        ref = triton_fwd_launch()
+        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
+        rows.append(timed("fwd_factored_triton", triton_fwd_launch, do_bench, base))
+        got = cuda_fwd()
+        torch.cuda.synchronize()
+        rows.append(timed("fwd_factored_cuda", cuda_fwd, do_bench, dict(base, variant="ws4"), list(got), list(ref)))
+    for row in rows:
+        row["tflops"] = round(flop / row["ms"] / 1e9, 1)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="JSONL file for the rows")
@@ -200,7 +232,9 @@ def main(argv=None) -> int:
     parser.add_argument("--bh", type=int, default=64)
     parser.add_argument("--once", action="store_true",
                         help="launch each kernel once, untimed (for a profiler: ncu -k ...)")
-    parser.add_argument("--fused-only", action="store_true", help="time only the fused dK/dV and Triton's pair")
+    parser.add_argument("--fused-only", action="store_true",
+                        help="time only the warp-specialised kernels (forward, dK/dV, dQ) and Triton's launches")
+    parser.add_argument("--forward-only", action="store_true", help="time only the forward and Triton's")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
@@ -216,9 +250,11 @@ def main(argv=None) -> int:
         dk_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)  # Triton's dK, then the CUDA dK, once each (untimed)
         dkdv_rows(ops, args, flop * 2, lambda fn, **_: 1.0, variants=("ws3", "ws3s"))
         dq_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)
+        fwd_rows(ops, args, flop, lambda fn, **_: 1.0)
         torch.cuda.synchronize()
         return 0
-    for promote in () if args.fused_only else (True, False):
+    rows += fwd_rows(ops, args, flop, do_bench)  # the forward: two matmuls (S, PV)
+    for promote in () if args.fused_only or args.forward_only else (True, False):
         triton_dv, cuda_dvs, out = launchers(ops, promote)
         triton_dv()
         for fn in cuda_dvs.values():
@@ -233,10 +269,11 @@ def main(argv=None) -> int:
                 row.update(variant=name, equal=torch.equal(out[name], out["triton"]), rel=float(diff))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    if not args.fused_only:
+    if not (args.fused_only or args.forward_only):
         rows += dk_rows(ops, args, flop * 1.5, do_bench)  # dK: three matmuls (S, dP, dK) where dV has two
-    rows += dkdv_rows(ops, args, flop * 2, do_bench)  # the fused dK/dV: four (S, dP, dV, dK)
-    rows += dq_rows(ops, args, flop * 1.5, do_bench)  # dQ: three (S, dP, dQ)
+    if not args.forward_only:
+        rows += dkdv_rows(ops, args, flop * 2, do_bench)  # the fused dK/dV: four (S, dP, dV, dK)
+        rows += dq_rows(ops, args, flop * 1.5, do_bench)  # dQ: three (S, dP, dQ)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
