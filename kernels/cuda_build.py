@@ -103,6 +103,10 @@ KERNELS = (
     # m64n128k32)
     *(CudaKernel(f"dm_fwd_factored_ws4_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})
       for promoted in ("promoted", "unpromoted")),
+    # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
+    # tile's P̂ V̂ᶜ after it
+    *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})
+      for promoted in ("promoted", "unpromoted")),
 )
 
 

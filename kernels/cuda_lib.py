@@ -64,7 +64,7 @@ SIGNATURES = {
     "dm_dkdv_factored_params_size": ((), _I),
     "dm_dq_factored": ((_P, _I, _I, _P), _I),
     "dm_dq_factored_params_size": ((), _I),
-    "dm_fwd_factored": ((_P, _I, _I, _P), _I),
+    "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
@@ -82,6 +82,10 @@ warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
+FWD_VARIANTS = ("ws4", "ws4p")
+"""The factored forward's forms, in ``dm_fwd_factored``'s numbering (``kernels/cuda/fwd_factored.cu``): a producer
+warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
+tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
 
 class DvFactoredParams(ctypes.Structure):
@@ -399,13 +403,17 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
 
 def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
                  svc: torch.Tensor, out_shape: tuple[int, int, int, int], causal: bool, qk_scale: float,
-                 dtype: torch.dtype = torch.bfloat16, promote: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 dtype: torch.dtype = torch.bfloat16, promote: bool = True,
+                 variant: str = "ws4p") -> tuple[torch.Tensor, torch.Tensor]:
     """(O (B, N, H, D), lse2 (B, H, N_pad)) of ``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``) from the
     operands of Triton's factored forward: ``q8`` (B, H, N_pad, D) and ``k8`` (B, H_kv, N_pad, D) codes with scales
     ``sq`` (B, H, N_pad / 128) and ``sk`` (B, H_kv, N_pad / 64); ``v8t`` V̂ᶜ, V per channel, channel-major
     (B, H_kv, D, N_pad), with ``svc`` (B, H_kv, D); ``out_shape`` O's (B, N, H, D); ``qk_scale`` = softmax_scale ·
     log2(e). ``promote``: each 64-key tile's P̂ V̂ᶜ added into O in FP32 (``ACC_PROMOTE=64``), else accumulated by the
-    wgmma. lse2 is written for every query of each 64-query block that holds one below N, as Triton's launch does."""
+    wgmma. lse2 is written for every query of each 64-query block that holds one below N, as Triton's launch does.
+    ``variant``: one of ``FWD_VARIANTS``."""
+    if variant not in FWD_VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {FWD_VARIANTS}")
     n = out_shape[1]
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward")
     if tuple(out_shape) != (b, n, h, d):
@@ -418,5 +426,6 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
     lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
-    _call(_library(), "dm_fwd_factored", ctypes.byref(params), int(promote), *_launch_args(o))
+    _call(_library(), "dm_fwd_factored", ctypes.byref(params), int(promote), FWD_VARIANTS.index(variant),
+          *_launch_args(o))
     return o, lse2

@@ -473,8 +473,11 @@ CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
 """``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``) and its dK, dV and dQ (``dkdv_factored.cu``, one
 warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the CUDA kernels (an error where they
 cannot run), ``0`` through Triton's launches, unset: CUDA where the library loads (built by ``dm-cuda-build``, an sm90
-GPU) at D = 128 with the default launch config, Triton elsewhere. The two give the same bits
-(tests/kernels/test_cuda_gpu.py)."""
+GPU) at D = 128 with the default launch config, for the kernels the H200 timed faster than Triton's (``CUDA_DEFAULT``),
+Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
+CUDA_DEFAULT = {"backward": True, "forward": False}
+"""Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's (1.6× and 1.08× Triton's, session 9),
+not the forward's (slower than Triton's in session 10: kernels/NOTES.md)."""
 
 
 def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False, default_config: bool = True,
@@ -485,7 +488,7 @@ def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False
     from deltamatch.kernels import cuda_lib
 
     switch = env_switch(CUDA_SWITCH)
-    if switch is False or (switch is None and (stats or not default_config)):
+    if switch is False or (switch is None and (stats or not default_config or not CUDA_DEFAULT[what])):
         return False
     _, reason = cuda_lib.load()
     if not reason and head_dim != cuda_lib.DV_HEAD_DIM:

@@ -162,7 +162,58 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kBlockN / 2], float (&m
   for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], quad_sum(sum[r]));
 }
 
-template <bool PROMOTE, int STAGES>
+// S = Q̂ K̂ᵀ of one key tile (4 SS m64n64k32), one wgmma group.
+__device__ __forceinline__ void issue_s(float (&st)[kBlockN / 2], const uint8_t* q8, const uint8_t* k) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockN>::ss(st, QTile::desc(q8, kk), QTile::desc(k, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// The softmax step of `t` on its S (st, complete), then P̂'s A fragments.
+__device__ __forceinline__ void softmax_fragments(float (&st)[kBlockN / 2], uint32_t (&frag)[kTileSteps][4],
+                                                  float (&m)[2], float (&l)[2], float (&alpha)[2], const int (&row)[2],
+                                                  float row_scale, const Tile& t, int n, bool causal) {
+  if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
+    softmax_tile(st, m, l, alpha, row, row_scale, true, t.start, n, causal);
+  } else {
+    softmax_tile(st, m, l, alpha, row, row_scale, false, t.start, n, causal);
+  }
+  to_fragments(st, frag);
+}
+
+// O · α then O += P̂ V̂ᶜ (unpromoted), or the product into `part` from zero (PROMOTE), one wgmma group.
+template <bool PROMOTE>
+__device__ __forceinline__ void issue_pv(float (&acc)[kHeadDim / 2], float (&part)[PROMOTE ? kHeadDim / 2 : 1],
+                                         uint32_t (&frag)[kTileSteps][4], const float (&alpha)[2], const uint8_t* vt) {
+  if constexpr (PROMOTE) {
+    issue_channel_product<true>(acc, part, frag, vt);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = __fmul_rn(acc[i], alpha[(i / 2) % 2]);
+    issue_channel_product<false>(acc, acc, frag, vt);
+  }
+}
+
+// After the PV group has completed: O = fma(O, α, P̂ V̂ᶜ) (PROMOTE), else O is the wgmma's.
+template <bool PROMOTE>
+__device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&part)[PROMOTE ? kHeadDim / 2 : 1],
+                                          const float (&alpha)[2]) {
+  if constexpr (PROMOTE) {
+    fence_operands(part);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = fmaf(acc[i], alpha[(i / 2) % 2], part[i]);
+  } else {
+    fence_operands(acc);
+  }
+}
+
+// PIPELINED: S of the next tile is issued before P̂ V̂ᶜ of this one, and the next tile's softmax runs while that
+// product is on the tensor cores (FlashAttention-3's intra-warpgroup overlap); otherwise each tile in turn. The same
+// arithmetic in the same order either way.
+template <bool PROMOTE, bool PIPELINED, int STAGES>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams& p, int half, int64_t bh,
                                         int64_t bh_kv, int start_m) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -177,41 +228,56 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
   uint32_t frag[kTileSteps][4];
   mbar_wait(&s.rows_full, 0);
+  const float* sk = p.sk + kv_scales;
+  auto scale_of = [&](const Tile& t) { return __fmul_rn(__fmul_rn(s_q, sk[t.start / kBlockN]), p.qk_scale); };
   Tile t;
-  while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-    const float row_scale = __fmul_rn(__fmul_rn(s_q, p.sk[kv_scales + t.start / kBlockN]), p.qk_scale);
-    {
-      float st[kBlockN / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < QTile::kSteps; ++kk) {  // S = Q̂ K̂ᵀ
-        WgmmaE4M3<kBlockN>::ss(st, QTile::desc(q8, kk), QTile::desc(s.k[t.stage], kk), kk > 0);
-      }
-      wgmma_commit();
+  if constexpr (PIPELINED) {
+    // every wgmma group in the loop body is issued and waited for unconditionally (a conditional issue makes ptxas
+    // serialise them all): the first tile's S before the loop, the last tile's P̂ V̂ᶜ after it
+    float st[kBlockN / 2];
+    float next_alpha[2];
+    if (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+      issue_s(st, q8, s.k[t.stage]);
       wgmma_wait<0>();
       fence_operands(st);
-      if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
-        softmax_tile(st, m, l, alpha, row, row_scale, true, t.start, p.n, p.causal);
-      } else {
-        softmax_tile(st, m, l, alpha, row, row_scale, false, t.start, p.n, p.causal);
+      softmax_fragments(st, frag, m, l, alpha, row, scale_of(t), t, p.n, p.causal);
+      Tile next;
+#pragma unroll 1
+      while (ring.take(s.info, s.full, s.empty, half, releaser, next)) {
+        issue_s(st, q8, s.k[next.stage]);
+        issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
+        wgmma_wait<1>();  // S of the next tile; this tile's P̂ V̂ᶜ may still run
+        fence_operands(st);
+        if (next.masked) {  // the next tile's softmax beside this tile's product; its fragments once that is done
+          softmax_tile(st, m, l, next_alpha, row, scale_of(next), true, next.start, p.n, p.causal);
+        } else {
+          softmax_tile(st, m, l, next_alpha, row, scale_of(next), false, next.start, p.n, p.causal);
+        }
+        wgmma_wait<0>();
+        if (releaser) mbar_arrive(&s.empty[t.stage]);
+        finish_pv<PROMOTE>(acc, part, alpha);
+        to_fragments(st, frag);  // P̂'s registers are free only now: the product read them until it completed
+        alpha[0] = next_alpha[0], alpha[1] = next_alpha[1];
+        t = next;
       }
-      to_fragments(st, frag);
+      issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      finish_pv<PROMOTE>(acc, part, alpha);
     }
-    if constexpr (PROMOTE) {
-      issue_channel_product<true>(acc, part, frag, s.vt[t.stage]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = __fmul_rn(acc[i], alpha[(i / 2) % 2]);
-      issue_channel_product<false>(acc, acc, frag, s.vt[t.stage]);
-    }
-    wgmma_wait<0>();
-    if (releaser) mbar_arrive(&s.empty[t.stage]);
-    if constexpr (PROMOTE) {
-      fence_operands(part);
-#pragma unroll
-      for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = fmaf(acc[i], alpha[(i / 2) % 2], part[i]);
-    } else {
-      fence_operands(acc);
+  } else {
+    while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+      {
+        float st[kBlockN / 2];
+        issue_s(st, q8, s.k[t.stage]);
+        wgmma_wait<0>();
+        fence_operands(st);
+        softmax_fragments(st, frag, m, l, alpha, row, scale_of(t), t, p.n, p.causal);
+      }
+      issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      finish_pv<PROMOTE>(acc, part, alpha);
     }
   }
   const float* svc = p.svc + bh_kv * kHeadDim;
@@ -224,7 +290,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
   }
 }
 
-template <bool PROMOTE, int STAGES>
+template <bool PROMOTE, bool PIPELINED, int STAGES>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) {
@@ -251,28 +317,33 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
   }
   claim_registers<kConsumerRegs>();
   // a second half without queries still runs: it takes no tile but releases every stage (Ring::take)
-  consume<PROMOTE, STAGES>(s, p, role - 1, bh, bh_kv, start_m + kBlockM * (role - 1));
+  consume<PROMOTE, PIPELINED, STAGES>(s, p, role - 1, bh, bh_kv, start_m + kBlockM * (role - 1));
 }
 
 }  // namespace fwd
 }  // namespace dm
 
-#define DM_FWD_KERNEL(NAME, PROMOTE, STAGES)                                                          \
+#define DM_FWD_KERNEL(NAME, PROMOTE, PIPELINED)                                                       \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd::Maps maps) {                    \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::fwd::fwd_block<PROMOTE, STAGES>(smem, p, maps);                                              \
+    dm::fwd::fwd_block<PROMOTE, PIPELINED, dm::fwd::kStages>(smem, p, maps);                         \
   }
-DM_FWD_KERNEL(dm_fwd_factored_ws4_promoted, true, dm::fwd::kStages)
-DM_FWD_KERNEL(dm_fwd_factored_ws4_unpromoted, false, dm::fwd::kStages)
+DM_FWD_KERNEL(dm_fwd_factored_ws4_promoted, true, false)
+DM_FWD_KERNEL(dm_fwd_factored_ws4_unpromoted, false, false)
+DM_FWD_KERNEL(dm_fwd_factored_ws4p_promoted, true, true)
+DM_FWD_KERNEL(dm_fwd_factored_ws4p_unpromoted, false, true)
 #undef DM_FWD_KERNEL
 
-extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int device, cudaStream_t stream) {
+// variant: 0 each tile in turn (ws4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (ws4p)
+extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n) {
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
+      variant > 1) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = promote ? dm_fwd_factored_ws4_promoted : dm_fwd_factored_ws4_unpromoted;
+  auto kernel = variant ? (promote ? dm_fwd_factored_ws4p_promoted : dm_fwd_factored_ws4p_unpromoted)
+                        : (promote ? dm_fwd_factored_ws4_promoted : dm_fwd_factored_ws4_unpromoted);
   const int smem = dm::fwd::smem_bytes<dm::fwd::kStages>();
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;

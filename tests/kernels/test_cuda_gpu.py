@@ -467,20 +467,23 @@ def triton_factored_forward(ops, causal, promote):
                                         q.dtype, causal, 128**-0.5, config=cfg)
 
 
-def cuda_factored_forward(ops, causal, promote):
+def cuda_factored_forward(ops, causal, promote, variant="ws4p"):
     q = ops["q"]
     return cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], tuple(q.shape),
-                                 causal, 128**-0.5 * math.log2(math.e), dtype=q.dtype, promote=promote)
+                                 causal, 128**-0.5 * math.log2(math.e), dtype=q.dtype, promote=promote,
+                                 variant=variant)
 
 
 # the dQ cases: a ragged second CTA with no second half (130), halves that share all but one key tile (256), many
 # tiles (1024), GQA 8 on 2 with a ragged second half (1000)
+@pytest.mark.parametrize("variant", cuda_lib.FWD_VARIANTS)
 @pytest.mark.parametrize("n, causal, promote", DQ_CASES)
-def test_factored_forward_is_tritons_bit_for_bit(forward_operands, n, causal, promote):
+def test_factored_forward_is_tritons_bit_for_bit(forward_operands, n, causal, promote, variant):
     """O and lse2 of the CUDA forward against Triton's factored forward: O bit for bit below N, lse2 bit for bit on
     every row Triton writes (each 64-query block that holds a query below N)."""
     ops = forward_operands(n, *heads(n))
-    (o, lse), (o_ref, lse_ref) = cuda_factored_forward(ops, causal, promote), triton_factored_forward(ops, causal, promote)
+    (o, lse), (o_ref, lse_ref) = (cuda_factored_forward(ops, causal, promote, variant),
+                                  triton_factored_forward(ops, causal, promote))
     torch.cuda.synchronize()
     rows = -(-n // 64) * 64
     assert torch.isfinite(o).all() and torch.isfinite(lse[..., :rows]).all()
@@ -494,9 +497,12 @@ def test_factored_forward_is_tritons_bit_for_bit(forward_operands, n, causal, pr
 
 def test_factored_forward_refuses_what_it_is_not_built_for(forward_operands):
     ops = forward_operands(130, 2, 2)
-    with pytest.raises(ValueError, match=r"out_shape \(2, 131, 2, 128\): expected"):
-        cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], (2, 131, 2, 128),
+    with pytest.raises(ValueError, match=r"out_shape \(2, 130, 3, 128\): expected \(B, N, H, D\) = \(2, 130, 2"):
+        cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], (2, 130, 3, 128),
                               True, 0.1)
+    with pytest.raises(ValueError, match=r"variant 'ws9'"):
+        cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"], (2, 130, 2, 128),
+                              True, 0.1, variant="ws9")
     with pytest.raises(ValueError, match=r"svc: torch.float32 \(2, 2, 64\)"):
         cuda_lib.fwd_factored(ops["q8"], ops["k8"], ops["v8t"], ops["sq"], ops["sk"], ops["svc"][..., :64],
                               (2, 130, 2, 128), True, 0.1)

@@ -210,16 +210,18 @@ def fwd_rows(ops, args, flop, do_bench):
             return triton_fwd.attention_forward(s["q8"], s["k8"], v8t_c, s["sq"], s["sk"], svc, q.shape, q.dtype, True,
                                                 ops["scale"], config=cfg)
 
-        def cuda_fwd():
-            return cuda_lib.fwd_factored(s["q8"], s["k8"], v8t_c, s["sq"], s["sk"], svc, tuple(q.shape), True,
-                                         ops["qk"], promote=promote)
+        def cuda_fwd(variant):
+            return lambda: cuda_lib.fwd_factored(s["q8"], s["k8"], v8t_c, s["sq"], s["sk"], svc, tuple(q.shape), True,
+                                                 ops["qk"], promote=promote, variant=variant)
 
         ref = triton_fwd_launch()
         base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
         rows.append(timed("fwd_factored_triton", triton_fwd_launch, do_bench, base))
-        got = cuda_fwd()
-        torch.cuda.synchronize()
-        rows.append(timed("fwd_factored_cuda", cuda_fwd, do_bench, dict(base, variant="ws4"), list(got), list(ref)))
+        for variant in cuda_lib.FWD_VARIANTS:
+            got = cuda_fwd(variant)()
+            torch.cuda.synchronize()
+            rows.append(timed("fwd_factored_cuda", cuda_fwd(variant), do_bench, dict(base, variant=variant), list(got),
+                              list(ref)))
     for row in rows:
         row["tflops"] = round(flop / row["ms"] / 1e9, 1)
     return rows
