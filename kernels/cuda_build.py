@@ -101,8 +101,8 @@ KERNELS = (
       for promoted in ("promoted", "unpromoted")),
     # the factored forward (fwd_factored.cu), one loop body per key tile: S (4 SS m64n64k32), then O += P̂ V̂ᶜ (2 RS
     # m64n128k32)
-    *(CudaKernel(f"dm_fwd_factored_ws4_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})
-      for promoted in ("promoted", "unpromoted")),
+    *(CudaKernel(f"dm_fwd_factored_{variant}_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})
+      for variant in ("ws4", "ws4pp") for promoted in ("promoted", "unpromoted")),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

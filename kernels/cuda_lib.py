@@ -82,10 +82,11 @@ warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-FWD_VARIANTS = ("ws4", "ws4p")
+FWD_VARIANTS = ("ws4", "ws4p", "ws4pp")
 """The factored forward's forms, in ``dm_fwd_factored``'s numbering (``kernels/cuda/fwd_factored.cu``): a producer
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
-tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
+tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``ws4pp``
+runs each tile in turn with the two warpgroups taking turns to issue S (named barriers: FA3's ping-pong)."""
 
 
 class DvFactoredParams(ctypes.Structure):
