@@ -65,21 +65,16 @@ struct Maps {
 template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
                                         Walk<STAGES, Schedule> w) {
-  for (int j = 0; !w.done(); ++j, w.advance()) {
-    if (j >= STAGES) mbar_wait(&s.empty[w.stage], w.phase ^ 1);
-    uint64_t* full = &s.full[w.stage];
-    const int st = w.stage;
-    const int64_t row = w.bh * p.n_pad + w.start;
-    s.info[st] = {w.start, w.flags(), w.bh};
-    mbar_arrive_expect_tx(full, kTileBytes);
+  produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+    const int64_t row = at.bh * p.n_pad + at.start;
     tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
     tma_load_2d(s.dout[st], &maps.dout, 0, int(row), full);
-    tma_load_2d(s.qt[st], &maps.qt, w.start, int(w.bh * kHeadDim), full);
-    tma_load_2d(s.dot[st], &maps.dot, w.start, int(w.bh * kHeadDim), full);
+    tma_load_2d(s.qt[st], &maps.qt, at.start, int(at.bh * kHeadDim), full);
+    tma_load_2d(s.dot[st], &maps.dot, at.start, int(at.bh * kHeadDim), full);
     bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
     bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
     bulk_load(s.rs[st], p.rs + row, kBlockM * sizeof(float), full);
-  }
+  });
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES>

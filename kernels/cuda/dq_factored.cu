@@ -53,16 +53,11 @@ template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
                                         Walk<STAGES, KeySchedule> w) {
   const int64_t kv_rows = bh_kv * n_pad;
-  for (int j = 0; !w.done(); ++j, w.advance()) {
-    if (j >= STAGES) mbar_wait(&s.empty[w.stage], w.phase ^ 1);
-    uint64_t* full = &s.full[w.stage];
-    const int st = w.stage;
-    s.info[st] = {w.start, w.flags(), w.bh};
-    mbar_arrive_expect_tx(full, kTileBytes);
-    tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + w.start), full);
-    tma_load_2d(s.v[st], &maps.v, 0, int(kv_rows + w.start), full);
-    tma_load_2d(s.kt[st], &maps.kt, w.start, int(bh_kv * kHeadDim), full);
-  }
+  produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+    tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + at.start), full);
+    tma_load_2d(s.v[st], &maps.v, 0, int(kv_rows + at.start), full);
+    tma_load_2d(s.kt[st], &maps.kt, at.start, int(bh_kv * kHeadDim), full);
+  });
 }
 
 // dŜ before its cast, in place in `dpt`, from S (st) and dP̂ (dpt) of the key tile at start_n for this thread's two

@@ -346,6 +346,19 @@ struct Walk {
   }
 };
 
+// The producer thread's loop: for each position of the walk, once its stage is free again, the stage's StageInfo and
+// `load(stage, walk, full)`, the TMA loads of `bytes` bytes counted on the stage's `full` barrier.
+template <int STAGES, typename Sched, typename Load>
+__device__ __forceinline__ void produce_walk(StageInfo* info, uint64_t* full, uint64_t* empty, Walk<STAGES, Sched> w,
+                                             uint32_t bytes, Load load) {
+  for (int j = 0; !w.done(); ++j, w.advance()) {
+    if (j >= STAGES) mbar_wait(&empty[w.stage], w.phase ^ 1);
+    info[w.stage] = {w.start, w.flags(), w.bh};
+    mbar_arrive_expect_tx(&full[w.stage], bytes);
+    load(w.stage, w, &full[w.stage]);
+  }
+}
+
 // A consumer's place in the ring of stages.
 template <int STAGES>
 struct Ring {

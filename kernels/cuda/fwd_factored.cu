@@ -53,15 +53,10 @@ template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
                                         Walk<STAGES, KeySchedule> w) {
   const int64_t kv_rows = bh_kv * n_pad;
-  for (int j = 0; !w.done(); ++j, w.advance()) {
-    if (j >= STAGES) mbar_wait(&s.empty[w.stage], w.phase ^ 1);
-    uint64_t* full = &s.full[w.stage];
-    const int st = w.stage;
-    s.info[st] = {w.start, w.flags(), w.bh};
-    mbar_arrive_expect_tx(full, kTileBytes);
-    tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + w.start), full);
-    tma_load_2d(s.vt[st], &maps.vt, w.start, int(bh_kv * kHeadDim), full);
-  }
+  produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+    tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + at.start), full);
+    tma_load_2d(s.vt[st], &maps.vt, at.start, int(bh_kv * kHeadDim), full);
+  });
 }
 
 // libdevice's __nv_log2f as Triton's build of it compiles (its FTZ branch), instruction for instruction from the PTX of
@@ -235,6 +230,16 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
   const float* sk = p.sk + kv_scales;
   auto scale_of = [&](const Tile& t) { return __fmul_rn(__fmul_rn(s_q, sk[t.start / kBlockN]), p.qk_scale); };
   Tile t;
+  // tile t in turn, once its S is issued: the softmax, P̂ V̂ᶜ, the stage released, O updated
+  auto after_s = [&](float (&st)[kBlockN / 2]) {
+    wgmma_wait<0>();
+    fence_operands(st);
+    softmax_fragments(st, frag, m, l, alpha, row, scale_of(t), t, p.n, p.causal);
+    issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
+    wgmma_wait<0>();
+    if (releaser) mbar_arrive(&s.empty[t.stage]);
+    finish_pv<PROMOTE>(acc, part, alpha);
+  };
   if constexpr (PIPELINED) {
     // every wgmma group in the loop body is issued and waited for unconditionally (a conditional issue makes ptxas
     // serialise them all): the first tile's S before the loop, the last tile's P̂ V̂ᶜ after it
@@ -283,28 +288,14 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
       float st[kBlockN / 2];
       issue_s(st, q8, s.k[t.stage]);
       named_arrive(kFirstBarrier + 1 - half);  // the other half's turn
-      wgmma_wait<0>();
-      fence_operands(st);
-      softmax_fragments(st, frag, m, l, alpha, row, scale_of(t), t, p.n, p.causal);
-      issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
-      wgmma_wait<0>();
-      if (releaser) mbar_arrive(&s.empty[t.stage]);
-      finish_pv<PROMOTE>(acc, part, alpha);
+      after_s(st);
     }
     if (half == 0) named_sync(kFirstBarrier);  // the second half's last arrival: every barrier phase completes
   } else {
     while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-      {
-        float st[kBlockN / 2];
-        issue_s(st, q8, s.k[t.stage]);
-        wgmma_wait<0>();
-        fence_operands(st);
-        softmax_fragments(st, frag, m, l, alpha, row, scale_of(t), t, p.n, p.causal);
-      }
-      issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
-      wgmma_wait<0>();
-      if (releaser) mbar_arrive(&s.empty[t.stage]);
-      finish_pv<PROMOTE>(acc, part, alpha);
+      float st[kBlockN / 2];
+      issue_s(st, q8, s.k[t.stage]);
+      after_s(st);
     }
   }
   const float* svc = p.svc + bh_kv * kHeadDim;
