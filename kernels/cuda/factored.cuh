@@ -359,6 +359,15 @@ __device__ __forceinline__ void produce_walk(StageInfo* info, uint64_t* full, ui
   }
 }
 
+// The key tiles of a CTA of 128 queries from start_cta (the forward, dQ), its two 64-query halves merged: a second
+// half without queries (Triton launches no block for it) reads none.
+template <int STAGES>
+__device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int n, bool causal, int64_t bh) {
+  KeySchedule second(start_cta + kBlockM, n, causal);
+  if (start_cta + kBlockM >= n) second.tiles = 0;
+  return Walk<STAGES, KeySchedule>(KeySchedule(start_cta, n, causal), second, bh, 1);
+}
+
 // A consumer's place in the ring of stages.
 template <int STAGES>
 struct Ring {

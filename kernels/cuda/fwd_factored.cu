@@ -325,12 +325,7 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
   const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (role == 0) {
     release_registers<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      KeySchedule second(start_m + kBlockM, p.n, p.causal);
-      if (start_m + kBlockM >= p.n) second.tiles = 0;  // Triton launches no block for the second half
-      produce<STAGES>(s, maps, bh_kv, p.n_pad,
-                      Walk<STAGES, KeySchedule>(KeySchedule(start_m, p.n, p.causal), second, bh, 1));
-    }
+    if (threadIdx.x == 0) produce<STAGES>(s, maps, bh_kv, p.n_pad, key_walk<STAGES>(start_m, p.n, p.causal, bh));
     return;
   }
   claim_registers<kConsumerRegs>();
