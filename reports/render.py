@@ -398,7 +398,7 @@ def _html(blocks, name: str, base: Path) -> str:
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.4}"
              ".note{background:#fff3cd;border-left:4px solid #e0a800;padding:.6em}.claim{color:#555}"
              "table{border-collapse:collapse;font-size:80%;margin:1em 0;max-width:100%}"
-             "td,th{padding:2px 6px;border-bottom:1px solid #ddd;vertical-align:top}"
+             "td,th{padding:2px 6px;border-bottom:1px solid #ddd;vertical-align:top}th{overflow-wrap:anywhere}"
              "table.numbers td{text-align:right;white-space:nowrap}"
              "table.numbers td.long,table.numbers th.long{white-space:normal;text-align:left;min-width:8em}"
              "table.claims td.text{text-align:left;overflow-wrap:anywhere}.src{color:#666;font-size:90%}"
