@@ -42,7 +42,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -62,7 +62,7 @@ SIGNATURES = {
     "dm_dk_factored_params_size": ((), _I),
     "dm_dkdv_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_dkdv_factored_params_size": ((), _I),
-    "dm_dq_factored": ((_P, _I, _I, _P), _I),
+    "dm_dq_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_dq_factored_params_size": ((), _I),
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
@@ -82,6 +82,9 @@ warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
+DQ_VARIANTS = ("ws3", "ws3pp")
+"""The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
+turn, ``ws3pp`` too with the two consumer warpgroups taking turns to issue S and dP̂ (FA3's ping-pong)."""
 FWD_VARIANTS = ("ws4", "ws4p", "ws4pp")
 """The factored forward's forms, in ``dm_fwd_factored``'s numbering (``kernels/cuda/fwd_factored.cu``): a producer
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
@@ -380,12 +383,16 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
 def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, k8t: torch.Tensor,
                 sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, skc: torch.Tensor,
                 rs: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
-                softmax_scale: float, dtype: torch.dtype = torch.bfloat16, promote: bool = True) -> torch.Tensor:
+                softmax_scale: float, dtype: torch.dtype = torch.bfloat16, promote: bool = True,
+                variant: str = "ws3") -> torch.Tensor:
     """dQ (B, N, H, D) of ``matched_factored`` from the operands of Triton's factored dQ launch
     (``kernels/cuda/dq_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``, ``v8`` (B, H_kv, N_pad, D) codes with
     their block scales; ``k8t`` K̂ᶜ, the centred keys per channel, channel-major (B, H_kv, D, N_pad), with ``skc``
     (B, H_kv, D); ``rs`` dŜ's row scales s, ``lse2`` and matched's ``delta``, each (B, H, N_pad). ``promote``: each
-    64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma."""
+    64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma. ``variant``: one of
+    ``DQ_VARIANTS``."""
+    if variant not in DQ_VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {DQ_VARIANTS}")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dQ")
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
@@ -398,7 +405,8 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
     params = DqFactoredParams(*pointers, dq.data_ptr(), dq.stride(0), dq.stride(1),
                               dq.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale), int(causal),
                               int(dtype == torch.float16))
-    _call(_library(), "dm_dq_factored", ctypes.byref(params), int(promote), *_launch_args(dq))
+    _call(_library(), "dm_dq_factored", ctypes.byref(params), int(promote), DQ_VARIANTS.index(variant),
+          *_launch_args(dq))
     return dq
 
 

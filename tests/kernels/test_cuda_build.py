@@ -161,7 +161,14 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_dkdv_factored_params_size() == ctypes.sizeof(cuda_lib.DkdvFactoredParams)
     assert opened.dm_dq_factored_params_size() == ctypes.sizeof(cuda_lib.DqFactoredParams)
     ragged = cuda_lib.DqFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
-    assert opened.dm_dq_factored(ctypes.byref(ragged), 1, 0, None) == 1
+    assert opened.dm_dq_factored(ctypes.byref(ragged), 1, 0, 0, None) == 1
+    ragged.h = 2
+    assert opened.dm_dq_factored(ctypes.byref(ragged), 1, len(cuda_lib.DQ_VARIANTS), 0, None) == 1  # no such variant
+    assert opened.dm_fwd_factored_params_size() == ctypes.sizeof(cuda_lib.FwdFactoredParams)
+    forward = cuda_lib.FwdFactoredParams(n=100, h=2, h_kv=2, n_pad=64)  # N_pad not a multiple of the CTA's 128 rows
+    assert opened.dm_fwd_factored(ctypes.byref(forward), 1, 0, 0, None) == 1
+    forward.n_pad = 128
+    assert opened.dm_fwd_factored(ctypes.byref(forward), 1, len(cuda_lib.FWD_VARIANTS), 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)

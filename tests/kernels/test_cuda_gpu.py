@@ -413,11 +413,11 @@ def triton_factored_dq(ops, promote):
     return dq
 
 
-def cuda_factored_dq(ops, promote):
+def cuda_factored_dq(ops, promote, variant="ws3"):
     s = ops["saved"]
     return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
                                 ops["sdo"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"], ops["causal"],
-                                ops["qk_scale"], ops["scale"], dtype=ops["dtype"], promote=promote)
+                                ops["qk_scale"], ops["scale"], dtype=ops["dtype"], promote=promote, variant=variant)
 
 
 # N = 130: a ragged second CTA with no second half; 256: both halves share every key tile but the second half's
@@ -425,10 +425,11 @@ def cuda_factored_dq(ops, promote):
 DQ_CASES = [(n, causal, promote) for n in (130, 256, 1024, 1000) for causal in (True, False) for promote in (True, False)]
 
 
+@pytest.mark.parametrize("variant", cuda_lib.DQ_VARIANTS)
 @pytest.mark.parametrize("n, causal, promote", DQ_CASES)
-def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote):
+def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote, variant):
     ops = dk_operands(n, causal, *heads(n))
-    ours, theirs = cuda_factored_dq(ops, promote), triton_factored_dq(ops, promote)
+    ours, theirs = cuda_factored_dq(ops, promote, variant), triton_factored_dq(ops, promote)
     torch.cuda.synchronize()
     assert torch.isfinite(ours).all()
     diff = (ours.float() - theirs.float()).abs()

@@ -177,17 +177,20 @@ def dq_rows(ops, args, flop, do_bench):
             triton_bwd._launch_dq(s, ops["do8"], ops["sdo"], m["delta_m"], dq, None, True, ops["qk"], ops["scale"],
                                   ops["n"], cfg, factored=dict(k8t=ops["k8t_c"], skc=ops["skc"], rs=m["rs"]))
 
-        def cuda_dq():
-            return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
-                                        ops["sdo"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True,
-                                        ops["qk"], ops["scale"], promote=promote)
+        def cuda_dq(variant):
+            return lambda: cuda_lib.dq_factored(
+                s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
+                m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], promote=promote,
+                variant=variant)
 
         triton_dq()
         base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
         rows.append(timed("dq_factored_triton", triton_dq, do_bench, base))
-        got = cuda_dq()
-        torch.cuda.synchronize()
-        rows.append(timed("dq_factored_cuda", cuda_dq, do_bench, dict(base, variant="ws3"), [got], [dq]))
+        for variant in cuda_lib.DQ_VARIANTS:
+            got = cuda_dq(variant)()
+            torch.cuda.synchronize()
+            rows.append(timed("dq_factored_cuda", cuda_dq(variant), do_bench, dict(base, variant=variant), [got],
+                              [dq]))
     for row in rows:
         row["tflops"] = round(flop / row["ms"] / 1e9, 1)
     return rows
