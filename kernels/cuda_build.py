@@ -103,6 +103,10 @@ KERNELS = (
     # m64n128k32)
     *(CudaKernel(f"dm_fwd_factored_{variant}_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})
       for variant in ("ws4", "ws4pp") for promoted in ("promoted", "unpromoted")),
+    # matched's δ pass with dŜ's row scales (delta_factored.cu): S and dP̂ (8 SS m64n64k32) per key tile; pipelined,
+    # the first tile's before the loop and the next tile's in it
+    CudaKernel("dm_delta_factored_ws4", {_qgmma(64): 8}),
+    CudaKernel("dm_delta_factored_ws4p", {_qgmma(64): 16}),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

@@ -66,6 +66,8 @@ SIGNATURES = {
     "dm_dq_factored_params_size": ((), _I),
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
+    "dm_delta_factored": ((_P, _I, _I, _P), _I),
+    "dm_delta_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
@@ -82,6 +84,9 @@ warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
+DELTA_VARIANTS = ("ws4", "ws4p")
+"""Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
+key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic."""
 DQ_VARIANTS = ("ws3", "ws3pp")
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn, ``ws3pp`` too with the two consumer warpgroups taking turns to issue S and dP̂ (FA3's ping-pong)."""
@@ -140,6 +145,13 @@ class FwdFactoredParams(ctypes.Structure):
                 ("causal", _I), ("out_fp16", _I)]
 
 
+class DeltaFactoredParams(ctypes.Structure):
+    """``DeltaFactoredParams`` of ``kernels/cuda/delta_factored.cuh``, field for field."""
+
+    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "sq", "sk", "sv", "sdo", "lse2", "delta", "rs")),
+                ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("causal", _I)]
+
+
 def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or BUILD_DIR / LIBRARY)
 
@@ -161,7 +173,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
                          ("dm_dk_factored_params_size", DkFactoredParams),
                          ("dm_dkdv_factored_params_size", DkdvFactoredParams),
                          ("dm_dq_factored_params_size", DqFactoredParams),
-                         ("dm_fwd_factored_params_size", FwdFactoredParams)):
+                         ("dm_fwd_factored_params_size", FwdFactoredParams),
+                         ("dm_delta_factored_params_size", DeltaFactoredParams)):
         if (size := getattr(lib, name)()) != ctypes.sizeof(mirror):
             return None, f"{path}: {mirror.__name__} is {size} bytes there, {ctypes.sizeof(mirror)} here"
     return lib, ""
@@ -438,3 +451,26 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
     _call(_library(), "dm_fwd_factored", ctypes.byref(params), int(promote), FWD_VARIANTS.index(variant),
           *_launch_args(o))
     return o, lse2
+
+
+def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
+                   sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool,
+                   qk_scale: float, variant: str = "ws4p") -> tuple[torch.Tensor, torch.Tensor]:
+    """(δ, s), each (B, H, N_pad) FP32: matched's δ_i = Σ_j P_ij dP̂_ij and the factored layout's dŜ row scales, from the
+    operands of Triton's δ pass (``kernels/cuda/delta_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``,
+    ``v8`` (B, H_kv, N_pad, D) codes with their block scales, ``lse2`` (B, H, N_pad). Every query of each 128-query block
+    that holds one below N is written, as Triton's launch does. ``variant``: one of ``DELTA_VARIANTS``."""
+    if variant not in DELTA_VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {DELTA_VARIANTS}")
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, torch.bfloat16, "δ")
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
+         ("do8", do8, (b, h, n_pad, d))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),
+         ("sdo", sdo, (b, h, n_pad // 128)), ("lse2", lse2, (b, h, n_pad))])
+    delta = torch.empty((b, h, n_pad), dtype=torch.float32, device=q8.device)
+    rs = torch.empty_like(delta)
+    params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), b, h, h_kv, n, n_pad, float(qk_scale),
+                                 int(causal))
+    _call(_library(), "dm_delta_factored", ctypes.byref(params), DELTA_VARIANTS.index(variant), *_launch_args(delta))
+    return delta, rs

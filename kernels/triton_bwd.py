@@ -470,14 +470,15 @@ def dq_atomic_requested() -> bool:
 
 
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
-"""``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``) and its dK, dV and dQ (``dkdv_factored.cu``, one
-warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the CUDA kernels (an error where they
+"""``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``), its δ pass (``delta_factored.cu``) and its dK, dV
+and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the CUDA kernels (an error where they
 cannot run), ``0`` through Triton's launches, unset: CUDA where the library loads (built by ``dm-cuda-build``, an sm90
 GPU) at D = 128 with the default launch config, for the kernels the H200 timed faster than Triton's (``CUDA_DEFAULT``),
 Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
-CUDA_DEFAULT = {"backward": True, "forward": False}
-"""Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's (1.6× and 1.08× Triton's, session 9),
-not the forward's (slower than Triton's in session 10: kernels/NOTES.md)."""
+CUDA_DEFAULT = {"backward": True, "forward": False, "δ pass": False}
+"""Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's dK, dV, dQ (1.6× and 1.08× Triton's,
+session 9), not the forward's (slower than Triton's in session 10: kernels/NOTES.md), nor the δ pass's (not yet
+timed)."""
 
 
 def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False, default_config: bool = True,
@@ -617,8 +618,14 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if factored is None:
             raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
         cfg = factored_config(cfg) if not cfg["dq"].get("FACTORED") else cfg
-        rs = torch.empty_like(delta)
-        _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
+        if cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None, what="δ pass"):
+            from deltamatch.kernels import cuda_lib
+
+            delta, rs = cuda_lib.delta_factored(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"],
+                                                saved["sv"], sdo, saved["lse2"], n, causal, qk_scale)
+        else:
+            rs = torch.empty_like(delta)
+            _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel")
         _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel")
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])

@@ -169,6 +169,11 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, 0, 0, None) == 1
     forward.n_pad = 128
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, len(cuda_lib.FWD_VARIANTS), 0, None) == 1
+    assert opened.dm_delta_factored_params_size() == ctypes.sizeof(cuda_lib.DeltaFactoredParams)
+    delta = cuda_lib.DeltaFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
+    assert opened.dm_delta_factored(ctypes.byref(delta), 0, 0, None) == 1
+    delta.h = 2
+    assert opened.dm_delta_factored(ctypes.byref(delta), len(cuda_lib.DELTA_VARIANTS), 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)

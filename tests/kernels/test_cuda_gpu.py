@@ -438,6 +438,26 @@ def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote, var
                                        f"relative {relative_error(ours, theirs):.2e}, first at {where}")
 
 
+@pytest.mark.parametrize("variant", cuda_lib.DELTA_VARIANTS)
+@pytest.mark.parametrize("n, causal", [(n, causal) for n in (130, 256, 1024, 1000) for causal in (True, False)])
+def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):
+    """Matched's δ and dŜ's row scales of the CUDA δ pass against Triton's (``_launch_delta_matched`` with row scales,
+    which ``dk_operands`` ran), bit for bit on every row Triton writes (each 128-query block holding one below N)."""
+    ops = dk_operands(n, causal, *heads(n))
+    s = ops["saved"]
+    delta, rs = cuda_lib.delta_factored(s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"],
+                                        s["lse2"], n, causal, ops["qk_scale"], variant=variant)
+    torch.cuda.synchronize()
+    rows = -(-n // 128) * 128
+    for name, ours, theirs in (("delta", delta, ops["delta_m"]), ("rs", rs, ops["rs"])):
+        ours, theirs = ours[..., :rows], theirs[..., :rows]
+        assert torch.isfinite(ours).all(), name
+        diff = (ours - theirs).abs()
+        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+        assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), (
+            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, first at {where}")
+
+
 @pytest.fixture(scope="module")
 def forward_operands():
     """The codes matched_factored's forward reads (Q̂, K̂ centred, token-major; V̂ᶜ channel-major), by the project's

@@ -273,9 +273,10 @@ def test_the_cuda_kernels_run_only_where_they_can_and_say_why_not(monkeypatch, t
 
     monkeypatch.delenv(CUDA_SWITCH, raising=False)
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
-    for what in ("forward", "backward"):
+    for what in ("forward", "backward", "δ pass"):
         assert not cuda_kernels_selected(128, torch.bfloat16, what=what)
-    monkeypatch.setattr("deltamatch.kernels.triton_bwd.CUDA_DEFAULT", {"forward": True, "backward": True})
+    monkeypatch.setattr("deltamatch.kernels.triton_bwd.CUDA_DEFAULT", {"forward": True, "backward": True,
+                                                                       "δ pass": True})
     assert not cuda_kernels_selected(128, torch.bfloat16, what="forward")  # the library is missing
     monkeypatch.setenv(CUDA_SWITCH, "0")
     assert not cuda_kernels_selected(128, torch.bfloat16, stats=False, default_config=True)

@@ -196,6 +196,36 @@ def dq_rows(ops, args, flop, do_bench):
     return rows
 
 
+def delta_rows(ops, args, flop, do_bench):
+    """The CUDA δ pass with dŜ's row scales (``cuda_lib.delta_factored``) against Triton's (``_launch_delta_matched``
+    with row scales), each variant. ``flop``: its two matmuls (S, dP)."""
+    from deltamatch.kernels import cuda_lib, triton_bwd
+
+    s = ops["saved"]
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))["delta"]
+    delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
+
+    def triton_delta():
+        triton_bwd._launch_delta_matched(s, ops["do8"], ops["sdo"], delta, True, ops["qk"], ops["n"], cfg,
+                                         row_scales=rs)
+
+    def cuda_delta(variant):
+        return lambda: cuda_lib.delta_factored(s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"],
+                                               ops["sdo"], s["lse2"], ops["n"], True, ops["qk"], variant=variant)
+
+    triton_delta()
+    base = dict(b_h=args.bh, n=args.n, d=128, causal=True)
+    rows = [timed("delta_factored_triton", triton_delta, do_bench, base)]
+    for variant in cuda_lib.DELTA_VARIANTS:
+        got = cuda_delta(variant)()
+        torch.cuda.synchronize()
+        rows.append(timed("delta_factored_cuda", cuda_delta(variant), do_bench, dict(base, variant=variant), list(got),
+                          [delta, rs]))
+    for row in rows:
+        row["tflops"] = round(flop / row["ms"] / 1e9, 1)
+    return rows
+
+
 def fwd_rows(ops, args, flop, do_bench):
     """The CUDA factored forward (``cuda_lib.fwd_factored``) against Triton's factored forward, promoted and not, on
     the codes the forward reads (Q̂, K̂ token-major; V̂ᶜ channel-major). ``flop``: its two matmuls (S, PV)."""
@@ -256,9 +286,11 @@ def main(argv=None) -> int:
         dkdv_rows(ops, args, flop * 2, lambda fn, **_: 1.0, variants=("ws3", "ws3s"))
         dq_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)
         fwd_rows(ops, args, flop, lambda fn, **_: 1.0)
+        delta_rows(ops, args, flop, lambda fn, **_: 1.0)
         torch.cuda.synchronize()
         return 0
     rows += fwd_rows(ops, args, flop, do_bench)  # the forward: two matmuls (S, PV)
+    rows += delta_rows(ops, args, flop, do_bench)  # the δ pass: two (S, dP)
     for promote in () if args.fused_only or args.forward_only else (True, False):
         triton_dv, cuda_dvs, out = launchers(ops, promote)
         triton_dv()

@@ -1,0 +1,268 @@
+// Matched's δ pass with the factored layout's dŜ row scales (matched_factored), D = 128, causal or not, any GQA group:
+// δ and s with the bits of Triton's pass (triton_bwd._attn_bwd_delta_matched_kernel, ROW_SCALES, BLOCK_M = 128,
+// BLOCK_N = 64, 8 warps), on the structure of dq_factored.cu.
+//
+// One CTA per 128 queries (Triton's block) and query head: a producer warpgroup (setmaxnreg 24) whose one thread
+// loads Q̂ and dÔ of the 128 queries once, then per key tile K̂ and V̂ into a ring of stages; two consumer warpgroups
+// (setmaxnreg 240), one per 64-query half, reading every key tile of the block's range (Triton's: unmasked left of
+// the block's diagonal, masked from there; the two halves share it, as Triton's two warpgroups do).
+// Per tile a consumer forms S = Q̂ K̂ᵀ and dP̂ = dÔ V̂ᵀ (4 + 4 SS m64n64k32), then as Triton's PTX has it:
+// P = ex2.approx.ftz(fma(S, (s_q·s_k)·qk_scale, −lse2)) (masked where a key is ≥ N, a query ≥ N or, causal, a key
+// right of the query: 0), dP = dP̂ · (s_do·s_v), the row's Σ P·dP as fma(p0, dp0, p1·dp1) then fma(p, dp, ·) in
+// register order, across the quad xor 2 then xor 1, added into δ; max P·|dP| and max P per row. The epilogue writes
+// δ and s = (fma(|δ|, max P, max P·|dP|) > 0 ? div.rn(·, 448) : 1) for every query of the block.
+// PIPELINED: S and dP̂ of the next tile are issued before this tile's arithmetic.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "delta_factored.cuh"
+#include "factored.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace delta {
+
+using namespace factored;
+
+constexpr uint32_t kTileBytes = 2 * kBlockN * kHeadDim;  // K̂, V̂
+constexpr int kStages = 4;
+
+template <int STAGES>
+struct __align__(1024) Smem {
+  uint8_t q[kConsumers][kBlockM * kHeadDim];
+  uint8_t dout[kConsumers][kBlockM * kHeadDim];
+  uint8_t k[STAGES][kBlockN * kHeadDim];
+  uint8_t v[STAGES][kBlockN * kHeadDim];
+  StageInfo info[STAGES];
+  uint64_t full[STAGES], empty[STAGES], rows_full;
+};
+template <int STAGES>
+constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
+
+struct Maps {
+  CUtensorMap q, dout, k, v;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+};
+
+// The key tiles of a 128-query block in Triton's order (triton_bwd._key_ranges with BLOCK_M = 128): [0, full_end)
+// unmasked, [full_end, hi) masked. Both halves of the CTA read all of them.
+struct BlockKeys {
+  int unmasked, tiles;
+  __device__ BlockKeys(int start_cta, int n, bool causal) {
+    int full_end = (n / kBlockN) * kBlockN, hi = n;
+    if (causal) {
+      full_end = min(full_end, start_cta);
+      hi = start_cta + kCtaRows;
+    }
+    unmasked = full_end / kBlockN;
+    tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
+  }
+  __device__ int start(int it) const { return kBlockN * it; }
+};
+
+template <int STAGES>
+__device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
+                                        Walk<STAGES, BlockKeys> w) {
+  const int64_t kv_rows = bh_kv * n_pad;
+  produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+    tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + at.start), full);
+    tma_load_2d(s.v[st], &maps.v, 0, int(kv_rows + at.start), full);
+  });
+}
+
+// S = Q̂ K̂ᵀ and dP̂ = dÔ V̂ᵀ of one key tile, one wgmma group.
+__device__ __forceinline__ void issue(float (&st)[kBlockN / 2], float (&dpt)[kBlockN / 2], const uint8_t* q8,
+                                      const uint8_t* do8, const uint8_t* k, const uint8_t* v) {
+  issue_s_dp(st, dpt, q8, do8, k, v);
+}
+
+struct Rows {
+  int row[2];
+  float lse[2], delta[2], pdp_max[2], p_max[2];
+};
+
+// One key tile's contribution to this thread's two rows, from its complete S (st) and dP̂ (dpt).
+__device__ __forceinline__ void accumulate(const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], Rows& r,
+                                           float row_scale, float dp_scale, bool masked, int start_n, int n,
+                                           bool causal) {
+  const int q = threadIdx.x % 4;
+  float sum[2], pdp[2] = {0.0f, 0.0f}, pm[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the row's two values of this 8-key chunk: v0 = 4i + 2h, v1 = v0 + 1
+      float p[2], dp[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int v = 4 * i + 2 * h + c, key = start_n + 8 * i + 2 * q + c;
+        p[c] = ex2_approx_ftz(fmaf(st[v], row_scale, -r.lse[h]));
+        if (masked) {
+          const bool visible = key < n && r.row[h] < n && (!causal || key <= r.row[h]);
+          p[c] = visible ? p[c] : 0.0f;
+        }
+        dp[c] = __fmul_rn(dp_scale, dpt[v]);
+        pdp[h] = fmaxf(pdp[h], __fmul_rn(p[c], fabsf(dp[c])));
+        pm[h] = fmaxf(pm[h], p[c]);
+      }
+      sum[h] = i == 0 ? fmaf(p[0], dp[0], __fmul_rn(p[1], dp[1])) : fmaf(p[1], dp[1], fmaf(p[0], dp[0], sum[h]));
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float x = __fadd_rn(sum[h], __shfl_xor_sync(0xffffffffu, sum[h], 2));
+    x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    r.delta[h] = __fadd_rn(r.delta[h], x);
+    float m = fmaxf(pdp[h], __shfl_xor_sync(0xffffffffu, pdp[h], 2));
+    r.pdp_max[h] = fmaxf(r.pdp_max[h], fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1)));
+    m = fmaxf(pm[h], __shfl_xor_sync(0xffffffffu, pm[h], 2));
+    r.p_max[h] = fmaxf(r.p_max[h], fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1)));
+  }
+}
+
+template <bool PIPELINED, int STAGES>
+__device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredParams& p, int half, int64_t bh,
+                                        int64_t bh_kv, int start_m) {
+  const bool releaser = threadIdx.x % 32 == 0;
+  const auto [warp, g, q] = lane();
+  Rows r;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // Triton's masked load: lse2 0 for queries ≥ N
+    r.row[i] = start_m + 16 * warp + g + 8 * i;
+    r.lse[i] = r.row[i] < p.n ? p.lse2[bh * p.n_pad + r.row[i]] : 0.0f;
+    r.delta[i] = 0.0f, r.pdp_max[i] = 0.0f, r.p_max[i] = 0.0f;
+  }
+  const int64_t scale_at = bh * (p.n_pad / 128) + start_m / 128;
+  const float s_q = p.sq[scale_at], s_do = p.sdo[scale_at];
+  const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
+  const float* sv = p.sv + bh_kv * (p.n_pad / kBlockN);
+  const uint8_t* q8 = s.q[half];
+  const uint8_t* do8 = s.dout[half];
+  Ring<STAGES> ring;
+  mbar_wait(&s.rows_full, 0);
+  auto add = [&](const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], const Tile& t) {
+    const float row_scale = __fmul_rn(__fmul_rn(s_q, sk[t.start / kBlockN]), p.qk_scale);
+    const float dp_scale = __fmul_rn(s_do, sv[t.start / kBlockN]);
+    if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
+      accumulate(st, dpt, r, row_scale, dp_scale, true, t.start, p.n, p.causal);
+    } else {
+      accumulate(st, dpt, r, row_scale, dp_scale, false, t.start, p.n, p.causal);
+    }
+  };
+  Tile t;
+  if constexpr (PIPELINED) {  // issues unconditional in the loop: the first tile before it, the last after it
+    float st[kBlockN / 2], dpt[kBlockN / 2], next_st[kBlockN / 2], next_dpt[kBlockN / 2];
+    if (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+      issue(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
+      wgmma_wait<0>();
+      fence_operands(st);
+      fence_operands(dpt);
+      Tile next;
+#pragma unroll 1
+      while (ring.take(s.info, s.full, s.empty, half, releaser, next)) {
+        issue(next_st, next_dpt, q8, do8, s.k[next.stage], s.v[next.stage]);
+        add(st, dpt, t);  // beside the next tile's products
+        if (releaser) mbar_arrive(&s.empty[t.stage]);
+        wgmma_wait<0>();
+        fence_operands(next_st);
+        fence_operands(next_dpt);
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) st[i] = next_st[i], dpt[i] = next_dpt[i];
+        t = next;
+      }
+      add(st, dpt, t);
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+    }
+  } else {
+    while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+      float st[kBlockN / 2], dpt[kBlockN / 2];
+      issue(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      fence_operands(st);
+      fence_operands(dpt);
+      add(st, dpt, t);
+    }
+  }
+  if (q == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t at = bh * p.n_pad + r.row[i];
+      const float bound = fmaf(fabsf(r.delta[i]), r.p_max[i], r.pdp_max[i]);
+      p.delta[at] = r.delta[i];
+      p.rs[at] = bound > 0.0f ? __fdiv_rn(bound, 448.0f) : 1.0f;
+    }
+  }
+}
+
+template <bool PIPELINED, int STAGES>
+__device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
+  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  if (threadIdx.x == 0) {
+    init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
+    mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kConsumers; ++i) {
+      tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
+      tma_load_2d(s.dout[i], &maps.dout, 0, row + kBlockM * i, &s.rows_full);
+    }
+  }
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  // what each role needs is computed after the register split: a value live across it would be spilled
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int start_cta = blockIdx.x * kCtaRows;
+  const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const BlockKeys keys(start_cta, p.n, p.causal);
+      produce<STAGES>(s, maps, bh_kv, p.n_pad, Walk<STAGES, BlockKeys>(keys, keys, bh, 1));
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  consume<PIPELINED, STAGES>(s, p, role - 1, bh, bh_kv, start_cta + kBlockM * (role - 1));
+}
+
+}  // namespace delta
+}  // namespace dm
+
+#define DM_DELTA_KERNEL(NAME, PIPELINED)                                                              \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
+      NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta::Maps maps) {                \
+    extern __shared__ uint8_t smem[];                                                                \
+    dm::delta::delta_block<PIPELINED, dm::delta::kStages>(smem, p, maps);                            \
+  }
+DM_DELTA_KERNEL(dm_delta_factored_ws4, false)
+DM_DELTA_KERNEL(dm_delta_factored_ws4p, true)
+#undef DM_DELTA_KERNEL
+
+// variant: 0 each tile in turn (ws4), 1 the next tile's S and dP̂ issued before this tile's arithmetic (ws4p)
+// (cuda_lib.DELTA_VARIANTS)
+extern "C" int dm_delta_factored(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
+  using namespace dm::factored;
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
+      variant > 1) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = variant ? dm_delta_factored_ws4p : dm_delta_factored_ws4;
+  const int smem = dm::delta::smem_bytes<dm::delta::kStages>();
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
+    return err;
+  }
+  dm::delta::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h);
+  kernel<<<grid, kCtaThreads, smem, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
+
+// sizeof(DeltaFactoredParams), for the loader's check that its ctypes mirror has the same layout.
+extern "C" int dm_delta_factored_params_size(void) { return static_cast<int>(sizeof(DeltaFactoredParams)); }
