@@ -45,36 +45,14 @@ struct Maps {
   CUtensorMap q, dout, k, v;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
 };
 
-// The key tiles of a 128-query block in Triton's order (triton_bwd._key_ranges with BLOCK_M = 128): [0, full_end)
-// unmasked, [full_end, hi) masked. Both halves of the CTA read all of them.
-struct BlockKeys {
-  int unmasked, tiles;
-  __device__ BlockKeys(int start_cta, int n, bool causal) {
-    int full_end = (n / kBlockN) * kBlockN, hi = n;
-    if (causal) {
-      full_end = min(full_end, start_cta);
-      hi = start_cta + kCtaRows;
-    }
-    unmasked = full_end / kBlockN;
-    tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
-  }
-  __device__ int start(int it) const { return kBlockN * it; }
-};
-
 template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
-                                        Walk<STAGES, BlockKeys> w) {
+                                        Walk<STAGES, KeySchedule> w) {
   const int64_t kv_rows = bh_kv * n_pad;
   produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
     tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + at.start), full);
     tma_load_2d(s.v[st], &maps.v, 0, int(kv_rows + at.start), full);
   });
-}
-
-// S = Q̂ K̂ᵀ and dP̂ = dÔ V̂ᵀ of one key tile, one wgmma group.
-__device__ __forceinline__ void issue(float (&st)[kBlockN / 2], float (&dpt)[kBlockN / 2], const uint8_t* q8,
-                                      const uint8_t* do8, const uint8_t* k, const uint8_t* v) {
-  issue_s_dp(st, dpt, q8, do8, k, v);
 }
 
 struct Rows {
@@ -153,14 +131,14 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
   if constexpr (PIPELINED) {  // issues unconditional in the loop: the first tile before it, the last after it
     float st[kBlockN / 2], dpt[kBlockN / 2], next_st[kBlockN / 2], next_dpt[kBlockN / 2];
     if (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-      issue(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
+      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
       wgmma_wait<0>();
       fence_operands(st);
       fence_operands(dpt);
       Tile next;
 #pragma unroll 1
       while (ring.take(s.info, s.full, s.empty, half, releaser, next)) {
-        issue(next_st, next_dpt, q8, do8, s.k[next.stage], s.v[next.stage]);
+        issue_s_dp(next_st, next_dpt, q8, do8, s.k[next.stage], s.v[next.stage]);
         add(st, dpt, t);  // beside the next tile's products
         if (releaser) mbar_arrive(&s.empty[t.stage]);
         wgmma_wait<0>();
@@ -176,7 +154,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
   } else {
     while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
       float st[kBlockN / 2], dpt[kBlockN / 2];
-      issue(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
+      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
       wgmma_wait<0>();
       if (releaser) mbar_arrive(&s.empty[t.stage]);
       fence_operands(st);
@@ -216,8 +194,8 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
-      const BlockKeys keys(start_cta, p.n, p.causal);
-      produce<STAGES>(s, maps, bh_kv, p.n_pad, Walk<STAGES, BlockKeys>(keys, keys, bh, 1));
+      const KeySchedule keys(start_cta, p.n, p.causal, kCtaRows);  // Triton's block: both halves read all of it
+      produce<STAGES>(s, maps, bh_kv, p.n_pad, Walk<STAGES, KeySchedule>(keys, keys, bh, 1));
     }
     return;
   }

@@ -78,16 +78,17 @@ struct Schedule {
   }
 };
 
-// A 64-query half's key tiles in Triton's order for the forward (triton_fwd._attn_fwd_kernel) and dQ
-// (triton_bwd._key_ranges), which agree: [0, full_end) unmasked, then [full_end, hi) masked: the causal diagonal, or
-// the ragged end.
+// The key tiles of a block of `rows` queries from start_m in Triton's order for the forward
+// (triton_fwd._attn_fwd_kernel), dQ and the δ pass (triton_bwd._key_ranges), which agree: [0, full_end) unmasked,
+// then [full_end, hi) masked: the causal diagonal, or the ragged end. A 64-query half by default; the δ pass's blocks
+// are 128 queries.
 struct KeySchedule {
   int unmasked, tiles;
-  __device__ KeySchedule(int start_m, int n, bool causal) {
+  __device__ KeySchedule(int start_m, int n, bool causal, int rows = kBlockM) {
     int full_end = (n / kBlockN) * kBlockN, hi = n;
     if (causal) {
       full_end = min(full_end, start_m);
-      hi = start_m + kBlockM;
+      hi = start_m + rows;
     }
     unmasked = full_end / kBlockN;
     tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
