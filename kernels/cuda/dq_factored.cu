@@ -111,7 +111,10 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
   uint32_t frag[kTileSteps][4];
   mbar_wait(&s.rows_full, 0);
   Tile t;
-  if constexpr (PINGPONG) {  // the two warpgroups take turns to issue S and dP̂, at every stage (fwd_factored.cu ws4pp)
+  // PINGPONG: the two warpgroups take turns to issue S and dP̂, at every stage (fwd_factored.cu ws4pp); the tile's
+  // arithmetic is ws3's, written out twice so that the dispatched ws3 keeps the SASS its GPU tests ran (a shared lambda
+  // reorders its instructions): the loser of the next session's timing goes
+  if constexpr (PINGPONG) {
     constexpr int kFirstBarrier = 1;
     if (half == 1) named_arrive(kFirstBarrier);
     bool use;
@@ -153,35 +156,35 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
     }
     if (half == 0) named_sync(kFirstBarrier);
   } else {
-  while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-    const float s_k = p.sk[kv_scales + t.start / kBlockN], s_v = p.sv[kv_scales + t.start / kBlockN];
-    const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
-    {
-      float st[kBlockN / 2], dpt[kBlockN / 2];
-      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
-      wgmma_wait<0>();
-      fence_operands(st);
-      fence_operands(dpt);
-      if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
-        ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, true, t.start, p.n, p.causal);
-      } else {
-        ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
+    while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+      const float s_k = p.sk[kv_scales + t.start / kBlockN], s_v = p.sv[kv_scales + t.start / kBlockN];
+      const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
+      {
+        float st[kBlockN / 2], dpt[kBlockN / 2];
+        issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
+        wgmma_wait<0>();
+        fence_operands(st);
+        fence_operands(dpt);
+        if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
+          ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, true, t.start, p.n, p.causal);
+        } else {
+          ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
+        }
+        to_fragments(dpt, frag);
       }
-      to_fragments(dpt, frag);
+      if constexpr (PROMOTE) {
+        issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);
+      } else {
+        issue_channel_product<false>(dq, dq, frag, s.kt[t.stage]);
+      }
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      if constexpr (PROMOTE) {
+        finish_acc<true>(dq, part);
+      } else {
+        fence_operands(dq);
+      }
     }
-    if constexpr (PROMOTE) {
-      issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);
-    } else {
-      issue_channel_product<false>(dq, dq, frag, s.kt[t.stage]);
-    }
-    wgmma_wait<0>();
-    if (releaser) mbar_arrive(&s.empty[t.stage]);
-    if constexpr (PROMOTE) {
-      finish_acc<true>(dq, part);
-    } else {
-      fence_operands(dq);
-    }
-  }
   }
   const float* skc = p.skc + bh_kv * kHeadDim;
   const float scale = p.softmax_scale;
