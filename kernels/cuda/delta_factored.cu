@@ -176,16 +176,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
 template <bool PIPELINED, int STAGES>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
-  if (threadIdx.x == 0) {
-    init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
-    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
-    mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
-#pragma unroll
-    for (int i = 0; i < kConsumers; ++i) {
-      tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
-      tma_load_2d(s.dout[i], &maps.dout, 0, row + kBlockM * i, &s.rows_full);
-    }
-  }
+  if (threadIdx.x == 0) load_query_rows<STAGES>(s, &maps.q, &maps.dout, p.n_pad);
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs is computed after the register split: a value live across it would be spilled
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..

@@ -369,6 +369,20 @@ __device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int
   return Walk<STAGES, KeySchedule>(KeySchedule(start_cta, n, causal), second, bh, 1);
 }
 
+// The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised, and Q̂ and dÔ of the CTA's two
+// 64-query halves loaded once (`s`: an Smem with full, empty, rows_full, q and dout; the caller then syncs the CTA).
+template <int STAGES, typename Smem>
+__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int n_pad) {
+  init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+  const int row = int(int64_t(blockIdx.y) * n_pad + blockIdx.x * kCtaRows);
+  mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
+#pragma unroll
+  for (int i = 0; i < kConsumers; ++i) {
+    tma_load_2d(s.q[i], q, 0, row + kBlockM * i, &s.rows_full);
+    tma_load_2d(s.dout[i], dout, 0, row + kBlockM * i, &s.rows_full);
+  }
+}
+
 // A consumer's place in the ring of stages.
 template <int STAGES>
 struct Ring {
