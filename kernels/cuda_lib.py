@@ -290,9 +290,10 @@ def _operand_pointers(codes: list[tuple], scales: list[tuple]) -> list[int]:
     return [t.data_ptr() for t in checked + [_fp32(name, t, shape, device) for name, t, shape in scales]]
 
 
-def _attention_shape(q8: torch.Tensor, k8: torch.Tensor, n: int, dtype: torch.dtype,
+def _attention_shape(q8: torch.Tensor, k8: torch.Tensor, n: int, dtype: torch.dtype | None,
                      what: str) -> tuple[int, int, int, int, int]:
-    """``(B, H, H_kv, N_pad, D)`` of Q̂ and K̂ codes, after checking them, ``n`` and the output dtype."""
+    """``(B, H, H_kv, N_pad, D)`` of Q̂ and K̂ codes, after checking them, ``n`` and the output dtype (None: a kernel
+    whose outputs are FP32)."""
     if q8.dim() != 4 or k8.dim() != 4:
         raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
     b, h, n_pad, d = q8.shape
@@ -303,7 +304,7 @@ def _attention_shape(q8: torch.Tensor, k8: torch.Tensor, n: int, dtype: torch.dt
         raise ValueError(f"n = {n} with N_pad = {n_pad}: expected 0 < n <= N_pad, N_pad a multiple of 128")
     if h_kv < 1 or h % h_kv:
         raise ValueError(f"{h} query heads are not a multiple of {h_kv} kv heads")
-    if dtype not in (torch.bfloat16, torch.float16):
+    if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"dtype {dtype}: expected torch.bfloat16 or torch.float16")
     return b, h, h_kv, n_pad, d
 
@@ -462,7 +463,7 @@ def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: to
     that holds one below N is written, as Triton's launch does. ``variant``: one of ``DELTA_VARIANTS``."""
     if variant not in DELTA_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DELTA_VARIANTS}")
-    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, torch.bfloat16, "δ")
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, None, "δ")
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
          ("do8", do8, (b, h, n_pad, d))],

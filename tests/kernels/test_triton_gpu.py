@@ -1,5 +1,7 @@
 """The Triton FP8 kernels on an sm90 GPU: against the reference simulation, against FP64, and the matched invariant."""
 
+import os
+
 import pytest
 import torch
 
@@ -179,8 +181,6 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
     them, and ``DELTAMATCH_TEST_STORE_MODES`` (comma-separated names) puts them to this test, e.g. under another ptxas
     (``TRITON_PTXAS_PATH``: kernel_gpu.sh's ``ptxas`` stage). Each pass also asked for one layout alone
     (``layouts``, matched_factored's way) stores that layout's bits."""
-    import os
-
     from deltamatch.kernels import triton_quant as tq
 
     modes = [m for m in os.environ.get("DELTAMATCH_TEST_STORE_MODES", "").split(",") if m] or tq.VERIFIED_STORE_MODES
