@@ -106,7 +106,8 @@ KERNELS = (
     # matched's δ pass with dŜ's row scales (delta_factored.cu): S and dP̂ (8 SS m64n64k32) per key tile; pipelined,
     # the first tile's before the loop and the next tile's in it
     CudaKernel("dm_delta_factored_ws4", {_qgmma(64): 8}),
-    CudaKernel("dm_delta_factored_ws4p", {_qgmma(64): 16}),
+    CudaKernel("dm_delta_factored_ws4p", {_qgmma(64): 24}),  # the first tile before the loop, two in it
+    CudaKernel("dm_delta_factored_ws4x2", {_qgmma(64): 8}),  # ws4 at two CTAs per SM, its consumers at 104 registers
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

@@ -84,9 +84,10 @@ warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DELTA_VARIANTS = ("ws4", "ws4p")
+DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
-key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic."""
+key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
+CTAs per SM (consumers at 104 registers)."""
 DQ_VARIANTS = ("ws3", "ws3pp")
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn, ``ws3pp`` too with the two consumer warpgroups taking turns to issue S and dP̂ (FA3's ping-pong)."""

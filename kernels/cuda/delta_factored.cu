@@ -129,27 +129,38 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
   };
   Tile t;
   if constexpr (PIPELINED) {  // issues unconditional in the loop: the first tile before it, the last after it
-    float st[kBlockN / 2], dpt[kBlockN / 2], next_st[kBlockN / 2], next_dpt[kBlockN / 2];
-    if (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
+    // two register sets that take turns (a copy of the next tile's 64 values into the current's cost 64 moves a tile)
+    float st_a[kBlockN / 2], dpt_a[kBlockN / 2], st_b[kBlockN / 2], dpt_b[kBlockN / 2];
+    Tile u;
+    auto settle = [&](float (&st)[kBlockN / 2], float (&dpt)[kBlockN / 2]) {
       wgmma_wait<0>();
       fence_operands(st);
       fence_operands(dpt);
-      Tile next;
+    };
+    auto finish = [&](const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], const Tile& ct) {
+      add(st, dpt, ct);
+      if (releaser) mbar_arrive(&s.empty[ct.stage]);
+    };
+    if (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+      issue_s_dp(st_a, dpt_a, q8, do8, s.k[t.stage], s.v[t.stage]);
+      settle(st_a, dpt_a);
 #pragma unroll 1
-      while (ring.take(s.info, s.full, s.empty, half, releaser, next)) {
-        issue_s_dp(next_st, next_dpt, q8, do8, s.k[next.stage], s.v[next.stage]);
-        add(st, dpt, t);  // beside the next tile's products
-        if (releaser) mbar_arrive(&s.empty[t.stage]);
-        wgmma_wait<0>();
-        fence_operands(next_st);
-        fence_operands(next_dpt);
-#pragma unroll
-        for (int i = 0; i < kBlockN / 2; ++i) st[i] = next_st[i], dpt[i] = next_dpt[i];
-        t = next;
+      while (true) {  // a: tile t, complete; b: tile u
+        if (!ring.take(s.info, s.full, s.empty, half, releaser, u)) {
+          finish(st_a, dpt_a, t);
+          break;
+        }
+        issue_s_dp(st_b, dpt_b, q8, do8, s.k[u.stage], s.v[u.stage]);
+        finish(st_a, dpt_a, t);  // beside the next tile's products
+        settle(st_b, dpt_b);
+        if (!ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+          finish(st_b, dpt_b, u);
+          break;
+        }
+        issue_s_dp(st_a, dpt_a, q8, do8, s.k[t.stage], s.v[t.stage]);
+        finish(st_b, dpt_b, u);
+        settle(st_a, dpt_a);
       }
-      add(st, dpt, t);
-      if (releaser) mbar_arrive(&s.empty[t.stage]);
     }
   } else {
     while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
@@ -173,7 +184,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
   }
 }
 
-template <bool PIPELINED, int STAGES>
+template <bool PIPELINED, int STAGES, int CONSUMER_REGS>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) load_query_rows<STAGES>(s, &maps.q, &maps.dout, p.n_pad);
@@ -190,32 +201,37 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
     }
     return;
   }
-  claim_registers<kConsumerRegs>();
+  claim_registers<CONSUMER_REGS>();
   consume<PIPELINED, STAGES>(s, p, role - 1, bh, bh_kv, start_cta + kBlockM * (role - 1));
 }
 
 }  // namespace delta
 }  // namespace dm
 
-#define DM_DELTA_KERNEL(NAME, PIPELINED)                                                              \
-  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
+// CTAS: CTAs per SM the launch bounds ask for. One: the consumers take 240 registers each. Two (ws4x2, each tile in
+// turn, which needs ≈ 100): the launch gets 80 per thread (65536 / (2·384), rounded down to 8), the producer gives 56
+// of them back, the consumers take 104 (24·128 + 104·256 ≤ 80·384), and an SM runs sixteen consumer warps, as many as
+// Triton's two CTAs of 8 warps (ncu, session 11: eight consumer warps left the CUDA pass latency-bound).
+#define DM_DELTA_KERNEL(NAME, PIPELINED, CTAS, CONSUMER_REGS)                                         \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, CTAS)                        \
       NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta::Maps maps) {                \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::delta::delta_block<PIPELINED, dm::delta::kStages>(smem, p, maps);                            \
+    dm::delta::delta_block<PIPELINED, dm::delta::kStages, CONSUMER_REGS>(smem, p, maps);             \
   }
-DM_DELTA_KERNEL(dm_delta_factored_ws4, false)
-DM_DELTA_KERNEL(dm_delta_factored_ws4p, true)
+DM_DELTA_KERNEL(dm_delta_factored_ws4, false, 1, dm::factored::kConsumerRegs)
+DM_DELTA_KERNEL(dm_delta_factored_ws4p, true, 1, dm::factored::kConsumerRegs)
+DM_DELTA_KERNEL(dm_delta_factored_ws4x2, false, 2, 104)
 #undef DM_DELTA_KERNEL
 
-// variant: 0 each tile in turn (ws4), 1 the next tile's S and dP̂ issued before this tile's arithmetic (ws4p)
-// (cuda_lib.DELTA_VARIANTS)
+// variant: 0 each tile in turn (ws4), 1 the next tile's S and dP̂ issued before this tile's arithmetic (ws4p), 2 ws4
+// with two CTAs per SM (ws4x2) (cuda_lib.DELTA_VARIANTS)
 extern "C" int dm_delta_factored(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
   if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
-      variant > 1) {
+      variant > 2) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = variant ? dm_delta_factored_ws4p : dm_delta_factored_ws4;
+  auto kernel = variant == 2 ? dm_delta_factored_ws4x2 : variant ? dm_delta_factored_ws4p : dm_delta_factored_ws4;
   const int smem = dm::delta::smem_bytes<dm::delta::kStages>();
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;

@@ -125,19 +125,23 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kBlockN / 2], float (&m
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const int r = v / 2, key = start_n + 8 * i + 2 * q + v % 2;
-      float s = __fmul_rn(row_scale, st[4 * i + v]);
       if (masked) {
         const bool visible = key < n && (!causal || key <= row[r]);
-        s = visible ? s : -INFINITY;
+        const float s = visible ? __fmul_rn(row_scale, st[4 * i + v]) : -INFINITY;
         st[4 * i + v] = s;  // the masked loop exponentiates S·scale − m', not a fused multiply-add
+        tile_max[r] = fmaxf(tile_max[r], s);
+      } else {
+        tile_max[r] = fmaxf(tile_max[r], st[4 * i + v]);  // the raw S: scaled once below
       }
-      tile_max[r] = fmaxf(tile_max[r], s);
     }
   }
   float m_new[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    m_new[r] = fmaxf(m[r], quad_max(tile_max[r]));
+    // unmasked, Triton's max of the scaled S is the scaled max of S: x -> fl(scale · x) is non-decreasing for a
+    // scale > 0 (s_q, s_k, qk_scale are), so one multiply per row gives its bits, where 32 per tile did
+    const float row_max = masked ? quad_max(tile_max[r]) : __fmul_rn(row_scale, quad_max(tile_max[r]));
+    m_new[r] = fmaxf(m[r], row_max);
     alpha[r] = ex2_approx_ftz(__fsub_rn(m[r], m_new[r]));
     m[r] = m_new[r];
   }

@@ -17,11 +17,22 @@ namespace dm {
 // 64-byte swizzle that TMA writes.
 enum class Swizzle : uint32_t { kNone = 0, k128B = 1, k64B = 2 };
 
-// A shared-memory matrix descriptor: start address, leading and stride byte offsets, all in 16-byte units.
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets, all in 16-byte units. Built as
+// two 32-bit words: the low one holds the start (bits 0-13) and LBO (16-29), the high one SBO (32-45) and the swizzle
+// (62-63). A shared address is below 2^18 (at most 227 KiB of shared memory), so addr >> 4 fills the 14-bit start
+// field unmasked, and a step inside a tile (`desc_advance`) adds to the low word without a carry out of the field.
 __device__ __forceinline__ uint64_t smem_desc(const void* start, uint32_t lbo_bytes, uint32_t sbo_bytes, Swizzle sw) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(start));
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16)
-         | (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(sw) << 62);
+  const uint32_t lo = (addr >> 4) | ((lbo_bytes >> 4) << 16);
+  const uint32_t hi = (sbo_bytes >> 4) | (static_cast<uint32_t>(sw) << 30);
+  return (uint64_t(hi) << 32) | lo;
+}
+
+// The descriptor of the matrix `bytes` (a multiple of 16) after `d`'s start: one add on the low word per k-step, the
+// tile's base descriptor shared by all its steps (the per-step mask, shift and or of a full rebuild cost ≈ 10
+// instructions per wgmma in the CUDA kernels' loops: ncu, session 11).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(d) + (bytes >> 4));
 }
 
 // A K-major tile of e4m3 codes whose rows are 128 bytes (K = 128, e.g. D = 128), read by four k = 32 steps.
@@ -44,9 +55,9 @@ struct KMajor128 {
 
   __device__ __forceinline__ static uint64_t desc(const uint8_t* tile, int k_step) {
     if constexpr (SW == Swizzle::k128B) {
-      return smem_desc(tile + 32 * k_step, 16, 1024, SW);
+      return desc_advance(smem_desc(tile, 16, 1024, SW), 32 * k_step);
     } else {
-      return smem_desc(tile + 256 * k_step, 128, 1024, SW);
+      return desc_advance(smem_desc(tile, 128, 1024, SW), 256 * k_step);
     }
   }
 };
@@ -63,7 +74,7 @@ struct KMajor64 {
   }
 
   __device__ __forceinline__ static uint64_t desc(const uint8_t* tile, int k_step) {
-    return smem_desc(tile + 256 * k_step, 128, 512, Swizzle::kNone);
+    return desc_advance(smem_desc(tile, 128, 512, Swizzle::kNone), 256 * k_step);
   }
 };
 
@@ -79,7 +90,7 @@ struct KMajor64Swizzle64 {
   }
 
   __device__ __forceinline__ static uint64_t desc(const uint8_t* tile, int k_step) {
-    return smem_desc(tile + 32 * k_step, 16, 512, Swizzle::k64B);
+    return desc_advance(smem_desc(tile, 16, 512, Swizzle::k64B), 32 * k_step);
   }
 };
 
