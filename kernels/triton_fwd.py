@@ -62,13 +62,19 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
         k = _load_k(k_base, start_n, HEAD_DIM, BLOCK_N, TMA)  # [BLOCK_N, D]
         s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
         # matmul 1: S = Q̂ K̂ᵀ, promoted to FP32 with both block scales
-        s = tl.dot(q, tl.trans(k)) * (s_q * s_k * qk_scale)  # [BLOCK_M, BLOCK_N]
+        raw = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N]
+        c = s_q * s_k * qk_scale
+        s = raw * c
         if MASKED:
             visible = cols[None, :] < N
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None])
             s = tl.where(visible, s, float("-inf"))
-        m_tile = tl.max(s, 1)
+            m_tile = tl.max(s, 1)
+        else:
+            # the max of the scaled S is the scaled max of S, bit for bit: x -> fl(c·x) is non-decreasing for c > 0
+            # (the scales and softmax_scale are positive), so one multiply per row where BLOCK_N were
+            m_tile = tl.max(raw, 1) * c
         m_new = tl.maximum(m_i, m_tile)  # finite: key 0 is visible to every row in the first tile
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
