@@ -18,8 +18,8 @@ import torch
 from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected
 from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, quantize_do_and_delta, quantize_operand,
-                                             quantize_per_channel, token_mean)
+from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, channel_amaxes, quantize_do_and_delta,
+                                             quantize_operand, quantize_per_channel, token_mean)
 from deltamatch.methods import implemented_by
 
 MODES = implemented_by("triton")
@@ -40,13 +40,16 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     k_mean = token_mean(k)
     # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
     blocks = "token" if mode == "matched_factored" else "both"
+    # matched_factored's block passes of K and V also fold the per-channel amaxes its per-channel passes need
+    k_amax, v_amax = (channel_amaxes(k), channel_amaxes(v)) if mode == "matched_factored" else (None, None)
     q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts=blocks)
-    k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts=blocks)
-    v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v", layouts=blocks)
+    k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts=blocks,
+                                   channel_amax=k_amax)
+    v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v", layouts=blocks, channel_amax=v_amax)
     factored = None
     if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
-        _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel")
-        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel")
+        _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel", amax=v_amax)
+        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", amax=k_amax)
         config = forward_config(q.shape[-1], factored=True)
         if cuda:
             from deltamatch.kernels import cuda_lib
@@ -70,9 +73,10 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
     the dS row-sum diagnostics of ``triton_bwd.attention_backward``."""
     do = do.contiguous()
     layouts = "token" if mode == "matched_factored" else "both"  # its dV reads dÔ per channel (triton_bwd)
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts)
+    do_amax = channel_amaxes(do) if factored else None  # dÔᶜ's amax, folded by the dÔ pass
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts, channel_amax=do_amax)
     return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,
-                              ds_stats=ds_stats, factored=dict(factored, do=do) if factored else None)
+                              ds_stats=ds_stats, factored=dict(factored, do=do, do_amax=do_amax) if factored else None)
 
 
 class _TritonFP8Attention(torch.autograd.Function):

@@ -75,6 +75,9 @@ per-channel V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ channel-major), and a pass that writ
 module docstring): on the H200 the Q pass takes 0.083 ms with the token-major store alone against 0.218 with both."""
 STORE_UNUSED_SWITCH = "DELTAMATCH_KERNEL_STORE_UNUSED"
 """``1``: every pass writes both layouts, as before ``LAYOUTS`` (the A/B of kernels/NOTES.md)."""
+SEPARATE_AMAX_SWITCH = "DELTAMATCH_KERNEL_SEPARATE_AMAX"
+"""``1``: ``channel_amaxes`` asks for none, so every per-channel operand runs its own amax pass again (the A/B of the
+amax folded into the block passes; kernels/NOTES.md)."""
 
 
 def env_switch(name: str) -> bool | None:
@@ -182,21 +185,31 @@ def _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM: tl.constexp
 
 
 @triton.jit
+def _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM: tl.constexpr):
+    """Fold a ``[rows, D]`` block's per-channel max |x| into the (batch, head)'s FP32 amax (B, H, D). Every value is
+    >= 0, so the float atomic max is exact and the result does not depend on the order the blocks arrive in."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    tl.atomic_max(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, tl.max(tl.abs(x), 0), sem="relaxed")
+
+
+@triton.jit
 def _quant_pass_kernel(
     x_ptr, mean_ptr,  # x (B, N, H, D) any float dtype; mean (B, H, D) fp32 when CENTRE
     x8_ptr, x8t_ptr, scale_ptr,  # codes (B, H, N_pad, D), (B, H, D, N_pad); scales (B, H, N_pad / BLOCK_ROWS)
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, amax_ptr=None, CHANNEL_AMAX: tl.constexpr = False,
 ):
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    _, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
+    x, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
                                    HEAD_DIM, CENTRE, ROUND_FP32)
     _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
+    if CHANNEL_AMAX:  # the per-channel pass's amax of the same (centred, zero-padded) values: saves it a read of x
+        _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM)
 
 
 @triton.jit
@@ -206,9 +219,10 @@ def _quant_do_delta_pass_kernel(
     stride_db, stride_dn, stride_dh, stride_ob, stride_on, stride_oh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, DELTA: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, amax_ptr=None, CHANNEL_AMAX: tl.constexpr = False,
 ):
-    """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik)."""
+    """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik);
+    CHANNEL_AMAX: fold dO's per-channel max |dO| into ``amax_ptr`` too."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -216,6 +230,8 @@ def _quant_do_delta_pass_kernel(
                                     HEAD_DIM, False, ROUND_FP32)
     _store_codes(do8_ptr, do8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
+    if CHANNEL_AMAX:
+        _fold_channel_amax(amax_ptr, bh, do, HEAD_DIM)
     if DELTA != 0:
         offs_d = tl.arange(0, HEAD_DIM)
         o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -250,15 +266,13 @@ def _per_channel_amax_pass_kernel(
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
 ):
-    """Per-channel max |x| of one block of rows, folded into the (batch, head)'s amax. Every value is >= 0, so the
-    float atomic max is exact and the result does not depend on the order the blocks arrive in."""
+    """Per-channel max |x| of one block of rows, folded into the (batch, head)'s amax (``_fold_channel_amax``)."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
                            HEAD_DIM, CENTRE, ROW_SCALED)
-    offs_d = tl.arange(0, HEAD_DIM)
-    tl.atomic_max(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, tl.max(tl.abs(x), 0), sem="relaxed")
+    _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM)
 
 
 @triton.jit
@@ -336,14 +350,36 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
     return x.mean(dim=1, dtype=torch.float32).contiguous()
 
 
+def channel_amaxes(x: torch.Tensor) -> torch.Tensor | None:
+    """A zeroed FP32 (B, H, D) amax for a block pass to fold ``x``'s per-channel max |x| into (``channel_amax=`` of
+    ``quantize_operand`` and ``quantize_do_and_delta``), to hand to ``quantize_per_channel(amax=...)`` of the same
+    values; None under :data:`SEPARATE_AMAX_SWITCH`."""
+    if env_switch(SEPARATE_AMAX_SWITCH):
+        return None
+    b, _, h, d = x.shape
+    return torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
+
+
+def _check_amax(amax: torch.Tensor | None, x: torch.Tensor, what: str) -> None:
+    b, _, h, d = x.shape
+    if amax is not None and (amax.shape != (b, h, d) or amax.dtype != torch.float32 or not amax.is_contiguous()
+                             or amax.device != x.device):
+        raise ValueError(f"{what} must be a contiguous FP32 (B, H, D) = {(b, h, d)} tensor on {x.device}, got "
+                         f"{amax.dtype} {tuple(amax.shape)} on {amax.device}")
+
+
 def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x",
-                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both"):
+                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both",
+                     channel_amax: torch.Tensor | None = None):
     """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean
     (``mean``, when the caller has it already: ``token_mean(x)``).
 
     ``name`` is the operand's name in errors (``q``, ``k``, ``v``); ``store_mode`` overrides ``STORE_MODE`` (every
-    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out."""
+    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out.
+    ``channel_amax`` (``channel_amaxes(x)``, zeroed): the pass also folds the per-channel max |x − mean| into it, the
+    amax ``quantize_per_channel(x, mean=mean, amax=...)`` then needs instead of reading x once more."""
     _check_public(x, name)
+    _check_amax(channel_amax, x, "channel_amax")
     b, n, h, d = x.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
@@ -358,7 +394,9 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     _quant_pass_kernel[grid](
         x, mean, *_code_args(x8, x8t), scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode, layouts), num_warps=_warps(block_rows, d),
+        **store_flags(store_mode, layouts), CHANNEL_AMAX=channel_amax is not None,
+        amax_ptr=scales if channel_amax is None else channel_amax,  # a stand-in, never read, for an absent amax
+        num_warps=_warps(block_rows, d),
     )
     return x8, x8t, scales
 
@@ -375,7 +413,7 @@ def _check_per_channel(x: torch.Tensor, name: str, mean: torch.Tensor | None, ro
 
 def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
                          row_scales: torch.Tensor | None = None, store_mode: int | None = None,
-                         layouts: str = "both"):
+                         layouts: str = "both", amax: torch.Tensor | None = None):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
     the factored layout's operand of a token-contracting matmul (V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q̂' for dK;
     kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
@@ -384,21 +422,29 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     A scale spans every token, so this is two launches over the same grid of 128-row blocks: the first folds each
     block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and scales.
     Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` and
-    ``layouts`` as ``quantize_operand``'s."""
+    ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values, folded by the
+    block pass that read them (``channel_amax=``); the first launch is then skipped (not with ``row_scales``, which no
+    block pass applies)."""
     _check_per_channel(x, name, mean, row_scales)
+    _check_amax(amax, x, "amax")
+    if amax is not None and row_scales is not None:
+        raise ValueError("amax: no block pass folds the row-scaled values; pass row_scales without amax")
     b, n, h, d = x.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
     x8, x8t = code_buffers(x, layouts)
     scales = torch.empty((b, h, d), device=x.device, dtype=torch.float32)
-    amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
+    folded = amax is not None
+    if not folded:
+        amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
     flags = dict(HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=mean is not None, ROW_SCALED=row_scales is not None,
                  num_warps=_warps(BLOCK_Q, d))
     operands = (x, amax if mean is None else mean.contiguous(),  # amax stands in for an absent operand, never read
                 amax if row_scales is None else row_scales.contiguous())
     shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
     grid = (n_pad // BLOCK_Q, b * h)
-    _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
+    if not folded:
+        _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
     _per_channel_quant_pass_kernel[grid](*operands, amax, *_code_args(x8, x8t), scales, *shape, **flags,
                                          ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts))
     return x8, x8t, scales
@@ -425,12 +471,13 @@ DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 
 def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store_mode: int | None = None,
-                          layouts: str = "both"):
+                          layouts: str = "both", channel_amax: torch.Tensor | None = None):
     """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for the methods whose
-    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode`` and ``layouts`` as
-    ``quantize_operand``'s."""
+    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode``, ``layouts`` and
+    ``channel_amax`` as ``quantize_operand``'s."""
     _check_public(do, "do")
     _check_public(o, "o")
+    _check_amax(channel_amax, do, "channel_amax")
     b, n, h, d = do.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
@@ -441,6 +488,8 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store
         do, o, *_code_args(do8, do8t), scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[get_method(mode).delta], ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode, layouts), num_warps=_warps(BLOCK_Q, d),
+        **store_flags(store_mode, layouts), CHANNEL_AMAX=channel_amax is not None,
+        amax_ptr=scales if channel_amax is None else channel_amax,  # a stand-in, never read, for an absent amax
+        num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta
