@@ -75,9 +75,10 @@ per-channel V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ channel-major), and a pass that writ
 module docstring): on the H200 the Q pass takes 0.083 ms with the token-major store alone against 0.218 with both."""
 STORE_UNUSED_SWITCH = "DELTAMATCH_KERNEL_STORE_UNUSED"
 """``1``: every pass writes both layouts, as before ``LAYOUTS`` (the A/B of kernels/NOTES.md)."""
-SEPARATE_AMAX_SWITCH = "DELTAMATCH_KERNEL_SEPARATE_AMAX"
-"""``1``: ``channel_amaxes`` asks for none, so every per-channel operand runs its own amax pass again (the A/B of the
-amax folded into the block passes; kernels/NOTES.md)."""
+FOLD_AMAX_SWITCH = "DELTAMATCH_KERNEL_FOLD_AMAX"
+"""``1``: matched_factored's block passes of K, V and dO fold the per-channel amaxes (``channel_amaxes``) and their
+per-channel passes skip the amax launch. Off by default: on the H200 (session 11, kernels/NOTES.md) the three amax
+launches saved 0.17 ms but the block passes with the atomic max took 0.21 ms more."""
 
 
 def env_switch(name: str) -> bool | None:
@@ -353,8 +354,8 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
 def channel_amaxes(x: torch.Tensor) -> torch.Tensor | None:
     """A zeroed FP32 (B, H, D) amax for a block pass to fold ``x``'s per-channel max |x| into (``channel_amax=`` of
     ``quantize_operand`` and ``quantize_do_and_delta``), to hand to ``quantize_per_channel(amax=...)`` of the same
-    values; None under :data:`SEPARATE_AMAX_SWITCH`."""
-    if env_switch(SEPARATE_AMAX_SWITCH):
+    values; None (each per-channel pass runs its own amax launch) unless :data:`FOLD_AMAX_SWITCH` is 1."""
+    if not env_switch(FOLD_AMAX_SWITCH):
         return None
     b, _, h, d = x.shape
     return torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
