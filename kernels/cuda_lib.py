@@ -87,7 +87,8 @@ DKDV_UNPROMOTED_ONLY = ("ws3s",)
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
-CTAs per SM (consumers at 104 registers)."""
+CTAs per SM (consumers at 104 registers), the default: 1.62 ms at the reference shape against ``ws4p``'s 1.80 (H200,
+session 11), still above Triton's 1.49, so the δ pass runs in CUDA only under ``DELTAMATCH_KERNEL_CUDA=1``."""
 DQ_VARIANTS = ("ws3", "ws3pp")
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn, ``ws3pp`` too with the two consumer warpgroups taking turns to issue S and dP̂ (FA3's ping-pong)."""
@@ -457,7 +458,7 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
 
 def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
                    sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool,
-                   qk_scale: float, variant: str = "ws4p") -> tuple[torch.Tensor, torch.Tensor]:
+                   qk_scale: float, variant: str = "ws4x2") -> tuple[torch.Tensor, torch.Tensor]:
     """(δ, s), each (B, H, N_pad) FP32: matched's δ_i = Σ_j P_ij dP̂_ij and the factored layout's dŜ row scales, from the
     operands of Triton's δ pass (``kernels/cuda/delta_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``,
     ``v8`` (B, H_kv, N_pad, D) codes with their block scales, ``lse2`` (B, H, N_pad). Every query of each 128-query block
