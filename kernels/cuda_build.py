@@ -97,12 +97,12 @@ KERNELS = (
     CudaKernel("dm_dkdv_factored_ws3s_unpromoted", {_qgmma(64): 8, _qgmma(128): 4}, spill_bytes=24),
     # the factored dQ (dq_factored.cu), one loop body per key tile: S and dP̂ (8 SS m64n64k32), then dQ (2 RS
     # m64n128k32)
-    *(CudaKernel(f"dm_dq_factored_{variant}_{promoted}", {_qgmma(64): 8, _qgmma(128): 2})
-      for variant in ("ws3", "ws3pp") for promoted in ("promoted", "unpromoted")),
+    *(CudaKernel(f"dm_dq_factored_ws3_{promoted}", {_qgmma(64): 8, _qgmma(128): 2})
+      for promoted in ("promoted", "unpromoted")),
     # the factored forward (fwd_factored.cu), one loop body per key tile: S (4 SS m64n64k32), then O += P̂ V̂ᶜ (2 RS
     # m64n128k32)
-    *(CudaKernel(f"dm_fwd_factored_{variant}_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})
-      for variant in ("ws4", "ws4pp") for promoted in ("promoted", "unpromoted")),
+    *(CudaKernel(f"dm_fwd_factored_ws4_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})
+      for promoted in ("promoted", "unpromoted")),
     # matched's δ pass with dŜ's row scales (delta_factored.cu): S and dP̂ (8 SS m64n64k32) per key tile; pipelined,
     # the first tile's before the loop and the next tile's in it
     CudaKernel("dm_delta_factored_ws4", {_qgmma(64): 8}),

@@ -89,14 +89,13 @@ DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
 CTAs per SM (consumers at 104 registers), the default: 1.62 ms at the reference shape against ``ws4p``'s 1.80 (H200,
 session 11), still above Triton's 1.49, so the δ pass runs in CUDA only under ``DELTAMATCH_KERNEL_CUDA=1``."""
-DQ_VARIANTS = ("ws3", "ws3pp")
+DQ_VARIANTS = ("ws3",)
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
-turn, ``ws3pp`` too with the two consumer warpgroups taking turns to issue S and dP̂ (FA3's ping-pong)."""
-FWD_VARIANTS = ("ws4", "ws4p", "ws4pp")
+turn. (FA3's ping-pong, ``ws3pp`` and the forward's ``ws4pp``, gained nothing on the H200 and went: kernels/NOTES.md.)"""
+FWD_VARIANTS = ("ws4", "ws4p")
 """The factored forward's forms, in ``dm_fwd_factored``'s numbering (``kernels/cuda/fwd_factored.cu``): a producer
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
-tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``ws4pp``
-runs each tile in turn with the two warpgroups taking turns to issue S (named barriers: FA3's ping-pong)."""
+tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
 
 class DvFactoredParams(ctypes.Structure):

@@ -83,7 +83,7 @@ __device__ __forceinline__ void ds_rows(const float (&st)[kBlockN / 2], float (&
   }
 }
 
-template <bool PROMOTE, bool PINGPONG, int STAGES>
+template <bool PROMOTE, int STAGES>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams& p, int half, int64_t bh,
                                         int64_t bh_kv, int start_m) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -111,79 +111,33 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
   uint32_t frag[kTileSteps][4];
   mbar_wait(&s.rows_full, 0);
   Tile t;
-  // PINGPONG: the two warpgroups take turns to issue S and dP̂, at every stage (fwd_factored.cu ws4pp); the tile's
-  // arithmetic is ws3's, written out twice so that the dispatched ws3 keeps the SASS its GPU tests ran (a shared lambda
-  // reorders its instructions): the loser of the next session's timing goes
-  if constexpr (PINGPONG) {
-    constexpr int kFirstBarrier = 1;
-    if (half == 1) named_arrive(kFirstBarrier);
-    bool use;
-    while (ring.step(s.info, s.full, half, t, use)) {
-      named_sync(kFirstBarrier + half);
-      if (!use) {
-        named_arrive(kFirstBarrier + 1 - half);
-        if (releaser) mbar_arrive(&s.empty[t.stage]);
-        continue;
-      }
-      const float s_k = p.sk[kv_scales + t.start / kBlockN], s_v = p.sv[kv_scales + t.start / kBlockN];
-      const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
-      {
-        float st[kBlockN / 2], dpt[kBlockN / 2];
-        issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);
-        named_arrive(kFirstBarrier + 1 - half);
-        wgmma_wait<0>();
-        fence_operands(st);
-        fence_operands(dpt);
-        if (t.masked) {
-          ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, true, t.start, p.n, p.causal);
-        } else {
-          ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
-        }
-        to_fragments(dpt, frag);
-      }
-      if constexpr (PROMOTE) {
-        issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);
-      } else {
-        issue_channel_product<false>(dq, dq, frag, s.kt[t.stage]);
-      }
+  while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
+    const float s_k = p.sk[kv_scales + t.start / kBlockN], s_v = p.sv[kv_scales + t.start / kBlockN];
+    const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
+    {
+      float st[kBlockN / 2], dpt[kBlockN / 2];
+      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
       wgmma_wait<0>();
-      if (releaser) mbar_arrive(&s.empty[t.stage]);
-      if constexpr (PROMOTE) {
-        finish_acc<true>(dq, part);
+      fence_operands(st);
+      fence_operands(dpt);
+      if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
+        ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, true, t.start, p.n, p.causal);
       } else {
-        fence_operands(dq);
+        ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
       }
+      to_fragments(dpt, frag);
     }
-    if (half == 0) named_sync(kFirstBarrier);
-  } else {
-    while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-      const float s_k = p.sk[kv_scales + t.start / kBlockN], s_v = p.sv[kv_scales + t.start / kBlockN];
-      const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
-      {
-        float st[kBlockN / 2], dpt[kBlockN / 2];
-        issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
-        wgmma_wait<0>();
-        fence_operands(st);
-        fence_operands(dpt);
-        if (t.masked) {  // two bodies: the unmasked one keeps no mask in registers
-          ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, true, t.start, p.n, p.causal);
-        } else {
-          ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
-        }
-        to_fragments(dpt, frag);
-      }
-      if constexpr (PROMOTE) {
-        issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);
-      } else {
-        issue_channel_product<false>(dq, dq, frag, s.kt[t.stage]);
-      }
-      wgmma_wait<0>();
-      if (releaser) mbar_arrive(&s.empty[t.stage]);
-      if constexpr (PROMOTE) {
-        finish_acc<true>(dq, part);
-      } else {
-        fence_operands(dq);
-      }
+    if constexpr (PROMOTE) {
+      issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);
+    } else {
+      issue_channel_product<false>(dq, dq, frag, s.kt[t.stage]);
+    }
+    wgmma_wait<0>();
+    if (releaser) mbar_arrive(&s.empty[t.stage]);
+    if constexpr (PROMOTE) {
+      finish_acc<true>(dq, part);
+    } else {
+      fence_operands(dq);
     }
   }
   const float* skc = p.skc + bh_kv * kHeadDim;
@@ -193,7 +147,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
   }, p.dq, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
 }
 
-template <bool PROMOTE, bool PINGPONG, int STAGES>
+template <bool PROMOTE, int STAGES>
 __device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) load_query_rows<STAGES>(s, &maps.q, &maps.dout, p.n_pad);
@@ -213,33 +167,30 @@ __device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PINGPONG, STAGES>(s, p, role - 1, bh, bh_kv, blockIdx.x * kCtaRows + kBlockM * (role - 1));
+  consume<PROMOTE, STAGES>(s, p, role - 1, bh, bh_kv, blockIdx.x * kCtaRows + kBlockM * (role - 1));
 }
 
 }  // namespace dq
 }  // namespace dm
 
-#define DM_DQ_KERNEL(NAME, PROMOTE, PINGPONG, STAGES)                                                 \
+#define DM_DQ_KERNEL(NAME, PROMOTE, STAGES)                                                 \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DqFactoredParams p, const __grid_constant__ dm::dq::Maps maps) {                      \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dq::dq_block<PROMOTE, PINGPONG, STAGES>(smem, p, maps);                                      \
+    dm::dq::dq_block<PROMOTE, STAGES>(smem, p, maps);                                      \
   }
-DM_DQ_KERNEL(dm_dq_factored_ws3_promoted, true, false, 3)
-DM_DQ_KERNEL(dm_dq_factored_ws3_unpromoted, false, false, 3)
-DM_DQ_KERNEL(dm_dq_factored_ws3pp_promoted, true, true, 3)
-DM_DQ_KERNEL(dm_dq_factored_ws3pp_unpromoted, false, true, 3)
+DM_DQ_KERNEL(dm_dq_factored_ws3_promoted, true, 3)
+DM_DQ_KERNEL(dm_dq_factored_ws3_unpromoted, false, 3)
 #undef DM_DQ_KERNEL
 
-// variant: 0 each tile in turn (ws3), 1 the two consumer warpgroups taking turns to issue S and dP̂ (ws3pp)
+// variant: 0 each tile in turn (ws3), the one form (cuda_lib.DQ_VARIANTS; FA3's ping-pong, ws3pp, gained nothing on
+// the H200 and was removed: kernels/NOTES.md, session 11)
 extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
-      variant > 1) {
+  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant != 0) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = variant ? (promote ? dm_dq_factored_ws3pp_promoted : dm_dq_factored_ws3pp_unpromoted)
-                        : (promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted);
+  auto kernel = promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted;
   const int smem = dm::dq::smem_bytes<3>();
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;

@@ -390,19 +390,6 @@ struct Ring {
   uint32_t phase = 0;
   bool done = false;
 
-  // The next stage, whichever half reads it, once it has filled: its tile in `t`, whether half `half` reads it in
-  // `use` (a stage it does not read is the caller's to release); false after the CTA's last stage.
-  __device__ bool step(const StageInfo* info, uint64_t* full, int half, Tile& t, bool& use) {
-    if (done) return false;
-    mbar_wait(&full[stage], phase);
-    const StageInfo here = info[stage];
-    t = Tile{stage, phase, here.start, (here.flags & (kMasked0 << half)) != 0, here.bh};
-    use = (here.flags & (kUse0 << half)) != 0;
-    done = (here.flags & kLast) != 0;
-    if (++stage == STAGES) stage = 0, phase ^= 1;
-    return true;
-  }
-
   // The next tile half `half` reads, once its stage has filled; false after the CTA's last stage.
   __device__ bool take(const StageInfo* info, uint64_t* full, uint64_t* empty, int half, bool releaser, Tile& t) {
     while (!done) {
@@ -420,15 +407,6 @@ struct Ring {
     return false;
   }
 };
-
-// Named barriers between the two consumer warpgroups (ids 1 and 2; 0 is __syncthreads'): `sync` waits until the other
-// warpgroup has arrived, `arrive` lets the other one on without waiting (FlashAttention-3's warp-scheduler barrier).
-__device__ __forceinline__ void named_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumers * kThreads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumers * kThreads) : "memory");
-}
 
 // Before a launch: the caller's device made current (the static runtime keeps its own) and the kernel allowed `smem`
 // bytes of dynamic shared memory.

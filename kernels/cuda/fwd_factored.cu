@@ -212,11 +212,9 @@ __device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&pa
 // PIPELINED: S of the next tile is issued before P̂ V̂ᶜ of this one, and the next tile's softmax runs while that
 // product is on the tensor cores (FlashAttention-3's intra-warpgroup overlap); otherwise each tile in turn. The same
 // arithmetic in the same order either way.
-// PINGPONG (with PIPELINED false): the two consumer warpgroups take turns to issue S, at every stage of the walk
-// whether they read it or not (named barriers 1 and 2): one warpgroup's softmax then runs while the other's S is on the
-// tensor cores, where two warpgroups that share the ring would otherwise reach their S, and their softmax, together
-// (FlashAttention-3's inter-warpgroup ping-pong).
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, int STAGES>
+// (FlashAttention-3's inter-warpgroup ping-pong, the two consumers taking turns to issue S, gained nothing on the H200
+// and was removed: kernels/NOTES.md, session 11.)
+template <bool PROMOTE, bool PIPELINED, int STAGES>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams& p, int half, int64_t bh,
                                         int64_t bh_kv, int start_m) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -278,23 +276,6 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
       if (releaser) mbar_arrive(&s.empty[t.stage]);
       finish_pv<PROMOTE>(acc, part, alpha);
     }
-  } else if constexpr (PINGPONG) {
-    constexpr int kFirstBarrier = 1;
-    if (half == 1) named_arrive(kFirstBarrier);  // the first half issues first
-    bool use;
-    while (ring.step(s.info, s.full, half, t, use)) {
-      named_sync(kFirstBarrier + half);  // this half's turn at the tensor cores
-      if (!use) {  // a stage of the other half's alone: pass the turn on, release it
-        named_arrive(kFirstBarrier + 1 - half);
-        if (releaser) mbar_arrive(&s.empty[t.stage]);
-        continue;
-      }
-      float st[kBlockN / 2];
-      issue_s(st, q8, s.k[t.stage]);
-      named_arrive(kFirstBarrier + 1 - half);  // the other half's turn
-      after_s(st);
-    }
-    if (half == 0) named_sync(kFirstBarrier);  // the second half's last arrival: every barrier phase completes
   } else {
     while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
       float st[kBlockN / 2];
@@ -312,7 +293,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, int STAGES>
+template <bool PROMOTE, bool PIPELINED, int STAGES>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) {
@@ -334,38 +315,35 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
   }
   claim_registers<kConsumerRegs>();
   // a second half without queries still runs: it takes no tile but releases every stage (Ring::take)
-  consume<PROMOTE, PIPELINED, PINGPONG, STAGES>(s, p, role - 1, bh, bh_kv, start_m + kBlockM * (role - 1));
+  consume<PROMOTE, PIPELINED, STAGES>(s, p, role - 1, bh, bh_kv, start_m + kBlockM * (role - 1));
 }
 
 }  // namespace fwd
 }  // namespace dm
 
-#define DM_FWD_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG)                                             \
+#define DM_FWD_KERNEL(NAME, PROMOTE, PIPELINED)                                                       \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd::Maps maps) {                    \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::fwd::fwd_block<PROMOTE, PIPELINED, PINGPONG, dm::fwd::kStages>(smem, p, maps);               \
+    dm::fwd::fwd_block<PROMOTE, PIPELINED, dm::fwd::kStages>(smem, p, maps);                         \
   }
-DM_FWD_KERNEL(dm_fwd_factored_ws4_promoted, true, false, false)
-DM_FWD_KERNEL(dm_fwd_factored_ws4_unpromoted, false, false, false)
-DM_FWD_KERNEL(dm_fwd_factored_ws4p_promoted, true, true, false)
-DM_FWD_KERNEL(dm_fwd_factored_ws4p_unpromoted, false, true, false)
-DM_FWD_KERNEL(dm_fwd_factored_ws4pp_promoted, true, false, true)
-DM_FWD_KERNEL(dm_fwd_factored_ws4pp_unpromoted, false, false, true)
+DM_FWD_KERNEL(dm_fwd_factored_ws4_promoted, true, false)
+DM_FWD_KERNEL(dm_fwd_factored_ws4_unpromoted, false, false)
+DM_FWD_KERNEL(dm_fwd_factored_ws4p_promoted, true, true)
+DM_FWD_KERNEL(dm_fwd_factored_ws4p_unpromoted, false, true)
 #undef DM_FWD_KERNEL
 
-// variant: 0 each tile in turn (ws4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (ws4p), 2 the two
-// consumer warpgroups taking turns to issue S (ws4pp) (cuda_lib.FWD_VARIANTS)
+// variant: 0 each tile in turn (ws4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (ws4p)
+// (cuda_lib.FWD_VARIANTS)
 extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
   if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
-      variant > 2) {
+      variant > 1) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd::Maps);
-  const Kernel kernels[3][2] = {{dm_fwd_factored_ws4_unpromoted, dm_fwd_factored_ws4_promoted},
-                                {dm_fwd_factored_ws4p_unpromoted, dm_fwd_factored_ws4p_promoted},
-                                {dm_fwd_factored_ws4pp_unpromoted, dm_fwd_factored_ws4pp_promoted}};
+  const Kernel kernels[2][2] = {{dm_fwd_factored_ws4_unpromoted, dm_fwd_factored_ws4_promoted},
+                                {dm_fwd_factored_ws4p_unpromoted, dm_fwd_factored_ws4p_promoted}};
   const Kernel kernel = kernels[variant][promote ? 1 : 0];
   const int smem = dm::fwd::smem_bytes<dm::fwd::kStages>();
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
