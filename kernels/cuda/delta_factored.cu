@@ -227,8 +227,7 @@ DM_DELTA_KERNEL(dm_delta_factored_ws4x2, false, 2, 104)
 // with two CTAs per SM (ws4x2) (cuda_lib.DELTA_VARIANTS)
 extern "C" int dm_delta_factored(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
-      variant > 2) {
+  if (!valid_shape(*p) || variant < 0 || variant > 2) {
     return cudaErrorInvalidValue;
   }
   auto kernel = variant == 2 ? dm_delta_factored_ws4x2 : variant ? dm_delta_factored_ws4p : dm_delta_factored_ws4;
@@ -238,14 +237,11 @@ extern "C" int dm_delta_factored(const DeltaFactoredParams* p, int variant, int 
   }
   dm::delta::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B)) {
+  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
+      !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows(&maps.v, p->v8, kv_rows, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h);
-  kernel<<<grid, kCtaThreads, smem, stream>>>(*p, maps);
+  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }
 

@@ -274,9 +274,7 @@ DkdvLaunch dkdv_launch(int variant, bool promote) {
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n) {
-    return cudaErrorInvalidValue;
-  }
+  if (!valid_shape(*p)) return cudaErrorInvalidValue;
   const DkdvLaunch launch = dkdv_launch(variant, promote != 0);
   if (!launch.kernel) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(launch.kernel), launch.smem, device);
@@ -286,16 +284,13 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   dm::dkdv::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
   const uint64_t channel_rows = uint64_t(p->b) * p->h * kHeadDim;
-  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B) ||
-      !encode_codes(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B)) {
+  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) ||
+      !encode_rows(&maps.v, p->v8, kv_rows, kBlockN) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
+      !encode_channels(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM) ||
+      !encode_channels(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h_kv);
-  launch.kernel<<<grid, kCtaThreads, launch.smem, stream>>>(*p, maps);
+  launch.kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, launch.smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }
 

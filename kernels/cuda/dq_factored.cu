@@ -187,7 +187,7 @@ DM_DQ_KERNEL(dm_dq_factored_ws3_unpromoted, false, 3)
 // the H200 and was removed: kernels/NOTES.md, session 11)
 extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant != 0) {
+  if (!valid_shape(*p) || variant != 0) {
     return cudaErrorInvalidValue;
   }
   auto kernel = promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted;
@@ -197,16 +197,12 @@ extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int varian
   }
   dm::dq::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.dout, p->do8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.v, p->v8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN, kHeadDim,
-                    CU_TENSOR_MAP_SWIZZLE_64B)) {
+  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
+      !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows(&maps.v, p->v8, kv_rows, kBlockN) ||
+      !encode_channels(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h);
-  kernel<<<grid, kCtaThreads, smem, stream>>>(*p, maps);
+  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }
 

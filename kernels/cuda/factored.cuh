@@ -442,5 +442,26 @@ inline bool encode_codes(CUtensorMap* map, const void* base, uint64_t row_bytes,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The shapes every launch over 128-row CTAs takes: 1 <= N <= N_pad, N_pad a whole number of CTAs, whole GQA groups.
+template <typename Params>
+inline bool valid_shape(const Params& p) {
+  return p.n > 0 && p.h_kv > 0 && p.h % p.h_kv == 0 && p.n_pad % kCtaRows == 0 && p.n_pad >= p.n;
+}
+
+// Token-major codes (`rows` rows of D codes: Q̂, K̂, V̂, dÔ), boxes of `box_rows` rows, the 128-byte swizzle.
+inline bool encode_rows(CUtensorMap* map, const void* codes, uint64_t rows, uint32_t box_rows) {
+  return encode_codes(map, codes, kHeadDim, rows, kHeadDim, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// Channel-major codes (`channels` rows of N_pad codes: V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ), boxes of D channels x `box_tokens`,
+// the 64-byte swizzle.
+inline bool encode_channels(CUtensorMap* map, const void* codes, uint64_t n_pad, uint64_t channels,
+                            uint32_t box_tokens) {
+  return encode_codes(map, codes, n_pad, channels, box_tokens, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B);
+}
+
+// One CTA per 128 rows (queries or keys) of each of `heads` heads.
+inline dim3 cta_grid(int n, int heads) { return dim3((n + kCtaRows - 1) / kCtaRows, heads); }
+
 }  // namespace factored
 }  // namespace dm

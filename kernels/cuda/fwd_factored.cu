@@ -337,8 +337,7 @@ DM_FWD_KERNEL(dm_fwd_factored_ws4p_unpromoted, false, true)
 // (cuda_lib.FWD_VARIANTS)
 extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (p->n <= 0 || p->h_kv <= 0 || p->h % p->h_kv || p->n_pad % kCtaRows || p->n_pad < p->n || variant < 0 ||
-      variant > 1) {
+  if (!valid_shape(*p) || variant < 0 || variant > 1) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd::Maps);
@@ -351,14 +350,11 @@ extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int vari
   }
   dm::fwd::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_codes(&maps.q, p->q8, kHeadDim, q_rows, kHeadDim, kBlockM, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.k, p->k8, kHeadDim, kv_rows, kHeadDim, kBlockN, CU_TENSOR_MAP_SWIZZLE_128B) ||
-      !encode_codes(&maps.vt, p->v8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN, kHeadDim,
-                    CU_TENSOR_MAP_SWIZZLE_64B)) {
+  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) ||
+      !encode_channels(&maps.vt, p->v8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  const dim3 grid((p->n + kCtaRows - 1) / kCtaRows, p->b * p->h);
-  kernel<<<grid, kCtaThreads, smem, stream>>>(*p, maps);
+  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }
 
