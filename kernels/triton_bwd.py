@@ -471,19 +471,19 @@ def dq_atomic_requested() -> bool:
 
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
 """``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``), its δ pass (``delta_factored.cu``) and its dK, dV
-and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the CUDA kernels (an error where they
-cannot run), ``0`` through Triton's launches, unset: CUDA where the library loads (built by ``dm-cuda-build``, an sm90
-GPU) at D = 128 with the default launch config, for the kernels the H200 timed faster than Triton's (``CUDA_DEFAULT``),
-Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
+and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the
+CUDA kernels (an error where they cannot run), ``0`` through Triton's launches, unset: CUDA where the library loads
+(built by ``dm-cuda-build``, an sm90 GPU) at D = 128 with the default launch config, for the kernels the H200 timed
+faster than Triton's (``CUDA_DEFAULT``), Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
 CUDA_DEFAULT = {"backward": True, "forward": False, "δ pass": False}
-"""Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's dK, dV, dQ (1.6× and 1.08× Triton's,
-session 9), not the forward's (slower than Triton's in session 10: kernels/NOTES.md), nor the δ pass's (not yet
-timed)."""
+"""Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's dK, dV, dQ (1.7× and 1.13× Triton's,
+session 11), not the forward's nor the δ pass's (2.20 ms against 1.96 and 1.62 against 1.49 in session 11:
+kernels/NOTES.md)."""
 
 
 def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False, default_config: bool = True,
                           what: str = "backward") -> bool:
-    """Whether ``matched_factored``'s ``what`` (``forward`` or ``backward``) runs through the CUDA kernels
+    """Whether ``matched_factored``'s ``what`` (a :data:`CUDA_DEFAULT` key) runs through the CUDA kernels
     (:data:`CUDA_SWITCH`). They have no ``ds_stats`` diagnostics and serve D = 128 only; unset, a config the caller
     chose (the sweep) keeps Triton's launches."""
     from deltamatch.kernels import cuda_lib
