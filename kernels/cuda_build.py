@@ -95,6 +95,10 @@ KERNELS = (
     *(CudaKernel(f"dm_dkdv_factored_{variant}_unpromoted", {_qgmma(64): 16, _qgmma(128): 8}, spill_bytes=24)
       for variant in ("ws3", "ws4")),
     CudaKernel("dm_dkdv_factored_ws3s_unpromoted", {_qgmma(64): 8, _qgmma(128): 4}, spill_bytes=24),
+    # with dQ (promoted): also the tile's dQ product over the CTA's 128 keys (4 SS m64n64k32 per half), reduced into
+    # dq_acc by a producer thread, which the epilogue kernel turns into dQ
+    CudaKernel("dm_dkdv_factored_ws3_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
+    CudaKernel("dm_dkdv_dq_epilogue", {}),
     # the factored dQ (dq_factored.cu), one loop body per key tile: S and dP̂ (8 SS m64n64k32), then dQ (2 RS
     # m64n128k32)
     *(CudaKernel(f"dm_dq_factored_ws3_{promoted}", {_qgmma(64): 8, _qgmma(128): 2})

@@ -42,7 +42,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -84,6 +84,8 @@ warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
+DKDV_WITH_DQ = ("ws3",)
+"""The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
@@ -124,7 +126,9 @@ class DkdvFactoredParams(ctypes.Structure):
                                           "rs", "lse2", "delta", "dk", "dv")),
                 ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
                 ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
-                ("causal", _I), ("out_fp16", _I)]
+                ("causal", _I), ("out_fp16", _I),
+                *((name, _P) for name in ("k8t", "skc", "dq_acc", "dq")),
+                ("dq_stride_b", _I64), ("dq_stride_n", _I64), ("dq_stride_h", _I64)]
 
 
 class DqFactoredParams(ctypes.Structure):
@@ -373,10 +377,36 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query
     tile's products are added into dK and dV in FP32; otherwise the wgmma accumulates all of them. ``variant``: one of
     ``DKDV_VARIANTS``."""
+    _, dk, dv = _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
+                      softmax_scale, dtype, promote, variant)
+    return dk, dv
+
+
+def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, q8t: torch.Tensor,
+                    do8t: torch.Tensor, k8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor,
+                    sdo: torch.Tensor, sqc: torch.Tensor, sdoc: torch.Tensor, skc: torch.Tensor, rs: torch.Tensor,
+                    lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
+                    softmax_scale: float, dtype: torch.dtype = torch.bfloat16,
+                    variant: str = "ws3") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
+    64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
+    (B, H_kv, D): ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the bulk-copy engine's
+    reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted only. dK and dV are
+    ``dkdv_factored``'s bits; dQ's FP32 adds land in any order, so it is not bit-reproducible (within FP32 round-off
+    of ``dq_factored``'s before its cast)."""
+    return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
+                 softmax_scale, dtype, True, variant, k8t=k8t, skc=skc)
+
+
+def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
+          dtype, promote, variant, k8t=None, skc=None):
+    """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
     if promote and variant in DKDV_UNPROMOTED_ONLY:
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
+    if k8t is not None and variant not in DKDV_WITH_DQ:
+        raise ValueError(f"variant {variant!r} is not built with dQ: expected one of {DKDV_WITH_DQ}")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
@@ -387,12 +417,20 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     device = q8.device
     dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
     dv = torch.empty_like(dk)
+    dq, extra = None, [None] * 4 + [0] * 3
+    if k8t is not None:
+        if k8t.device != q8.device:
+            raise ValueError(f"q8 on {q8.device}, k8t on {k8t.device}: expected one device")
+        k8t_ptr, skc_ptr = _operand_pointers([("k8t", k8t, (b, h_kv, d, n_pad))], [("skc", skc, (b, h_kv, d))])
+        dq = torch.empty((b, n, h, d), dtype=dtype, device=device)
+        dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch
+        extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2)]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
-                                int(causal), int(dtype == torch.float16))
+                                int(causal), int(dtype == torch.float16), *extra)
     _call(_library(), "dm_dkdv_factored", ctypes.byref(params), int(promote), DKDV_VARIANTS.index(variant),
           *_launch_args(dk))
-    return dk, dv
+    return dq, dk, dv
 
 
 def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, k8t: torch.Tensor,

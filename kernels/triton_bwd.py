@@ -460,9 +460,10 @@ def backward_config(head_dim: int) -> dict:
 
 
 DQ_ATOMIC_SWITCH = "DELTAMATCH_KERNEL_DQ_ATOMIC"
-"""``1``: dQ by atomic adds in the dK launch (matmul 6 moves there, the dQ kernel's recompute of S and dP goes), where
-the dK launch has 64 × 64 dŜ tiles (D = 128 and 256). Not bit-reproducible (the adds land in any order), so the
-deterministic dQ kernel stays the default."""
+"""``1``: dQ by atomic adds inside the dK/dV kernels (matmul 6 moves there, the dQ kernel's recompute of S and dP goes):
+Triton's dK launch where it has 64 × 64 dŜ tiles (D = 128 and 256), and ``matched_factored``'s CUDA dK/dV
+(``cuda_lib.dqdkdv_factored``, promoted: FA3's shared-memory dQ tile and one bulk reduce-add per tile). Not
+bit-reproducible (the adds land in any order), so the deterministic dQ kernel stays the default."""
 
 
 def dq_atomic_requested() -> bool:
@@ -508,10 +509,16 @@ def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scal
     from deltamatch.kernels import cuda_lib
 
     s = saved
+    promote = cfg["dkdv"].get("ACC_PROMOTE") is not None
+    if dq_atomic_requested() and promote:  # dQ inside the dK/dV launch, by the bulk-copy engine's FP32 reduction
+        return cuda_lib.dqdkdv_factored(
+            s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], ops["k8t"], s["sq"], s["sk"], s["sv"], sdo,
+            ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale,
+            dtype=dtypes[1])
     dk, dv = cuda_lib.dkdv_factored(
         s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], s["sq"], s["sk"], s["sv"], sdo, ops["sqc"],
         ops["sdoc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[1],
-        promote=cfg["dkdv"].get("ACC_PROMOTE") is not None)
+        promote=promote)
     dq = cuda_lib.dq_factored(
         s["q8"], s["k8"], s["v8"], do8, ops["k8t"], s["sq"], s["sk"], s["sv"], sdo, ops["skc"], ops["rs"], s["lse2"],
         delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[0], promote=cfg["dq"].get("ACC_PROMOTE") is not None)

@@ -24,6 +24,21 @@
 // each stage's query tile, head and which half reads it into the stage (Smem::Info). A consumer that does not read a
 // stage still waits for it to fill and releases it, so that every `empty` phase counts all eight consumer warps in
 // order (an arrival before the fill could complete an earlier phase of that stage).
+//
+// With dQ (`DQ`, promoted, 3 stages; FA3's dQ inside the dK/dV kernel, M4's reduce-add): both consumers take every
+// stage. Per stage (tile j) each writes its dŜᵀ, cast, transposed into its 64 keys of a shared dŜ tile [64 queries,
+// 128 keys] (two buffers, j % 2; zeros for a stage its half does not read) and arrives on that buffer's `ds_full`; it
+// then runs its dV and dK products and only after them waits for `ds_full` (the other half): consumer h forms the dQ
+// product of the tile's queries and channels 64h .. 64h + 63 over the CTA's 128 keys (4 SS m64n64k32 from the K̂ᶜᵀ
+// tile of the CTA's keys, loaded once; each 64-key half from zero and the two added in FP32, as dq_factored.cu
+// promotes per key tile), arrives on `ds_empty`, writes the product into the shared FP32 dQ tile once `dq_empty`
+// says the last one was read, and arrives on `dq_full`. A thread of the producer warpgroup (the reducer) walks the
+// same tiles, and per tile waits for `dq_full`, adds the 32 KB into dq_acc by the bulk-copy engine's reduction
+// (cp.reduce.async.bulk .add.f32) and, once it has been read, arrives on `dq_empty`. dm_dkdv_dq_epilogue then writes
+// dQ with dq_factored.cu's epilogue arithmetic. Timed forms before this one (kernels/NOTES.md, session 12): the
+// consumers meeting at two named barriers per tile (lock step: 5.57 ms against 3.67 + 2.16 for the two launches) and
+// each consumer reducing its own 64-key product (no coupling, twice the reduce traffic: L2 bound, 5.99 ms). The FP32
+// adds land in any order, so dQ is not bit-reproducible; dK and dV stay Triton's bits.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -54,13 +69,79 @@ struct __align__(1024) Smem {
   StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };
+// What the DQ form adds after Smem (whose size is a multiple of 1024).
+struct __align__(1024) DqSmem {
+  uint8_t kt[kHeadDim * kCtaRows];      // K̂ᶜᵀ of the CTA's keys: [D channels, 128 keys], 128-byte swizzle
+  uint8_t ds[2][kBlockM * kCtaRows];    // dŜ of tile j in ds[j % 2]: [64 queries, 128 keys], 128-byte swizzle
+  float dq[kBlockM * kHeadDim];         // the dQ product of the current tile in dq_order, the reduction's source
+  uint64_t ds_full[2], ds_empty[2];     // 256 arrivals each: every consumer thread has written / read ds[i]
+  uint64_t dq_full, dq_empty;           // 256 arrivals: dq written; 1 (the reducer): its reduction has read dq
+};
+template <int STAGES, bool DQ = false>
+constexpr int smem_bytes() {  // + room to align the base
+  return int(sizeof(Smem<STAGES>)) + (DQ ? int(sizeof(DqSmem)) : 0) + 1024;
+}
 template <int STAGES>
-constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
+__device__ __forceinline__ DqSmem& dq_smem(Smem<STAGES>& s) { return *reinterpret_cast<DqSmem*>(&s + 1); }
+
+// Where a 64-query block's dQ product sits in DqSmem::dq and in its 32 KB block of dq_acc: thread t of consumer h stores
+// its accumulator values 4i .. 4i + 3 (i < 8, channels 64h + 8i ..) as one float4 at dq_order(8h + i, t) = (8h + i) ·
+// 512 + 4t (a warp's stores are 512 contiguous bytes): value 4i + v is query 16w + g + 8(v / 2), channel 64h + 8i + 2q +
+// v % 2 (wgmma.cuh's accumulator layout).
+__device__ __forceinline__ int dq_order(int i, int t) { return i * 512 + 4 * t; }
+constexpr int kDqBlockFloats = kBlockM * kHeadDim;
 
 struct Maps {
   CUtensorMap q, k, v, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
   CUtensorMap qt, dot;        // channel-major codes, boxes of 128 channels x 64 queries, 64-byte swizzle
+  CUtensorMap kt;             // DQ: K̂ᶜ channel-major, boxes of 128 channels x 128 keys, 128-byte swizzle
 };
+
+// e4m3(dpt), a consumer's dŜᵀ [64 keys, 64 queries] in accumulator order, as the A fragments of dK's product
+// (to_fragments) and, transposed, into the dŜ tile [64 queries, 128 keys] at keys key0 + 0 .. 63: one byte store per
+// element (the 8 threads of a row group write 8 adjacent bytes of 4 rows, in distinct banks under the swizzle).
+__device__ __forceinline__ void to_fragments_transposed(const float (&dpt)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4],
+                                                        uint8_t* ds, int key0) {
+  const auto [warp, g, q] = lane();
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);
+      const uint32_t codes = cvt_e4m3x4(dpt[v0], dpt[v0 + 1], dpt[v0 + 4], dpt[v0 + 5]);
+      frag[kk][r] = acc_to_a_fragment(codes);
+      const int key = key0 + 16 * warp + g + 8 * (r % 2), query = 16 * h16 + 2 * q;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // byte j: queries query, query + 1, query + 8, query + 9
+        const int row = query + (j & 1) + 8 * (j >> 1);
+        ds[QTile::chunk_offset(row, key >> 4) + (key & 15)] = uint8_t(codes >> (8 * j));
+      }
+    }
+  }
+}
+
+// Zeros into keys 64h .. 64h + 63 of the dŜ tile: a stage half h does not read.
+__device__ __forceinline__ void zero_ds_half(uint8_t* ds, int half) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int at = threadIdx.x % kThreads + kThreads * j, row = at / 4, chunk = 4 * half + at % 4;
+    *reinterpret_cast<uint4*>(ds + QTile::chunk_offset(row, chunk)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The reducer (one thread of the producer warpgroup): per tile of the walk, once both consumers have written its dQ
+// product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it.
+template <int STAGES>
+__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Schedule> w) {
+  for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
+    mbar_wait(&x.dq_full, j & 1);
+    bulk_reduce_add_f32(p.dq_acc + (w.bh * (p.n_pad / kBlockM) + w.start / kBlockM) * kDqBlockFloats, x.dq,
+                        kDqBlockFloats * sizeof(float));
+    bulk_wait_read<0>();
+    mbar_arrive(&x.dq_empty);
+  }
+  bulk_wait_all();
+}
 
 template <int STAGES>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
@@ -77,7 +158,7 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
   });
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -108,6 +189,91 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     rescale_channels(dv, p.sdoc + prev * kHeadDim, p.sdoc + next * kHeadDim);
     rescale_channels(dk, p.sqc + prev * kHeadDim, p.sqc + next * kHeadDim);
   };
+
+  auto epilogue = [&](const float (&dv)[kHeadDim / 2], const float (&dk)[kHeadDim / 2], int64_t bh) {
+    const float* sdoc = p.sdoc + bh * kHeadDim;
+    const float* sqc = p.sqc + bh * kHeadDim;
+    const float scale = p.softmax_scale;
+    store_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
+               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+    store_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk,
+               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+  };
+
+  if constexpr (DQ) {
+    static_assert(PROMOTE && !PIPELINED, "dQ is built into the promoted form, each tile in turn");
+    DqSmem& x = dq_smem(s);
+    const int t_in_group = threadIdx.x % kThreads;
+    const uint8_t* kt = x.kt + half * (kHeadDim / 2) * kCtaRows;  // this half's 64 channels x 128 keys
+    mbar_wait(&s.kv_full, 0);
+    float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};
+    int64_t head = -1;
+    Tile t;
+    bool use;
+    for (uint32_t j = 0; ring.next(s.info, s.full, half, t, use); ++j) {
+      const int buf = j % 2;
+      const uint32_t turn = (j / 2) & 1;  // ds[buf]'s phase for tile j
+      uint8_t* ds = x.ds[buf];
+      if (j >= 2) mbar_wait(&x.ds_empty[buf], turn ^ 1);  // both consumers are done with tile j - 2's dŜ
+      uint32_t pfrag[kTileSteps][4], dsfrag[kTileSteps][4];
+      if (use) {
+        const Scales sc = scales_of(t);
+        if (head >= 0 && t.bh != head) new_head(dv, dk, head, t.bh);
+        head = t.bh;
+        float st[kBlockM / 2], dpt[kBlockM / 2];
+        issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
+        wgmma_wait<0>();
+        fence_operands(st);
+        fence_operands(dpt);
+        form(t, sc, st, dpt);
+        to_fragments(st, pfrag);
+        to_fragments_transposed(dpt, dsfrag, ds, kBlockN * half);
+      } else {
+        zero_ds_half(ds, half);
+      }
+      fence_async_shared();
+      mbar_arrive(&x.ds_full[buf]);
+      if (use) {
+        float part[kHeadDim / 2];
+        issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
+        wgmma_wait<0>();
+        finish_acc<true>(dv, part);
+        issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
+        wgmma_wait<0>();
+        if (releaser) mbar_arrive(&s.empty[t.stage]);
+        finish_acc<true>(dk, part);
+      } else if (releaser) {
+        mbar_arrive(&s.empty[t.stage]);
+      }
+      mbar_wait(&x.ds_full[buf], turn);  // the other half's dŜ of tile j
+      float qa[kBlockN / 2], qb[kBlockN / 2];  // channels 64h.. over keys 0-63 and 64-127
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < QTile::kSteps; ++kk) {
+        if (kk < QTile::kSteps / 2) {
+          WgmmaE4M3<kBlockN>::ss(qa, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
+        } else {
+          WgmmaE4M3<kBlockN>::ss(qb, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > QTile::kSteps / 2);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(qa);
+      fence_operands(qb);
+      mbar_arrive(&x.ds_empty[buf]);
+      if (j >= 1) mbar_wait(&x.dq_empty, (j - 1) & 1);  // the reducer has read tile j - 1's product
+#pragma unroll
+      for (int i = 0; i < kBlockN / 8; ++i) {
+        *reinterpret_cast<float4*>(x.dq + dq_order((kBlockN / 8) * half + i, t_in_group)) =
+            make_float4(__fadd_rn(qa[4 * i], qb[4 * i]), __fadd_rn(qa[4 * i + 1], qb[4 * i + 1]),
+                        __fadd_rn(qa[4 * i + 2], qb[4 * i + 2]), __fadd_rn(qa[4 * i + 3], qb[4 * i + 3]));
+      }
+      fence_async_shared();
+      mbar_arrive(&x.dq_full);
+    }
+    if (head >= 0) epilogue(dv, dk, head);  // else no key of this half below N
+    return;
+  }
 
   Tile cur;
   if (!take(cur)) return;  // no key of this half below N
@@ -190,26 +356,31 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     fence_operands(dv);
     fence_operands(dk);
   }
-  const float* sdoc = p.sdoc + cur.bh * kHeadDim;
-  const float* sqc = p.sqc + cur.bh * kHeadDim;
-  const float scale = p.softmax_scale;
-  store_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
-             p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
-  store_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk, p.out_fp16,
-             p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+  epilogue(dv, dk, cur.bh);
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) {
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
     const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
-    mbar_arrive_expect_tx(&s.kv_full, 2 * kCtaRows * kHeadDim);
+    mbar_arrive_expect_tx(&s.kv_full, (DQ ? 3 : 2) * kCtaRows * kHeadDim);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) {
       tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
       tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
+    }
+    if constexpr (DQ) {
+      DqSmem& x = dq_smem(s);
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(&x.ds_full[i], kConsumers * kThreads);
+        mbar_init(&x.ds_empty[i], kConsumers * kThreads);
+      }
+      mbar_init(&x.dq_full, kConsumers * kThreads);
+      mbar_init(&x.dq_empty, 1);
+      fence_mbar_init();
+      tma_load_2d(x.kt, &maps.kt, blockIdx.x * kCtaRows, blockIdx.y * kHeadDim, &s.kv_full);
     }
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
@@ -217,38 +388,101 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 || (DQ && threadIdx.x == 32)) {  // the loads' issuer; the reducer, a thread of another warp
       const int group = p.h / p.h_kv, b = blockIdx.y / p.h_kv, h_kv = blockIdx.y % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
       const int start_n = blockIdx.x * kCtaRows;
       Schedule second(start_n + kBlockN, p.n, p.causal);
       if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
-      produce<STAGES>(s, p, maps, Walk<STAGES, Schedule>(Schedule(start_n, p.n, p.causal), second, bh0, group));
+      const Walk<STAGES, Schedule> walk(Schedule(start_n, p.n, p.causal), second, bh0, group);
+      if constexpr (DQ) {
+        if (threadIdx.x == 32) {
+          reduce_dq<STAGES>(dq_smem(s), p, walk);
+          return;
+        }
+      }
+      produce<STAGES>(s, p, maps, walk);
     }
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, STAGES>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
+  consume<PROMOTE, PIPELINED, STAGES, DQ>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
                            blockIdx.x * kCtaRows + kBlockN * (role - 1));
 }
 
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES)                                              \
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ)                                          \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES>(smem, p, maps);                                 \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ>(smem, p, maps);                             \
   }
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false)
+// with dQ (promoted, 3 stages: 4 leave no room for its 88 KB)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true)
 #undef DM_DKDV_KERNEL
+
+// dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
+// block of 128 threads per 64 queries and query head; each thread reads the float4s a consumer thread wrote (dq_order),
+// the block stages the cast rows in shared memory (rows padded by 8 elements: conflict-free) and writes them whole.
+extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_epilogue(const DkdvFactoredParams p) {
+  using namespace dm::factored;
+  constexpr int kPitch = kHeadDim + 8;  // elements per staged row
+  __shared__ __align__(16) uint16_t rows[kBlockM * kPitch];
+  const int t = threadIdx.x, warp = t / 32, g = (t % 32) / 4, q = t % 4;
+  const int64_t bh = blockIdx.y;
+  const int b = int(bh / p.h), h = int(bh % p.h), start = blockIdx.x * kBlockM;
+  const int64_t bh_kv = int64_t(b) * p.h_kv + h / (p.h / p.h_kv);
+  const float* acc = p.dq_acc + (bh * (p.n_pad / kBlockM) + blockIdx.x) * dm::dkdv::kDqBlockFloats;
+  const float* skc = p.skc + bh_kv * kHeadDim;
+  float s_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = start + 16 * warp + g + 8 * r;
+    s_row[r] = row < p.n ? p.rs[bh * p.n_pad + row] : 1.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+    const float4 x = *reinterpret_cast<const float4*>(acc + dm::dkdv::dq_order(i, t));
+    const float vals[4] = {x.x, x.y, x.z, x.w};
+    const int col = 8 * i + 2 * q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float y[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        y[c] = __fmul_rn(__fmul_rn(__fmul_rn(vals[2 * r + c], s_row[r]), skc[col + c]), p.softmax_scale);
+      }
+      uint32_t pair;
+      if (p.out_fp16) {
+        const __half2 v2 = __floats2half2_rn(y[0], y[1]);
+        pair = *reinterpret_cast<const uint32_t*>(&v2);
+      } else {
+        const __nv_bfloat162 v2 = __floats2bfloat162_rn(y[0], y[1]);
+        pair = *reinterpret_cast<const uint32_t*>(&v2);
+      }
+      *reinterpret_cast<uint32_t*>(rows + (16 * warp + g + 8 * r) * kPitch + col) = pair;
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
+    const int at = t + kThreads * j, row = at / kChunks, chunk = at % kChunks;
+    if (start + row >= p.n) continue;
+    const int64_t out = int64_t(b) * p.dq_stride_b + int64_t(start + row) * p.dq_stride_n + int64_t(h) * p.dq_stride_h;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq) + out + 8 * chunk) =
+        *reinterpret_cast<const uint4*>(rows + row * kPitch + 8 * chunk);
+  }
+}
 
 namespace {
 
@@ -259,8 +493,14 @@ struct DkdvLaunch {
   DkdvKernel kernel;
   int smem;
 };
-DkdvLaunch dkdv_launch(int variant, bool promote) {
+DkdvLaunch dkdv_launch(int variant, bool promote, bool dq) {
   using namespace dm::dkdv;
+  if (dq) {  // promoted only
+    switch (variant) {
+      case 0: return {promote ? dm_dkdv_factored_ws3_promoted_dq : nullptr, smem_bytes<3, true>()};
+      default: return {nullptr, 0};
+    }
+  }
   switch (variant) {
     case 0: return {promote ? dm_dkdv_factored_ws3_promoted : dm_dkdv_factored_ws3_unpromoted, smem_bytes<3>()};
     case 1: return {promote ? dm_dkdv_factored_ws4_promoted : dm_dkdv_factored_ws4_unpromoted, smem_bytes<4>()};
@@ -275,7 +515,8 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
                                 cudaStream_t stream) {
   using namespace dm::factored;
   if (!valid_shape(*p)) return cudaErrorInvalidValue;
-  const DkdvLaunch launch = dkdv_launch(variant, promote != 0);
+  const bool dq = p->dq_acc != nullptr;
+  const DkdvLaunch launch = dkdv_launch(variant, promote != 0, dq);
   if (!launch.kernel) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(launch.kernel), launch.smem, device);
       err != cudaSuccess) {
@@ -287,10 +528,18 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) ||
       !encode_rows(&maps.v, p->v8, kv_rows, kBlockN) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
       !encode_channels(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM) ||
-      !encode_channels(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM)) {
+      !encode_channels(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM) ||
+      (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kCtaRows, kHeadDim,
+                           CU_TENSOR_MAP_SWIZZLE_128B))) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
+  if (dq) {
+    const size_t bytes = size_t(p->b) * p->h * n_pad * kHeadDim * sizeof(float);
+    if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
+  }
   launch.kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, launch.smem, stream>>>(*p, maps);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;
+  dm_dkdv_dq_epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);
   return cudaGetLastError();
 }
 

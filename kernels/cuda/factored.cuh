@@ -406,6 +406,19 @@ struct Ring {
     }
     return false;
   }
+
+  // The next stage whether half `half` reads it (`use`) or not, once it has filled; false after the CTA's last stage.
+  // The caller releases it.
+  __device__ bool next(const StageInfo* info, uint64_t* full, int half, Tile& t, bool& use) {
+    if (done) return false;
+    mbar_wait(&full[stage], phase);
+    const StageInfo here = info[stage];
+    t = Tile{stage, phase, here.start, (here.flags & (kMasked0 << half)) != 0, here.bh};
+    use = (here.flags & (kUse0 << half)) != 0;
+    done = (here.flags & kLast) != 0;
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+    return true;
+  }
 };
 
 // Before a launch: the caller's device made current (the static runtime keeps its own) and the kernel allowed `smem`

@@ -54,6 +54,29 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) of FP32 in shared memory added element-wise into global
+// memory by the bulk-copy engine (a reduction at L2, atomic per element), as one bulk group of the issuing thread.
+// The shared memory must have been written before a fence_async_shared() and a barrier; its reads are done once
+// bulk_wait_read<N>() returns with at most N younger groups pending.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Until this thread's bulk groups have completed, writes included.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (1-15; 0 is __syncthreads'), for
+// warpgroups that must meet without the rest of the CTA.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Warpgroup register reallocation (PTX "setmaxnreg"): a producer warpgroup gives registers back to the CTA's pool
 // and the consumer warpgroups take them, so that the consumers can hold more than the launch's even share. Every
 // thread of the warpgroup executes it; the counts are multiples of 8 in [24, 256].

@@ -183,6 +183,9 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     fused.n_pad = 128
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, len(cuda_lib.DKDV_VARIANTS), 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
+    fused.dq_acc = 16  # with dQ: promoted only, and not in the ws3s form (refused before any CUDA call)
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, 0, 0, None) == 1
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
     if not torch.cuda.is_available():
         lib, reason = cuda_lib.load(library)
         assert lib is None and "no CUDA GPU" in reason

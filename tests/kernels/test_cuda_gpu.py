@@ -438,6 +438,40 @@ def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote, var
                                        f"relative {relative_error(ours, theirs):.2e}, first at {where}")
 
 
+# dQ inside the dK/dV launch (promoted): the dK/dV cases
+DQDKDV_CASES = [(n, causal, "ws3") for n in (130, 256, 1024, 1000) for causal in (True, False)]
+
+
+@pytest.mark.parametrize("n, causal, variant", DQDKDV_CASES)
+def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal, variant):
+    """``dqdkdv_factored``'s dK and dV are the fused dK/dV's bits. Its dQ adds the same per-64-key products as
+    ``dq_factored`` in another order (FP32 reductions), from dŜ codes formed by the dK/dV kernel's arithmetic (Sᵀ,
+    dP̂ᵀ with keys as wgmma's M) rather than the dQ kernel's (S, dP̂): the two can round an element to neighbouring
+    E4M3 codes, which moves that query row's dQ by up to one code's share (the first run: a few rows of 1024, 76
+    elements of 524,288 beyond one bf16 rounding). So: the whole tensor within 10^-3 in norm, all but 10^-3 of the
+    elements within one bf16 rounding, and every query row within a quarter of its norm; a layout, swizzle, masking
+    or scale mistake moves whole products, 100% of a row."""
+    ops = dk_operands(n, causal, *heads(n))
+    s = ops["saved"]
+    dq, dk, dv = cuda_lib.dqdkdv_factored(
+        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_c"], ops["do8t_c"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+        ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
+        ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant)
+    dk0, dv0 = cuda_factored_dkdv(ops, True, variant)
+    dq0 = cuda_factored_dq(ops, True)
+    torch.cuda.synchronize()
+    assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+    assert torch.isfinite(dq).all()
+    ours, theirs = dq.float(), dq0.float()
+    assert relative_error(dq, dq0) < 1e-3
+    diff = (ours - theirs).abs()
+    beyond = diff > theirs.abs() * 2.0 ** -7 + 1e-6 * theirs.abs().max()
+    assert beyond.float().mean() < 1e-3, f"{int(beyond.sum())} of {diff.numel()} beyond one cast"
+    rows = (ours - theirs).norm(dim=-1) / theirs.norm(dim=-1).clamp_min(1e-30)  # (B, N, H)
+    worst = rows.max().item()
+    assert worst < 0.25, f"a query row {worst:.1%} apart, at {tuple((rows == rows.max()).nonzero()[0].tolist())}"
+
+
 @pytest.mark.parametrize("variant", cuda_lib.DELTA_VARIANTS)
 @pytest.mark.parametrize("n, causal", [(n, causal) for n in (130, 256, 1024, 1000) for causal in (True, False)])
 def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):

@@ -196,6 +196,48 @@ def dq_rows(ops, args, flop, do_bench):
     return rows
 
 
+def dqdkdv_rows(ops, args, flop, do_bench):
+    """dQ inside the dK/dV launch (``cuda_lib.dqdkdv_factored``, each of ``DKDV_WITH_DQ``) against the deterministic
+    pair it replaces (the fused dK/dV, then the dQ kernel), promoted. ``flop``: the five matmuls (S, dP, dV, dK, dQ)
+    the one launch executes. ``equal``: dK and dV bit for bit; ``rel``: the largest of the three differences (dQ's)."""
+    from deltamatch.kernels import cuda_lib
+
+    s = ops["saved"]
+    m = matched_operands(ops)
+    common = (ops["sdo"], m["sqc"], ops["sdoc"])
+
+    def pair(variant):
+        def launch():
+            dk, dv = cuda_lib.dkdv_factored(
+                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], s["sq"], s["sk"], s["sv"], *common,
+                m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], variant=variant)
+            dq = cuda_lib.dq_factored(
+                s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
+                m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"])
+            return dq, dk, dv
+        return launch
+
+    def fused(variant):
+        return lambda: cuda_lib.dqdkdv_factored(
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+            *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
+            variant=variant)
+
+    base = dict(promoted=True, b_h=args.bh, n=args.n, d=128, causal=True)
+    ref = pair("ws3")()
+    rows = [timed("dkdv_then_dq_cuda", pair("ws3"), do_bench, dict(base, variant="ws3"))]
+    for variant in cuda_lib.DKDV_WITH_DQ:
+        got = fused(variant)()
+        torch.cuda.synchronize()
+        row = timed("dqdkdv_factored_cuda", fused(variant), do_bench, dict(base, variant=variant), got, ref)
+        row["equal"] = torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
+        rows.append(row)
+    for row in rows:
+        row["tflops"] = round(flop / row["ms"] / 1e9, 1)
+    print(json.dumps(rows[1:]), flush=True)  # with equal for dK and dV alone
+    return rows
+
+
 def delta_rows(ops, args, flop, do_bench):
     """The CUDA δ pass with dŜ's row scales (``cuda_lib.delta_factored``) against Triton's (``_launch_delta_matched``
     with row scales), each variant. ``flop``: its two matmuls (S, dP)."""
@@ -270,6 +312,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fused-only", action="store_true",
                         help="time only the warp-specialised kernels (forward, dK/dV, dQ) and Triton's launches")
     parser.add_argument("--forward-only", action="store_true", help="time only the forward and Triton's")
+    parser.add_argument("--dq-fused-only", action="store_true",
+                        help="time only dQ inside the dK/dV launch against the dK/dV and dQ launches it replaces")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
@@ -287,7 +331,14 @@ def main(argv=None) -> int:
         dq_rows(ops, args, flop * 1.5, lambda fn, **_: 1.0)
         fwd_rows(ops, args, flop, lambda fn, **_: 1.0)
         delta_rows(ops, args, flop, lambda fn, **_: 1.0)
+        dqdkdv_rows(ops, args, flop * 2.5, lambda fn, **_: 1.0)
         torch.cuda.synchronize()
+        return 0
+    if args.dq_fused_only:
+        rows += dqdkdv_rows(ops, args, flop * 2.5, do_bench)  # five matmuls (S, dP, dV, dK, dQ)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
         return 0
     rows += fwd_rows(ops, args, flop, do_bench)  # the forward: two matmuls (S, PV)
     rows += delta_rows(ops, args, flop, do_bench)  # the δ pass: two (S, dP)
@@ -311,6 +362,7 @@ def main(argv=None) -> int:
     if not args.forward_only:
         rows += dkdv_rows(ops, args, flop * 2, do_bench)  # the fused dK/dV: four (S, dP, dV, dK)
         rows += dq_rows(ops, args, flop * 1.5, do_bench)  # dQ: three (S, dP, dQ)
+        rows += dqdkdv_rows(ops, args, flop * 2.5, do_bench)  # dQ in the dK/dV launch: five
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -48,7 +48,9 @@ ab() {  # name switch [tested [methods...]]
   stamp "$name bench done"
 }
 has tma && ab tma DELTAMATCH_KERNEL_TMA  # TMA loads (kernels/NOTES.md v5; launched at D = 128 since)
-has dqatomic && ab dqatomic DELTAMATCH_KERNEL_DQ_ATOMIC  # dQ by atomic adds in the dK launch
+# dQ inside the dK/dV launch: matched_factored's CUDA dK/dV with its bulk reduce-add (Triton's atomic dK launch for
+# stale and matched was timed slower in 2026-12-01's call: DQ_METHODS="stale matched sdpa_cudnn_bf16" times it again)
+has dqatomic && ab dqatomic DELTAMATCH_KERNEL_DQ_ATOMIC 1 ${DQ_METHODS:-matched_factored sdpa_cudnn_bf16}
 # the factored dots without per-tile promotion: its tests (the 8K one says whether it is accurate enough), then timed
 has promote && ab promote DELTAMATCH_KERNEL_ACC_PROMOTE 0 matched matched_factored sdpa_cudnn_bf16
 # matched_factored's backward by the CUDA kernels (carry build/cuda): the tests with the switch unset (CUDA where they
