@@ -78,16 +78,14 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3q")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
-and dK, and ``ws3s`` (unpromoted only) runs each tile in turn. ``ws3q`` exists with dQ only (``dqdkdv_factored``)."""
+and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3q")
-"""The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in: ``ws3`` forms each tile's dQ product
-after its dK product, each 64-key half from zero and added in FP32 (the dQ kernel's promotion); ``ws3q`` issues it with
-the dK product, accumulated over the launch's 128 keys by the wgmma."""
+DKDV_WITH_DQ = ("ws3",)
+"""The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
@@ -409,8 +407,6 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     if k8t is not None and variant not in DKDV_WITH_DQ:
         raise ValueError(f"variant {variant!r} is not built with dQ: expected one of {DKDV_WITH_DQ}")
-    if k8t is None and variant not in DKDV_VARIANTS[:3]:
-        raise ValueError(f"variant {variant!r} is built with dQ only: call dqdkdv_factored")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),

@@ -129,21 +129,6 @@ __device__ __forceinline__ void zero_ds_half(uint8_t* ds, int half) {
   }
 }
 
-// The dQ forms: after dK's product, each 64-key half of the product from zero, added in FP32 (kDqAfterDk, the dQ
-// kernel's promotion); or issued with dK's product into one accumulator over the CTA's 128 keys (kDqWithDk).
-constexpr int kDqAfterDk = 1, kDqWithDk = 2;
-
-// acc (FP32, from zero) = the dŜ tile [64 queries, 128 keys] times this half's K̂ᶜᵀ rows [64 channels, 128 keys]ᵀ:
-// 4 SS m64n64k32, committed as one group (not waited for).
-__device__ __forceinline__ void issue_dq_product(float (&acc)[kBlockN / 2], const uint8_t* ds, const uint8_t* kt) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockN>::ss(acc, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
-  }
-  wgmma_commit();
-}
-
 // The reducer (one thread of the producer warpgroup): per tile of the walk, once both consumers have written its dQ
 // product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it.
 template <int STAGES>
@@ -173,7 +158,7 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
   });
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, int DQ>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -215,7 +200,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
                p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
   };
 
-  if constexpr (DQ != 0) {
+  if constexpr (DQ) {
     static_assert(PROMOTE && !PIPELINED, "dQ is built into the promoted form, each tile in turn");
     DqSmem& x = dq_smem(s);
     const int t_in_group = threadIdx.x % kThreads;
@@ -248,38 +233,6 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       }
       fence_async_shared();
       mbar_arrive(&x.ds_full[buf]);
-      if constexpr (DQ == kDqWithDk) {
-        // dQ's product over all 128 keys in one accumulator, issued with dK's product: one wait for both
-        float qacc[kBlockN / 2];
-        if (use) {
-          float part[kHeadDim / 2];
-          issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
-          wgmma_wait<0>();
-          finish_acc<true>(dv, part);
-          mbar_wait(&x.ds_full[buf], turn);  // the other half's dŜ of tile j
-          issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
-          issue_dq_product(qacc, ds, kt);
-          wgmma_wait<0>();
-          if (releaser) mbar_arrive(&s.empty[t.stage]);
-          finish_acc<true>(dk, part);
-        } else {
-          if (releaser) mbar_arrive(&s.empty[t.stage]);
-          mbar_wait(&x.ds_full[buf], turn);
-          issue_dq_product(qacc, ds, kt);
-          wgmma_wait<0>();
-        }
-        fence_operands(qacc);
-        mbar_arrive(&x.ds_empty[buf]);
-        if (j >= 1) mbar_wait(&x.dq_empty, (j - 1) & 1);  // the reducer has read tile j - 1's product
-#pragma unroll
-        for (int i = 0; i < kBlockN / 8; ++i) {
-          *reinterpret_cast<float4*>(x.dq + dq_order((kBlockN / 8) * half + i, t_in_group)) =
-              make_float4(qacc[4 * i], qacc[4 * i + 1], qacc[4 * i + 2], qacc[4 * i + 3]);
-        }
-        fence_async_shared();
-        mbar_arrive(&x.dq_full);
-        continue;
-      }
       if (use) {
         float part[kHeadDim / 2];
         issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
@@ -406,19 +359,19 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   epilogue(dv, dk, cur.bh);
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, int DQ>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   if (threadIdx.x == 0) {
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
     const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
-    mbar_arrive_expect_tx(&s.kv_full, (DQ != 0 ? 3 : 2) * kCtaRows * kHeadDim);
+    mbar_arrive_expect_tx(&s.kv_full, (DQ ? 3 : 2) * kCtaRows * kHeadDim);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) {
       tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
       tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
     }
-    if constexpr (DQ != 0) {
+    if constexpr (DQ) {
       DqSmem& x = dq_smem(s);
       for (int i = 0; i < 2; ++i) {
         mbar_init(&x.ds_full[i], kConsumers * kThreads);
@@ -435,14 +388,14 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
-    if (threadIdx.x == 0 || (DQ != 0 && threadIdx.x == 32)) {  // the loads' issuer; the reducer, a thread of another warp
+    if (threadIdx.x == 0 || (DQ && threadIdx.x == 32)) {  // the loads' issuer; the reducer, a thread of another warp
       const int group = p.h / p.h_kv, b = blockIdx.y / p.h_kv, h_kv = blockIdx.y % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
       const int start_n = blockIdx.x * kCtaRows;
       Schedule second(start_n + kBlockN, p.n, p.causal);
       if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
       const Walk<STAGES, Schedule> walk(Schedule(start_n, p.n, p.causal), second, bh0, group);
-      if constexpr (DQ != 0) {
+      if constexpr (DQ) {
         if (threadIdx.x == 32) {
           reduce_dq<STAGES>(dq_smem(s), p, walk);
           return;
@@ -468,14 +421,13 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   }
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, 0)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, 0)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, 0)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, 0)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, 0)
-// with dQ (promoted, 3 stages): after dK's product (ws3), or with it (ws3q)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, dm::dkdv::kDqAfterDk)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3q_promoted_dq, true, false, 3, dm::dkdv::kDqWithDk)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false)
+// with dQ (promoted, 3 stages: 4 leave no room for its 88 KB)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true)
 #undef DM_DKDV_KERNEL
 
 // dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
@@ -546,7 +498,6 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq) {
   if (dq) {  // promoted only
     switch (variant) {
       case 0: return {promote ? dm_dkdv_factored_ws3_promoted_dq : nullptr, smem_bytes<3, true>()};
-      case 3: return {promote ? dm_dkdv_factored_ws3q_promoted_dq : nullptr, smem_bytes<3, true>()};
       default: return {nullptr, 0};
     }
   }
@@ -554,7 +505,6 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq) {
     case 0: return {promote ? dm_dkdv_factored_ws3_promoted : dm_dkdv_factored_ws3_unpromoted, smem_bytes<3>()};
     case 1: return {promote ? dm_dkdv_factored_ws4_promoted : dm_dkdv_factored_ws4_unpromoted, smem_bytes<4>()};
     case 2: return {promote ? nullptr : dm_dkdv_factored_ws3s_unpromoted, smem_bytes<3>()};
-    // 3 (ws3q) is built with dQ only
     default: return {nullptr, 0};
   }
 }
