@@ -235,6 +235,13 @@ def test_the_dk_wrapper_checks_its_inputs_before_needing_the_library():
         cuda_lib.dk_factored(**{**common, "q8": torch.zeros(b, h, n_pad, 64, dtype=torch.uint8)})
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         cuda_lib.dk_factored(**common)
+    fused = dict(common, do8t=dv["do8t"], sdoc=dv["sdoc"], k8t=torch.zeros(b, 1, d, n_pad, dtype=torch.uint8),
+                 skc=torch.ones(b, 1, d))
+    fused.pop("q8t")
+    with pytest.raises(ValueError, match="variant 'ws4' is not built with dQ"):
+        cuda_lib.dqdkdv_factored(**fused, q8t=dv["do8t"], variant="ws4")
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        cuda_lib.dqdkdv_factored(**fused, q8t=dv["do8t"])
 
 
 def _acc_to_a_fragment(words: list[int]) -> list[int]:
