@@ -190,6 +190,27 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     rescale_channels(dk, p.sqc + prev * kHeadDim, p.sqc + next * kHeadDim);
   };
 
+  // Sᵀ and dP̂ᵀ of tile t, waited for, then formed (form) with its scales `sc`
+  auto s_dp_formed = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
+    issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
+    wgmma_wait<0>();
+    fence_operands(st);
+    fence_operands(dpt);
+    form(t, sc, st, dpt);
+  };
+  // Promoted: tile t's dV, then dK product through the temporary `part`, each added in FP32; the stage released
+  auto promoted_products = [&](const Tile& t, float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2],
+                               float (&part)[kHeadDim / 2], uint32_t (&pfrag)[kTileSteps][4],
+                               uint32_t (&dsfrag)[kTileSteps][4]) {
+    issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
+    wgmma_wait<0>();
+    finish_acc<true>(dv, part);
+    issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
+    wgmma_wait<0>();
+    if (releaser) mbar_arrive(&s.empty[t.stage]);
+    finish_acc<true>(dk, part);
+  };
+
   auto epilogue = [&](const float (&dv)[kHeadDim / 2], const float (&dk)[kHeadDim / 2], int64_t bh) {
     const float* sdoc = p.sdoc + bh * kHeadDim;
     const float* sqc = p.sqc + bh * kHeadDim;
@@ -221,11 +242,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
         if (head >= 0 && t.bh != head) new_head(dv, dk, head, t.bh);
         head = t.bh;
         float st[kBlockM / 2], dpt[kBlockM / 2];
-        issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
-        wgmma_wait<0>();
-        fence_operands(st);
-        fence_operands(dpt);
-        form(t, sc, st, dpt);
+        s_dp_formed(t, sc, st, dpt);
         to_fragments(st, pfrag);
         to_fragments_transposed(dpt, dsfrag, ds, kBlockN * half);
       } else {
@@ -235,13 +252,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       mbar_arrive(&x.ds_full[buf]);
       if (use) {
         float part[kHeadDim / 2];
-        issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
-        wgmma_wait<0>();
-        finish_acc<true>(dv, part);
-        issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
-        wgmma_wait<0>();
-        if (releaser) mbar_arrive(&s.empty[t.stage]);
-        finish_acc<true>(dk, part);
+        promoted_products(t, dv, dk, part, pfrag, dsfrag);
       } else if (releaser) {
         mbar_arrive(&s.empty[t.stage]);
       }
@@ -291,22 +302,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       if (t.bh != head) new_head(dv, dk, head, t.bh), head = t.bh;
       {
         float st[kBlockM / 2], dpt[kBlockM / 2];
-        issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
-        wgmma_wait<0>();
-        fence_operands(st);
-        fence_operands(dpt);
-        form(t, sc, st, dpt);
+        s_dp_formed(t, sc, st, dpt);
         to_fragments(st, pfrag);
         to_fragments(dpt, dsfrag);
       }
       if constexpr (PROMOTE) {
-        issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
-        wgmma_wait<0>();
-        finish_acc<true>(dv, part);
-        issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
-        wgmma_wait<0>();
-        if (releaser) mbar_arrive(&s.empty[t.stage]);
-        finish_acc<true>(dk, part);
+        promoted_products(t, dv, dk, part, pfrag, dsfrag);
       } else {
         issue_channel_product<false>(dv, dv, pfrag, s.dot[t.stage]);
         issue_channel_product<false>(dk, dk, dsfrag, s.qt[t.stage]);
