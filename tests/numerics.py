@@ -27,7 +27,7 @@ def rne_e4m3_fp64(y: torch.Tensor) -> torch.Tensor:
     """
     grid = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
     a = y.double().abs().clamp(max=448.0)
-    hi = torch.searchsorted(grid, a).clamp(max=126)  # first grid value >= a
+    hi = torch.searchsorted(grid, a.contiguous()).clamp(max=126)  # first grid value >= a
     lo = (hi - 1).clamp(min=0)
     d_lo, d_hi = a - grid[lo], grid[hi] - a
     pick = torch.where((d_lo < d_hi) | ((d_lo == d_hi) & (lo % 2 == 0)), lo, hi)
