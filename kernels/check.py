@@ -164,7 +164,7 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
         flags = dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, CENTRE=centre, ROW_SCALED=row_scaled)
         warps = dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))
         out.append(KernelSpec("per_channel_amax_pass", variant, triton_quant._per_channel_amax_pass_kernel, pointers,
-                              0, constexprs={**flags, "BLOCKS": triton_quant.AMAX_BLOCKS}, options=warps))
+                              0, constexprs=flags, options=warps))
         out.append(KernelSpec("per_channel_quant_pass", variant, triton_quant._per_channel_quant_pass_kernel,
                               {**pointers, **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"}, 0,
                               constexprs={**flags, "ROUND_FP32": False, "STORE_MODE": triton_quant.STORE_MODE},

@@ -50,11 +50,6 @@ from deltamatch.methods import get_method
 
 E4M3_MAX = 448.0
 BLOCK_Q = 128
-AMAX_BLOCKS = 1
-"""Row blocks (of ``BLOCK_Q``) per program of the per-channel amax launch, each program folding its blocks' maximum
-with one atomic max per channel (session 11 profile: 58 µs per launch at the reference shape, 1.9× the time of
-reading the tensor once). 1 as timed so far; ``tools/device/kernel_sweep.py --quant-only`` times 1, 2, 4, 8 and 16
-(sm_90a compile at D = 128: 8 blocks take 176–178 registers for V and K, and 255 with 144 B spilled for Q')."""
 """Query rows per Q̂ / dÔ scale."""
 BLOCK_KV = 64
 """Keys per K̂ / V̂ scale."""
@@ -259,8 +254,8 @@ def _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride
     x = _load_rows(x_ptr, b, h, N, stride_xb, stride_xn, stride_xh, rows, HEAD_DIM)  # [BLOCK_ROWS, D]
     if CENTRE:
         x = x - tl.load(mean_ptr + bh * HEAD_DIM + offs_d)[None, :]
-    if ROW_SCALED:  # N_pad long (rows past it, in a multi-block amax program, read its last); zeroed below
-        x = x * tl.load(row_scale_ptr + bh * N_PAD + tl.minimum(rows, N_PAD - 1))[:, None]
+    if ROW_SCALED:
+        x = x * tl.load(row_scale_ptr + bh * N_PAD + rows)[:, None]  # N_pad long; padded rows zeroed below
     return tl.where(valid[:, None], x, 0.0)
 
 
@@ -271,21 +266,14 @@ def _per_channel_amax_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
-    BLOCKS: tl.constexpr = 1,
 ):
-    """Per-channel max |x| of ``BLOCKS`` consecutive blocks of rows (rows past N count as zero), folded into the
-    (batch, head)'s amax by one atomic max per channel: max is exact in any order, so the amax does not depend on
-    BLOCKS (``AMAX_BLOCKS``)."""
+    """Per-channel max |x| of one block of rows, folded into the (batch, head)'s amax (``_fold_channel_amax``)."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    offs_d = tl.arange(0, HEAD_DIM)
-    amax = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for i in tl.static_range(BLOCKS):
-        rows = (pid_r * BLOCKS + i) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh,
-                               rows, HEAD_DIM, CENTRE, ROW_SCALED)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), 0), propagate_nan=tl.PropagateNan.ALL)
-    tl.atomic_max(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, amax, sem="relaxed")
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
+                           HEAD_DIM, CENTRE, ROW_SCALED)
+    _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM)
 
 
 @triton.jit
@@ -457,8 +445,7 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
     grid = (n_pad // BLOCK_Q, b * h)
     if not folded:
-        _per_channel_amax_pass_kernel[(triton.cdiv(grid[0], AMAX_BLOCKS), grid[1])](*operands, amax, *shape, **flags,
-                                                                                  BLOCKS=AMAX_BLOCKS)
+        _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
     _per_channel_quant_pass_kernel[grid](*operands, amax, *_code_args(x8, x8t), scales, *shape, **flags,
                                          ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts))
     return x8, x8t, scales

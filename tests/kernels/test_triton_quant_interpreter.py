@@ -104,26 +104,6 @@ def _measure() -> dict:
                                           for a, b in zip(run(STORE_MODES["pointers"], "token"), pointers)]
         del os.environ[STORE_UNUSED_SWITCH]
     out["folded_amax"] = _folded_amax(gen)
-    out["amax_blocks"] = _amax_blocks(gen)
-    return out
-
-
-def _amax_blocks(gen) -> dict:
-    """The per-channel pass with several row blocks per amax program (``AMAX_BLOCKS``; the last program's blocks run
-    past N_pad): codes and scales the bits of one block per program, for the centred and the row-scaled case, N over
-    three blocks (a program of 2 blocks ends past N_pad, one of 4 covers them all)."""
-    from deltamatch.kernels import triton_quant
-
-    out = {}
-    for name, (mean, row_scales) in {"centred": (True, False), "row-scaled": (False, True)}.items():
-        x, kwargs = _case_input("bfloat16", 1, 300, 2, 128, mean, row_scales, gen)
-        runs = {}
-        for blocks in (1, 2, 4):
-            triton_quant.AMAX_BLOCKS = blocks
-            runs[blocks] = triton_quant.quantize_per_channel(x, "x", **kwargs)
-        triton_quant.AMAX_BLOCKS = 1
-        out[name] = {blocks: [bool(torch.equal(_bits(a), _bits(b))) for a, b in zip(run, runs[1])]
-                     for blocks, run in runs.items() if blocks != 1}
     return out
 
 
@@ -217,13 +197,6 @@ def test_a_block_pass_folds_the_per_channel_amax_bit_for_bit(measured, name):
     assert all(m["per_channel_equal"]) and len(m["per_channel_equal"]) == 3, m
     assert m["amax_positive"], m
     assert measured["folded_amax"]["default_gives_none"]  # off unless DELTAMATCH_KERNEL_FOLD_AMAX=1
-
-
-def test_several_blocks_per_amax_program_give_the_same_bits(measured):
-    m = measured["amax_blocks"]
-    assert set(m) == {"centred", "row-scaled"}
-    for name, runs in m.items():
-        assert set(runs) == {"2", "4"} and all(all(equal) and len(equal) == 3 for equal in runs.values()), (name, runs)
 
 
 def test_bad_inputs_are_refused_by_name_before_any_launch():

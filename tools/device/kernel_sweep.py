@@ -176,8 +176,6 @@ def _store_diagnostics(x, elems) -> dict:
     the per-channel pass's amax launch alone (its atomic column max). Bytes are what each variant moves. Then the q
     pass under each code-store mode (``triton_quant.STORE_MODES``), each with whether its codes (both layouts) and
     scales are the pointer stores' bits: the timing that picks ``triton_quant.STORE_MODE``."""
-    import triton
-
     from deltamatch.kernels.triton_quant import (BLOCK_Q, STORE_MODE, STORE_MODES, _per_channel_amax_pass_kernel,
                                                  _quant_pass_kernel, _warps, code_buffers, padded_len,
                                                  round_fp32_in_kernels, store_flags)
@@ -203,17 +201,12 @@ def _store_diagnostics(x, elems) -> dict:
         q_pass(3, mode, out)()
         return [t.view(torch.uint8) for t in out]
 
-    def amax_pass(blocks):
-        def launch():
-            _per_channel_amax_pass_kernel[(triton.cdiv(grid[0], blocks), grid[1])](
-                x, amax, amax, amax, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False, ROW_SCALED=False,
-                BLOCKS=blocks, num_warps=_warps(BLOCK_Q, d))
-        return launch
+    def amax_pass():
+        _per_channel_amax_pass_kernel[grid](x, amax, amax, amax, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
+                                            ROW_SCALED=False, num_warps=_warps(BLOCK_Q, d))
 
     rows = {"q, token-major store only": (q_pass(1), 3 * elems), "q, channel-major store only": (q_pass(2), 3 * elems),
-            "q, no code store (load, amax)": (q_pass(0), 2 * elems)}
-    for blocks in (1, 2, 4, 8, 16):  # triton_quant.AMAX_BLOCKS picks one
-        rows[f"per-channel amax launch, {blocks} blocks per program"] = (amax_pass(blocks), 2 * elems)
+            "q, no code store (load, amax)": (q_pass(0), 2 * elems), "per-channel amax launch": (amax_pass, 2 * elems)}
     pointers = outputs(STORE_MODES["pointers"])
     for name, mode in STORE_MODES.items():
         equal = all(torch.equal(a, b) for a, b in zip(outputs(mode), pointers))
