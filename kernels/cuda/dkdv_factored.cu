@@ -35,10 +35,11 @@
 // says the last one was read, and arrives on `dq_full`. A thread of the producer warpgroup (the reducer) walks the
 // same tiles, and per tile waits for `dq_full`, adds the 32 KB into dq_acc by the bulk-copy engine's reduction
 // (cp.reduce.async.bulk .add.f32) and, once it has been read, arrives on `dq_empty`. dm_dkdv_dq_epilogue then writes
-// dQ with dq_factored.cu's epilogue arithmetic. Timed forms before this one (kernels/NOTES.md, session 12): the
-// consumers meeting at two named barriers per tile (lock step: 5.57 ms against 3.67 + 2.16 for the two launches) and
-// each consumer reducing its own 64-key product (no coupling, twice the reduce traffic: L2 bound, 5.99 ms). The FP32
-// adds land in any order, so dQ is not bit-reproducible; dK and dV stay Triton's bits.
+// dQ with dq_factored.cu's epilogue arithmetic. On the H200 (kernels/NOTES.md, session 12) this form takes 5.55 ms
+// against 3.67 + 2.16 for the dK/dV and dQ launches; the forms timed beside it lost: the consumers meeting at two
+// named barriers per tile (5.57 ms), each consumer reducing its own 64-key product (twice the reduce traffic: L2
+// bound, 5.99 ms), and the dQ product issued with dK's into one 128-deep accumulator (6.97 ms, 128 B spilled, 10×
+// dQ's error). The FP32 adds land in any order, so dQ is not bit-reproducible; dK and dV stay Triton's bits.
 #include <cuda_runtime.h>
 
 #include <climits>
