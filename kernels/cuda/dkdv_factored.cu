@@ -428,7 +428,7 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false)
-// with dQ (promoted, 3 stages: 4 leave no room for its 88 KB)
+// with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true)
 #undef DM_DKDV_KERNEL
 

@@ -390,19 +390,13 @@ struct Ring {
   uint32_t phase = 0;
   bool done = false;
 
-  // The next tile half `half` reads, once its stage has filled; false after the CTA's last stage.
+  // The next tile half `half` reads, once its stage has filled (a stage it does not read is released on the way);
+  // false after the CTA's last stage.
   __device__ bool take(const StageInfo* info, uint64_t* full, uint64_t* empty, int half, bool releaser, Tile& t) {
-    while (!done) {
-      mbar_wait(&full[stage], phase);
-      const StageInfo here = info[stage];
-      const Tile tile{stage, phase, here.start, (here.flags & (kMasked0 << half)) != 0, here.bh};
-      done = (here.flags & kLast) != 0;
-      if (++stage == STAGES) stage = 0, phase ^= 1;
-      if (here.flags & (kUse0 << half)) {
-        t = tile;
-        return true;
-      }
-      if (releaser) mbar_arrive(&empty[tile.stage]);
+    bool use;
+    while (next(info, full, half, t, use)) {
+      if (use) return true;
+      if (releaser) mbar_arrive(&empty[t.stage]);
     }
     return false;
   }

@@ -71,12 +71,6 @@ __device__ __forceinline__ void bulk_wait_read() {
 // Until this thread's bulk groups have completed, writes included.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
-// A barrier of `threads` threads (a multiple of 32) on hardware barrier `id` (1-15; 0 is __syncthreads'), for
-// warpgroups that must meet without the rest of the CTA.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Warpgroup register reallocation (PTX "setmaxnreg"): a producer warpgroup gives registers back to the CTA's pool
 // and the consumer warpgroups take them, so that the consumers can hold more than the launch's even share. Every
 // thread of the warpgroup executes it; the counts are multiples of 8 in [24, 256].
