@@ -42,7 +42,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -123,7 +123,7 @@ class DkdvFactoredParams(ctypes.Structure):
     """``DkdvFactoredParams`` of ``kernels/cuda/dkdv_factored.cuh``, field for field."""
 
     _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "q8t", "do8t", "sq", "sk", "sv", "sdo", "sqc", "sdoc",
-                                          "rs", "lse2", "delta", "dk", "dv")),
+                                          "rs", "irs", "lse2", "delta", "dk", "dv")),
                 ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
                 ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
                 ("causal", _I), ("out_fp16", _I),
@@ -153,7 +153,8 @@ class FwdFactoredParams(ctypes.Structure):
 class DeltaFactoredParams(ctypes.Structure):
     """``DeltaFactoredParams`` of ``kernels/cuda/delta_factored.cuh``, field for field."""
 
-    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "sq", "sk", "sv", "sdo", "lse2", "delta", "rs")),
+    _fields_ = [*((name, _P) for name in ("q8", "k8", "v8", "do8", "sq", "sk", "sv", "sdo", "lse2", "delta", "rs",
+                                          "irs")),
                 ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("causal", _I)]
 
 
@@ -371,14 +372,16 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
                   do8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor,
                   sqc: torch.Tensor, sdoc: torch.Tensor, rs: torch.Tensor, lse2: torch.Tensor, delta: torch.Tensor,
                   n: int, causal: bool, qk_scale: float, softmax_scale: float, dtype: torch.dtype = torch.bfloat16,
-                  promote: bool = True, variant: str = "ws3") -> tuple[torch.Tensor, torch.Tensor]:
+                  promote: bool = True, variant: str = "ws3",
+                  irs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dK, dV), each (B, N, H_kv, D), of ``matched_factored`` in one kernel, from the operands of Triton's factored dK
     and dV launches: the codes and scales of ``dk_factored`` plus ``do8t``, dÔ per channel, channel-major
     (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query
     tile's products are added into dK and dV in FP32; otherwise the wgmma accumulates all of them. ``variant``: one of
-    ``DKDV_VARIANTS``."""
+    ``DKDV_VARIANTS``. ``irs``: div.full(1, s) of ``rs``, as the δ pass writes it (``row_scale_inverses`` forms it when
+    None: one more small launch)."""
     _, dk, dv = _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
-                      softmax_scale, dtype, promote, variant)
+                      softmax_scale, dtype, promote, variant, irs=irs)
     return dk, dv
 
 
@@ -386,20 +389,20 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
                     do8t: torch.Tensor, k8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor,
                     sdo: torch.Tensor, sqc: torch.Tensor, sdoc: torch.Tensor, skc: torch.Tensor, rs: torch.Tensor,
                     lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
-                    softmax_scale: float, dtype: torch.dtype = torch.bfloat16,
-                    variant: str = "ws3") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    softmax_scale: float, dtype: torch.dtype = torch.bfloat16, variant: str = "ws3",
+                    irs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
     (B, H_kv, D): ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the bulk-copy engine's
     reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted only. dK and dV are
     ``dkdv_factored``'s bits; dQ's FP32 adds land in any order, so it is not bit-reproducible (within FP32 round-off
-    of ``dq_factored``'s before its cast)."""
+    of ``dq_factored``'s before its cast). ``irs`` as ``dkdv_factored``'s."""
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
-                 softmax_scale, dtype, True, variant, k8t=k8t, skc=skc)
+                 softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs)
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
-          dtype, promote, variant, k8t=None, skc=None):
+          dtype, promote, variant, k8t=None, skc=None, irs=None):
     """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
@@ -408,12 +411,19 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     if k8t is not None and variant not in DKDV_WITH_DQ:
         raise ValueError(f"variant {variant!r} is not built with dQ: expected one of {DKDV_WITH_DQ}")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
+    codes = [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
+             ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad)), ("do8t", do8t, (b, h, d, n_pad))]
+    _operand_pointers(codes, [("rs", rs, (b, h, n_pad))])  # every check before the small launch below
+    if irs is None:  # referenced until the launch, so its memory cannot go back to the allocator before
+        from deltamatch.kernels.triton_bwd import row_scale_inverses
+
+        irs = row_scale_inverses(rs)
     pointers = _operand_pointers(
-        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
-         ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad)), ("do8t", do8t, (b, h, d, n_pad))],
+        codes,
         [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),
          ("sdo", sdo, (b, h, n_pad // 128)), ("sqc", sqc, (b, h, d)), ("sdoc", sdoc, (b, h, d)),
-         ("rs", rs, (b, h, n_pad)), ("lse2", lse2, (b, h, n_pad)), ("delta", delta, (b, h, n_pad))])
+         ("rs", rs, (b, h, n_pad)), ("irs", irs, (b, h, n_pad)), ("lse2", lse2, (b, h, n_pad)),
+         ("delta", delta, (b, h, n_pad))])
     device = q8.device
     dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
     dv = torch.empty_like(dk)
@@ -495,8 +505,9 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
 
 def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
                    sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool,
-                   qk_scale: float, variant: str = "ws4x2") -> tuple[torch.Tensor, torch.Tensor]:
-    """(δ, s), each (B, H, N_pad) FP32: matched's δ_i = Σ_j P_ij dP̂_ij and the factored layout's dŜ row scales, from the
+                   qk_scale: float, variant: str = "ws4x2") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(δ, s, 1/s), each (B, H, N_pad) FP32: matched's δ_i = Σ_j P_ij dP̂_ij, the factored layout's dŜ row scales and
+    their div.full(1, s) (what ``dkdv_factored`` reads as ``irs``), from the
     operands of Triton's δ pass (``kernels/cuda/delta_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``,
     ``v8`` (B, H_kv, N_pad, D) codes with their block scales, ``lse2`` (B, H, N_pad). Every query of each 128-query block
     that holds one below N is written, as Triton's launch does. ``variant``: one of ``DELTA_VARIANTS``."""
@@ -510,7 +521,8 @@ def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: to
          ("sdo", sdo, (b, h, n_pad // 128)), ("lse2", lse2, (b, h, n_pad))])
     delta = torch.empty((b, h, n_pad), dtype=torch.float32, device=q8.device)
     rs = torch.empty_like(delta)
-    params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), b, h, h_kv, n, n_pad, float(qk_scale),
-                                 int(causal))
+    irs = torch.empty_like(delta)
+    params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), irs.data_ptr(), b, h, h_kv, n, n_pad,
+                                 float(qk_scale), int(causal))
     _call(_library(), "dm_delta_factored", ctypes.byref(params), DELTA_VARIANTS.index(variant), *_launch_args(delta))
-    return delta, rs
+    return delta, rs, irs

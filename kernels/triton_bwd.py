@@ -111,14 +111,15 @@ def _key_ranges(pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
 def _attn_bwd_delta_matched_kernel(
     q8_ptr, k8_ptr, v8_ptr, do8_ptr,  # codes (.., N_pad, D)
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
-    rs_ptr,  # ROW_SCALES only: dŜ's row scales (B, H, N_pad) fp32
+    rs_ptr, irs_ptr,  # ROW_SCALES only: dŜ's row scales s and 1 / s (B, H, N_pad) fp32
     qk_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     TMA: tl.constexpr = False, ROW_SCALES: tl.constexpr = False,
 ):
     """δ_i = Σ_j P_ij dP̂_ij per query row; with ROW_SCALES also the factored layout's dŜ row scale
     s_i = (max_j P_ij |dP̂_ij| + |δ_i| max_j P_ij) / 448, a bound on max_j |dS_ij| within 2× of it (kernels/README.md)
-    that this pass can form because it needs δ only at the end."""
+    that this pass can form because it needs δ only at the end, and 1 / s_i (the ``1.0 / s`` of the dK launch, which
+    the CUDA dK/dV kernel reads instead of dividing per tile)."""
     tl.static_assert(BLOCK_N == 64, "K̂/V̂ scales are per 64 keys")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -151,7 +152,9 @@ def _attn_bwd_delta_matched_kernel(
     tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, delta)
     if ROW_SCALES:
         bound = pdp_max + tl.abs(delta) * p_max
-        tl.store(rs_ptr + bh.to(tl.int64) * N_PAD + offs_m, tl.where(bound > 0, tl.math.div_rn(bound, 448.0), 1.0))
+        s = tl.where(bound > 0, tl.math.div_rn(bound, 448.0), 1.0)
+        tl.store(rs_ptr + bh.to(tl.int64) * N_PAD + offs_m, s)
+        tl.store(irs_ptr + bh.to(tl.int64) * N_PAD + offs_m, 1.0 / s)
 
 
 @triton.jit
@@ -514,28 +517,51 @@ def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scal
         return cuda_lib.dqdkdv_factored(
             s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], ops["k8t"], s["sq"], s["sk"], s["sv"], sdo,
             ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale,
-            dtype=dtypes[1])
+            dtype=dtypes[1], irs=ops["irs"])
     dk, dv = cuda_lib.dkdv_factored(
         s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], s["sq"], s["sk"], s["sv"], sdo, ops["sqc"],
         ops["sdoc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[1],
-        promote=promote)
+        promote=promote, irs=ops["irs"])
     dq = cuda_lib.dq_factored(
         s["q8"], s["k8"], s["v8"], do8, ops["k8t"], s["sq"], s["sk"], s["sv"], sdo, ops["skc"], ops["rs"], s["lse2"],
         delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[0], promote=cfg["dq"].get("ACC_PROMOTE") is not None)
     return dq, dk, dv
 
 
-def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c, row_scales=None):
-    """Matched's δ pass; with ``row_scales`` ((B, H, N_pad) FP32) it also writes the factored layout's dŜ row scales."""
+def _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, c, row_scales=None, inverses=None):
+    """Matched's δ pass; with ``row_scales`` ((B, H, N_pad) FP32) it also writes the factored layout's dŜ row scales,
+    and their ``1.0 / s`` into ``inverses`` (a new tensor when None). Returns the inverses, or None."""
     q8, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     if c.get("TMA") and q8.is_cuda:
         ensure_allocator()
+    if row_scales is not None and inverses is None:
+        inverses = torch.empty_like(row_scales)
     _attn_bwd_delta_matched_kernel[(triton.cdiv(n, c["BLOCK_M"]), b * h)](
-        q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, row_scales if row_scales is not None else delta,
+        q8, k8, v8, do8, sq, sk, sv, sdo, lse2, delta, *((row_scales, inverses) if row_scales is not None else
+                                                         (delta, delta)),  # stand-ins, never written
         qk_scale, n, n_pad, h, h // k8.shape[1],
         HEAD_DIM=d, CAUSAL=causal, ROW_SCALES=row_scales is not None, **c,
     )
+    return inverses
+
+
+@triton.jit
+def _reciprocal_kernel(x_ptr, y_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < numel, other=1.0)
+    tl.store(y_ptr + offs, 1.0 / x, mask=offs < numel)
+
+
+def row_scale_inverses(rs: torch.Tensor) -> torch.Tensor:
+    """``1.0 / s`` of dŜ's row scales (contiguous FP32) with the bits of the δ pass's (on the GPU Triton's division,
+    div.full.f32, the CUDA kernels' ``div_full``): what ``cuda_lib.dkdv_factored`` reads when no δ pass wrote it."""
+    if rs.dtype != torch.float32 or not rs.is_contiguous():
+        raise ValueError(f"rs: {rs.dtype}, contiguous={rs.is_contiguous()}; expected contiguous torch.float32")
+    out = torch.empty_like(rs)
+    if rs.numel():
+        _reciprocal_kernel[(triton.cdiv(rs.numel(), 1024),)](rs, out, rs.numel(), BLOCK=1024)
+    return out
 
 
 def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, softmax_scale, n, c, dq_acc=None,
@@ -628,14 +654,16 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None, what="δ pass"):
             from deltamatch.kernels import cuda_lib
 
-            delta, rs = cuda_lib.delta_factored(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"],
+            delta, rs, irs = cuda_lib.delta_factored(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"],
+                                                     saved["sk"],
                                                 saved["sv"], sdo, saved["lse2"], n, causal, qk_scale)
         else:
             rs = torch.empty_like(delta)
-            _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
+            irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel")
         _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", amax=factored.get("do_amax"))
-        ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, k8t=factored["k8t"], skc=factored["skc"])
+        ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=factored["k8t"],
+                   skc=factored["skc"])
         if cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
         dq, dk, dv = outputs()

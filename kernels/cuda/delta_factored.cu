@@ -10,7 +10,7 @@
 // P = ex2.approx.ftz(fma(S, (s_q·s_k)·qk_scale, −lse2)) (masked where a key is ≥ N, a query ≥ N or, causal, a key
 // right of the query: 0), dP = dP̂ · (s_do·s_v), the row's Σ P·dP as fma(p0, dp0, p1·dp1) then fma(p, dp, ·) in
 // register order, across the quad xor 2 then xor 1, added into δ; max P·|dP| and max P per row. The epilogue writes
-// δ and s = (fma(|δ|, max P, max P·|dP|) > 0 ? div.rn(·, 448) : 1) for every query of the block.
+// δ, s = (fma(|δ|, max P, max P·|dP|) > 0 ? div.rn(·, 448) : 1) and div.full(1, s) for every query of the block.
 // PIPELINED: S and dP̂ of the next tile are issued before this tile's arithmetic.
 #include <cuda_runtime.h>
 
@@ -179,7 +179,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
       const int64_t at = bh * p.n_pad + r.row[i];
       const float bound = fmaf(fabsf(r.delta[i]), r.p_max[i], r.pdp_max[i]);
       p.delta[at] = r.delta[i];
-      p.rs[at] = bound > 0.0f ? __fdiv_rn(bound, 448.0f) : 1.0f;
+      const float s = bound > 0.0f ? __fdiv_rn(bound, 448.0f) : 1.0f;
+      p.rs[at] = s;
+      p.irs[at] = div_full(1.0f, s);  // Triton's `1.0 / s`
     }
   }
 }

@@ -17,6 +17,7 @@ struct DeltaFactoredParams {
   const float* lse2;    // (B, H, N_pad)
   float* delta;         // (B, H, N_pad): δ_i = Σ_j P_ij dP̂_ij, written
   float* rs;            // (B, H, N_pad): dŜ's row scales s_i, written
+  float* irs;           // (B, H, N_pad): div.full(1, s_i), written (the dK/dV kernel's per-tile factor)
   int b, h, h_kv, n, n_pad;
   float qk_scale;       // softmax_scale · log2(e), rounded to FP32 as Triton's launch does
   int causal;

@@ -39,7 +39,9 @@ struct __align__(1024) Smem {
   uint8_t q[STAGES][kBlockM * kHeadDim];
   uint8_t dout[STAGES][kBlockM * kHeadDim];
   uint8_t qt[STAGES][kHeadDim * kBlockM];
-  float lse[STAGES][kBlockM], delta[STAGES][kBlockM], rs[STAGES][kBlockM];
+  alignas(16) float lse[STAGES][kBlockM];
+  alignas(16) float delta[STAGES][kBlockM];
+  alignas(16) float rs[STAGES][kBlockM];
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };
 template <int STAGES>
@@ -98,7 +100,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
     return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
   };
   auto ds = [&](const Cursor& c, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
-    ds_tile<false>(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp, c.it >= sched.unmasked,
+    ds_tile<false, false>(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp, c.it >= sched.unmasked,
                    start_n, sched.start(c.it), p.n, p.causal);
   };
 

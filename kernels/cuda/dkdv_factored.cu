@@ -4,12 +4,12 @@
 // One CTA per 128 keys and kv head, three warpgroups:
 //   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread issues the TMA loads: K̂ and V̂
 //     of the 128 keys once, then per query tile Q̂, dÔ (token-major, 128-byte swizzle), Q'ᶜᵀ and dÔᶜᵀ
-//     (channel-major, 64-byte swizzle) and lse2, δ, s (bulk copies) into a ring of STAGES stages;
+//     (channel-major, 64-byte swizzle) and lse2, δ, 1/s (bulk copies) into a ring of STAGES stages;
 //   - two consumer warpgroups (setmaxnreg 240), one per 64-key half: each is Triton's factored dK and dV launches for
 //     its 64-key block fused (their BLOCK_N), reading the stages both share.
 // Per query tile a consumer forms Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ (4 + 4 SS m64n64k32, one wgmma group), then on the CUDA
 // cores P, P̂ᵀ = e4m3(P · 448) and dŜᵀ = e4m3(P · fma(dP̂ᵀ, s_v·s_do, −δ) · div.full(1, s)) (factored.cuh ds_tile, the
-// arithmetic of Triton's PTX), and adds dV += P̂ᵀ dÔᶜ and dK += dŜᵀ Q̂'ᶜ (2 + 2 RS m64n128k32).
+// arithmetic of Triton's PTX; div.full(1, s) as the δ pass wrote it, `irs`), and adds dV += P̂ᵀ dÔᶜ and dK += dŜᵀ Q̂'ᶜ (2 + 2 RS m64n128k32).
 //   - Unpromoted (Triton's ACC_PROMOTE = None): the wgmma accumulates into dV and dK over the whole loop, and Sᵀ, dP̂ᵀ
 //     of the next tile are issued with dV, dK of this one (the softmax and dS of the next tile run beside them).
 //   - Promoted (ACC_PROMOTE = 64, matched_factored's default): each tile's dV and then dK product start from zero in
@@ -55,7 +55,7 @@ namespace dkdv {
 
 using namespace factored;
 
-// Q̂, dÔ, Q'ᶜᵀ, dÔᶜᵀ; lse2, δ, s
+// Q̂, dÔ, Q'ᶜᵀ, dÔᶜᵀ; lse2, δ, 1/s
 constexpr uint32_t kTileBytes = 4 * kBlockM * kHeadDim + 3 * kBlockM * sizeof(float);
 
 template <int STAGES>
@@ -66,7 +66,9 @@ struct __align__(1024) Smem {
   uint8_t dout[STAGES][kBlockM * kHeadDim];
   uint8_t qt[STAGES][kHeadDim * kBlockM];
   uint8_t dot[STAGES][kHeadDim * kBlockM];
-  float lse[STAGES][kBlockM], delta[STAGES][kBlockM], rs[STAGES][kBlockM];
+  alignas(16) float lse[STAGES][kBlockM];  // ds_tile reads pairs
+  alignas(16) float delta[STAGES][kBlockM];
+  alignas(16) float irs[STAGES][kBlockM];  // div.full(1, s)
   StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };
@@ -155,7 +157,7 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
     tma_load_2d(s.dot[st], &maps.dot, at.start, int(at.bh * kHeadDim), full);
     bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
     bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
-    bulk_load(s.rs[st], p.rs + row, kBlockM * sizeof(float), full);
+    bulk_load(s.irs[st], p.irs + row, kBlockM * sizeof(float), full);
   });
 }
 
@@ -179,10 +181,10 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   // P̂ᵀ (·448, uncast) into st and dŜᵀ (uncast) into dpt, from Sᵀ and dP̂ᵀ of tile t
   auto form = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
     if (t.masked) {  // two bodies: the unmasked one, most tiles, keeps no mask in registers across the wgmma
-      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, true, start_n, t.start,
+      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, true, start_n, t.start,
                     p.n, p.causal);
     } else {
-      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.rs[t.stage], sc.row, sc.dp, false, start_n,
+      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, false, start_n,
                     t.start, p.n, p.causal);
     }
   };

@@ -19,6 +19,7 @@ struct DkdvFactoredParams {
   const float* sqc;     // (B, H, D): Q''s channel scales
   const float* sdoc;    // (B, H, D): dÔᶜ's channel scales
   const float* rs;      // (B, H, N_pad): dŜ's row scales s (matched's δ pass)
+  const float* irs;     // (B, H, N_pad): div.full(1, s), as the δ pass writes it beside s (the per-tile dŜ)
   const float* lse2;    // (B, H, N_pad)
   const float* delta;   // (B, H, N_pad): matched's δ
   void* dk;             // (B, N, H_kv, D) bf16 or fp16; dk and dv share the element strides below, D contiguous

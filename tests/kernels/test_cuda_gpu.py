@@ -231,10 +231,10 @@ def factored_dk_operands(ops, q):
 
     delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
     cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
-    triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, ops["causal"], ops["qk_scale"],
-                                     ops["n"], cfg["delta"], row_scales=rs)
+    irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, ops["causal"],
+                                           ops["qk_scale"], ops["n"], cfg["delta"], row_scales=rs)
     _, q8t_c, sqc = quantize_per_channel(q, "q", row_scales=rs)
-    return dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, sqc=sqc)
+    return dict(ops, delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, sqc=sqc)
 
 
 def triton_factored_dk(ops, promote=False):
@@ -456,7 +456,7 @@ def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal
     dq, dk, dv = cuda_lib.dqdkdv_factored(
         s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_c"], ops["do8t_c"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
         ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
-        ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant)
+        ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant, irs=ops["irs"])
     dk0, dv0 = cuda_factored_dkdv(ops, True, variant)
     dq0 = cuda_factored_dq(ops, True)
     torch.cuda.synchronize()
@@ -475,21 +475,34 @@ def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal
 @pytest.mark.parametrize("variant", cuda_lib.DELTA_VARIANTS)
 @pytest.mark.parametrize("n, causal", [(n, causal) for n in (130, 256, 1024, 1000) for causal in (True, False)])
 def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):
-    """Matched's δ and dŜ's row scales of the CUDA δ pass against Triton's (``_launch_delta_matched`` with row scales,
-    which ``dk_operands`` ran), bit for bit on every row Triton writes (each 128-query block holding one below N)."""
+    """Matched's δ, dŜ's row scales and their inverses of the CUDA δ pass against Triton's (``_launch_delta_matched``
+    with row scales, which ``dk_operands`` ran), bit for bit on every row Triton writes (each 128-query block holding one
+    below N)."""
     ops = dk_operands(n, causal, *heads(n))
     s = ops["saved"]
-    delta, rs = cuda_lib.delta_factored(s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"],
-                                        s["lse2"], n, causal, ops["qk_scale"], variant=variant)
+    delta, rs, irs = cuda_lib.delta_factored(s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"],
+                                             ops["sdo"], s["lse2"], n, causal, ops["qk_scale"], variant=variant)
     torch.cuda.synchronize()
     rows = -(-n // 128) * 128
-    for name, ours, theirs in (("delta", delta, ops["delta_m"]), ("rs", rs, ops["rs"])):
+    for name, ours, theirs in (("delta", delta, ops["delta_m"]), ("rs", rs, ops["rs"]), ("irs", irs, ops["irs"])):
         ours, theirs = ours[..., :rows], theirs[..., :rows]
         assert torch.isfinite(ours).all(), name
         diff = (ours - theirs).abs()
         where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
         assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), (
             f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, first at {where}")
+
+
+@pytest.mark.parametrize("n, causal", [(130, True), (1000, False)])
+def test_row_scale_inverses_are_the_delta_passs(dk_operands, n, causal):
+    """``triton_bwd.row_scale_inverses`` (what ``dkdv_factored`` forms when given no ``irs``) against the δ pass's own
+    ``1.0 / s``, bit for bit: the dK/dV kernel reads either in place of its former per-tile division."""
+    from deltamatch.kernels import triton_bwd
+
+    ops = dk_operands(n, causal, *heads(n))
+    ours = triton_bwd.row_scale_inverses(ops["rs"])
+    assert torch.equal(ours.view(torch.int32), ops["irs"].view(torch.int32))
+    assert not torch.equal(ops["irs"], torch.ones_like(ops["irs"]))  # not the masked rows' 1 everywhere
 
 
 @pytest.fixture(scope="module")

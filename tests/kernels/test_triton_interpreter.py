@@ -83,7 +83,21 @@ def _measure() -> dict:
     out["tma"] = _tma_forward(gen)
     out["factored"] = _factored_outliers(gen)
     out["dq_atomic"] = _dq_atomic(gen)
+    out["inverses"] = _row_scale_inverses(gen)
     return out
+
+
+def _row_scale_inverses(gen) -> dict:
+    """``triton_bwd.row_scale_inverses`` on a ragged length (not a multiple of its 1024-wide blocks; the output starts
+    as the child's NaN-poisoned ``torch.empty``) against PyTorch's 1 / s: the interpreter divides as IEEE does."""
+    import torch
+
+    from deltamatch.kernels.triton_bwd import row_scale_inverses
+
+    rs = torch.rand(3, 2, 250, generator=gen) * 1e-3 + 1e-6
+    rs[0, 0, :7] = 1.0  # the padded rows' scale
+    ours = row_scale_inverses(rs)
+    return dict(equal=bool(torch.equal(ours, 1.0 / rs)), shape=list(ours.shape))
 
 
 def _dq_atomic(gen) -> list[dict]:
@@ -198,6 +212,10 @@ def test_tma_loads_give_the_bits_of_pointer_loads(measured):
     assert len(measured["tma"]) == 2
     for row in measured["tma"]:
         assert all(row["equal"].values()) and len(row["equal"]) == 5 and row["finite"], row
+
+
+def test_row_scale_inverses_cover_every_element_of_a_ragged_tensor(measured):
+    assert measured["inverses"] == dict(equal=True, shape=[3, 2, 250])
 
 
 def test_atomic_dq_matches_the_reference_and_leaves_o_dk_dv_alone(measured):

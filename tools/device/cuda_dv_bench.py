@@ -72,10 +72,10 @@ def matched_operands(ops):
     if "matched" not in ops:
         cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
         delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
-        triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, True, ops["qk"], ops["n"],
-                                         cfg["delta"], row_scales=rs)
+        irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, True, ops["qk"],
+                                               ops["n"], cfg["delta"], row_scales=rs)
         _, q8t_c, sqc = quantize_per_channel(ops["q"], "q", row_scales=rs)
-        ops["matched"] = dict(delta_m=delta, rs=rs, q8t_c=q8t_c, sqc=sqc, cfg=cfg)
+        ops["matched"] = dict(delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, sqc=sqc, cfg=cfg)
     return ops["matched"]
 
 
@@ -143,7 +143,7 @@ def dkdv_rows(ops, args, flop, do_bench, variants=None):
             return lambda: cuda_lib.dkdv_factored(
                 s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], s["sq"], s["sk"], s["sv"],
                 ops["sdo"], m["sqc"], ops["sdoc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"],
-                ops["scale"], promote=promote, variant=variant)
+                ops["scale"], promote=promote, variant=variant, irs=m["irs"])
 
         triton_dkdv()
         base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
@@ -211,7 +211,8 @@ def dqdkdv_rows(ops, args, flop, do_bench):
         def launch():
             dk, dv = cuda_lib.dkdv_factored(
                 s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], s["sq"], s["sk"], s["sv"], *common,
-                m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], variant=variant)
+                m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], variant=variant,
+                irs=m["irs"])
             dq = cuda_lib.dq_factored(
                 s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
                 m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"])
@@ -222,7 +223,7 @@ def dqdkdv_rows(ops, args, flop, do_bench):
         return lambda: cuda_lib.dqdkdv_factored(
             s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
             *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
-            variant=variant)
+            variant=variant, irs=m["irs"])
 
     base = dict(promoted=True, b_h=args.bh, n=args.n, d=128, causal=True)
     ref = pair("ws3")()
