@@ -108,7 +108,8 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
     c, o = split(bwd["delta"])
     specs.append(KernelSpec("attn_bwd_delta_matched", variant, triton_bwd._attn_bwd_delta_matched_kernel,
                             {**_fp8("q8_ptr", "k8_ptr", "v8_ptr", "do8_ptr"),
-                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr", "rs_ptr")}, 2,
+                             **_fp32("sq_ptr", "sk_ptr", "sv_ptr", "sdo_ptr", "lse_ptr", "delta_ptr", "rs_ptr",
+                                      "irs_ptr")}, 2,
                             copies=2, constexprs={**c, "HEAD_DIM": head_dim, "CAUSAL": causal}, options=o))
     c, o = split({"SPLIT": True, **bwd["dkdv"]})
     separate = c.pop("SEPARATE", False)
