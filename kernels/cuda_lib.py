@@ -376,7 +376,8 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
                   irs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(dK, dV), each (B, N, H_kv, D), of ``matched_factored`` in one kernel, from the operands of Triton's factored dK
     and dV launches: the codes and scales of ``dk_factored`` plus ``do8t``, dÔ per channel, channel-major
-    (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query
+    (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``q8t`` and ``do8t`` in ``triton_quant.fragment_token_order``
+    (``quantize_per_channel(..., fragment_order=True)``): the kernel's A fragments take that order. ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query
     tile's products are added into dK and dV in FP32; otherwise the wgmma accumulates all of them. ``variant``: one of
     ``DKDV_VARIANTS``. ``irs``: div.full(1, s) of ``rs``, as the δ pass writes it (``row_scale_inverses`` forms it when
     None: one more small launch)."""
@@ -396,7 +397,7 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     (B, H_kv, D): ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the bulk-copy engine's
     reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted only. dK and dV are
     ``dkdv_factored``'s bits; dQ's FP32 adds land in any order, so it is not bit-reproducible (within FP32 round-off
-    of ``dq_factored``'s before its cast). ``irs`` as ``dkdv_factored``'s."""
+    of ``dq_factored``'s before its cast). ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs)
 

@@ -660,11 +660,14 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         else:
             rs = torch.empty_like(delta)
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
-        _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel")
-        _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", amax=factored.get("do_amax"))
+        cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
+        # the CUDA dK/dV kernel reads Q̂'ᶜ and dÔᶜ in its A fragments' token order (triton_quant.fragment_token_order)
+        _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel", fragment_order=cuda)
+        _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", amax=factored.get("do_amax"),
+                                               fragment_order=cuda)
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=factored["k8t"],
                    skc=factored["skc"])
-        if cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None):
+        if cuda:
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
         dq, dk, dv = outputs()
         _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,

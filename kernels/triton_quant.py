@@ -283,13 +283,18 @@ def _per_channel_quant_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROW_SCALED: tl.constexpr,
-    ROUND_FP32: tl.constexpr, STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
+    ROUND_FP32: tl.constexpr, STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, FRAGMENT_ORDER: tl.constexpr = False,
 ):
     """Recompute the block, cast it with its channels' scales, store the code layouts ``STORES`` names; the first block
-    of each (batch, head) stores the scales."""
+    of each (batch, head) stores the scales. FRAGMENT_ORDER (channel-major codes only): the block's rows are loaded in
+    ``fragment_token_order``, so that position p of each 16-token group holds token π(p)."""
+    tl.static_assert(not FRAGMENT_ORDER or STORES == 2, "the fragment order is a channel-major layout")
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    local = tl.arange(0, BLOCK_ROWS)
+    if FRAGMENT_ORDER:  # position 16G + 4q + j holds token 16G + 2q + (j & 1) + 8 (j >> 1)
+        local = (local & ~15) | (((local >> 2) & 3) << 1) | (local & 1) | (((local >> 1) & 1) << 3)
+    rows = pid_r * BLOCK_ROWS + local
     x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
                            HEAD_DIM, CENTRE, ROW_SCALED)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -412,9 +417,22 @@ def _check_per_channel(x: torch.Tensor, name: str, mean: torch.Tensor | None, ro
                          f"{row_scales.dtype} {tuple(row_scales.shape)}")
 
 
+def fragment_token_order(n_pad: int, device=None) -> torch.Tensor:
+    """π over N_pad positions (a multiple of 16): the token that position p of a fragment-ordered channel-major code
+    tensor holds, ``x8t_fragment[..., p] = x8t[..., π[p]]``. Within each 16-token group position 4q + j holds token
+    2q + (j & 1) + 8 (j >> 1): the tokens an FP8 wgmma accumulator row puts in lane q's four bytes of a 16-column half
+    ({2q, 2q+1, 8+2q, 9+2q}), at the k positions an A fragment's lane q holds ({4q .. 4q+3}). The CUDA dK/dV kernel's
+    B operands (dÔᶜ, Q̂'ᶜ) come in this order, so its P̂ᵀ and dŜᵀ accumulators are A fragments without the two shuffles
+    and one byte permute per register that reorder them otherwise (FA3's trick for FP8 V)."""
+    if n_pad % 16:
+        raise ValueError(f"n_pad = {n_pad}: expected a multiple of 16")
+    p = torch.arange(n_pad, device=device)
+    return (p & ~15) | (((p >> 2) & 3) << 1) | (p & 1) | (((p >> 1) & 1) << 3)
+
+
 def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
                          row_scales: torch.Tensor | None = None, store_mode: int | None = None,
-                         layouts: str = "both", amax: torch.Tensor | None = None):
+                         layouts: str = "both", amax: torch.Tensor | None = None, fragment_order: bool = False):
     """Codes ``(x8, x8t)`` and one scale per channel over every token of each (batch, head), scales ``(B, H, D)``:
     the factored layout's operand of a token-contracting matmul (V̂ for PV, dÔ for dV, K̂ᶜ for dQ, Q̂' for dK;
     kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
@@ -425,9 +443,12 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` and
     ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values, folded by the
     block pass that read them (``channel_amax=``); the first launch is then skipped (not with ``row_scales``, which no
-    block pass applies)."""
+    block pass applies). ``fragment_order`` (``layouts="channel"`` only): the channel-major codes in
+    ``fragment_token_order``, the layout the CUDA dK/dV kernel reads."""
     _check_per_channel(x, name, mean, row_scales)
     _check_amax(amax, x, "amax")
+    if fragment_order and layouts != "channel":
+        raise ValueError(f"fragment_order: a channel-major layout, so layouts='channel' (got {layouts!r})")
     if amax is not None and row_scales is not None:
         raise ValueError("amax: no block pass folds the row-scaled values; pass row_scales without amax")
     b, n, h, d = x.shape
@@ -446,15 +467,19 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     grid = (n_pad // BLOCK_Q, b * h)
     if not folded:
         _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
+    stores = store_flags(store_mode, layouts)
+    if fragment_order and stores["STORES"] != LAYOUTS["channel"]:
+        raise ValueError(f"fragment_order with {STORE_UNUSED_SWITCH}=1: the token-major copy has no such order")
     _per_channel_quant_pass_kernel[grid](*operands, amax, *_code_args(x8, x8t), scales, *shape, **flags,
-                                         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts))
+                                         ROUND_FP32=round_fp32_in_kernels(), **stores, FRAGMENT_ORDER=fragment_order)
     return x8, x8t, scales
 
 
 def quantize_per_channel_torch(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,
-                               row_scales: torch.Tensor | None = None):
+                               row_scales: torch.Tensor | None = None, fragment_order: bool = False):
     """``quantize_per_channel`` in PyTorch ops, its reference: an amax over the tokens, then the cast, the rounding
-    of ``quant.quantize_tiles(inner, None, 1)`` on the same FP32 ``inner = (x - mean) * row_scales``."""
+    of ``quant.quantize_tiles(inner, None, 1)`` on the same FP32 ``inner = (x - mean) * row_scales``; with
+    ``fragment_order`` the channel-major copy's tokens permuted by ``fragment_token_order``."""
     _check_per_channel(x, name, mean, row_scales)
     b, n, h, d = x.shape
     inner = x.float().transpose(1, 2)  # (B, H, N, D)
@@ -465,7 +490,10 @@ def quantize_per_channel_torch(x: torch.Tensor, name: str = "x", *, mean: torch.
     scales = quant._scales_from_amax(inner.abs().amax(dim=2))  # (B, H, D)
     x8 = torch.zeros((b, h, padded_len(n), d), device=x.device, dtype=torch.float8_e4m3fn)
     x8[:, :, :n] = quant.round_e4m3(inner / scales[:, :, None, :]).to(torch.float8_e4m3fn)
-    return x8, x8.transpose(-1, -2).contiguous(), scales.contiguous()
+    x8t = x8.transpose(-1, -2)
+    if fragment_order:
+        x8t = x8t[..., fragment_token_order(x8t.shape[-1], x8t.device)]
+    return x8, x8t.contiguous(), scales.contiguous()
 
 
 DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}

@@ -9,7 +9,9 @@
 //     its 64-key block fused (their BLOCK_N), reading the stages both share.
 // Per query tile a consumer forms Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ (4 + 4 SS m64n64k32, one wgmma group), then on the CUDA
 // cores P, P̂ᵀ = e4m3(P · 448) and dŜᵀ = e4m3(P · fma(dP̂ᵀ, s_v·s_do, −δ) · div.full(1, s)) (factored.cuh ds_tile, the
-// arithmetic of Triton's PTX; div.full(1, s) as the δ pass wrote it, `irs`), and adds dV += P̂ᵀ dÔᶜ and dK += dŜᵀ Q̂'ᶜ (2 + 2 RS m64n128k32).
+// arithmetic of Triton's PTX; div.full(1, s) as the δ pass wrote it, `irs`), and adds dV += P̂ᵀ dÔᶜ and
+// dK += dŜᵀ Q̂'ᶜ (2 + 2 RS m64n128k32). dÔᶜ and Q̂'ᶜ come in fragment order (triton_quant.fragment_token_order: each
+// 16-query group permuted), so the accumulators are the RS products' A fragments as they lie (to_fragments<true>).
 //   - Unpromoted (Triton's ACC_PROMOTE = None): the wgmma accumulates into dV and dK over the whole loop, and Sᵀ, dP̂ᵀ
 //     of the next tile are issued with dV, dK of this one (the softmax and dS of the next tile run beside them).
 //   - Promoted (ACC_PROMOTE = 64, matched_factored's default): each tile's dV and then dK product start from zero in
@@ -101,7 +103,7 @@ struct Maps {
 };
 
 // e4m3(dpt), a consumer's dŜᵀ [64 keys, 64 queries] in accumulator order, as the A fragments of dK's product
-// (to_fragments) and, transposed, into the dŜ tile [64 queries, 128 keys] at keys key0 + 0 .. 63: one byte store per
+// (to_fragments<true>) and, transposed, into the dŜ tile [64 queries, 128 keys] at keys key0 + 0 .. 63: one byte store per
 // element (the 8 threads of a row group write 8 adjacent bytes of 4 rows, in distinct banks under the swizzle).
 __device__ __forceinline__ void to_fragments_transposed(const float (&dpt)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4],
                                                         uint8_t* ds, int key0) {
@@ -112,7 +114,7 @@ __device__ __forceinline__ void to_fragments_transposed(const float (&dpt)[kBloc
     for (int r = 0; r < 4; ++r) {
       const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);
       const uint32_t codes = cvt_e4m3x4(dpt[v0], dpt[v0 + 1], dpt[v0 + 4], dpt[v0 + 5]);
-      frag[kk][r] = acc_to_a_fragment(codes);
+      frag[kk][r] = codes;  // Q̂'ᶜ in fragment order (to_fragments<true>)
       const int key = key0 + 16 * warp + g + 8 * (r % 2), query = 16 * h16 + 2 * q;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // byte j: queries query, query + 1, query + 8, query + 9
@@ -246,7 +248,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
         head = t.bh;
         float st[kBlockM / 2], dpt[kBlockM / 2];
         s_dp_formed(t, sc, st, dpt);
-        to_fragments(st, pfrag);
+        to_fragments<true>(st, pfrag);
         to_fragments_transposed(dpt, dsfrag, ds, kBlockN * half);
       } else {
         zero_ds_half(ds, half);
@@ -306,8 +308,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       {
         float st[kBlockM / 2], dpt[kBlockM / 2];
         s_dp_formed(t, sc, st, dpt);
-        to_fragments(st, pfrag);
-        to_fragments(dpt, dsfrag);
+        to_fragments<true>(st, pfrag);
+        to_fragments<true>(dpt, dsfrag);
       }
       if constexpr (PROMOTE) {
         promoted_products(t, dv, dk, part, pfrag, dsfrag);
@@ -330,8 +332,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       fence_operands(st);
       fence_operands(dpt);
       form(cur, sc, st, dpt);
-      to_fragments(st, pfrag);
-      to_fragments(dpt, dsfrag);
+      to_fragments<true>(st, pfrag);
+      to_fragments<true>(dpt, dsfrag);
     }
     Tile next;
 #pragma unroll 1
@@ -350,8 +352,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       fence_operands(dv);
       fence_operands(dk);
       if (next.bh != cur.bh) new_head(dv, dk, cur.bh, next.bh);
-      to_fragments(st, pfrag);
-      to_fragments(dpt, dsfrag);
+      to_fragments<true>(st, pfrag);
+      to_fragments<true>(dpt, dsfrag);
       cur = next;
     }
     issue_channel_product<false>(dv, dv, pfrag, s.dot[cur.stage]);

@@ -97,14 +97,19 @@ struct KeySchedule {
 };
 
 // e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
-// over the tile's 64 queries (two k = 32 steps).
+// over the tile's 64 queries (two k = 32 steps). FRAGMENT_ORDER: the product's B operand holds its tokens in
+// triton_quant.fragment_token_order (position 4q + j of each 16-token group: token 2q + (j & 1) + 8 (j >> 1)), so
+// lane q's four accumulator bytes of a 16-column half are already its A fragment's k = 4q .. 4q+3 and need no
+// acc_to_a_fragment (two shuffles and a byte permute per register).
+template <bool FRAGMENT_ORDER = false>
 __device__ __forceinline__ void to_fragments(const float (&st)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4]) {
 #pragma unroll
   for (int kk = 0; kk < kTileSteps; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);  // 16-query half h16, key row g or g + 8
-      frag[kk][r] = acc_to_a_fragment(cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]));
+      const uint32_t codes = cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]);
+      frag[kk][r] = FRAGMENT_ORDER ? codes : acc_to_a_fragment(codes);
     }
   }
 }

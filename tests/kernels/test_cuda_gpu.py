@@ -218,7 +218,9 @@ def factored_dv_operands(q, k, v, do, causal):
     o, saved, forward_factored = fp8_forward(q, k, v, causal, "matched_factored", scale)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
-    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
+    _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's dÔᶜ
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
+                scale=scale,
                 qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape, dtype=k.dtype,
                 q_shape=q.shape, k8t_c=forward_factored["k8t"], skc=forward_factored["skc"])
 
@@ -234,7 +236,8 @@ def factored_dk_operands(ops, q):
     irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, ops["causal"],
                                            ops["qk_scale"], ops["n"], cfg["delta"], row_scales=rs)
     _, q8t_c, sqc = quantize_per_channel(q, "q", row_scales=rs)
-    return dict(ops, delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, sqc=sqc)
+    _, q8t_f, _ = quantize_per_channel(q, "q", row_scales=rs, layouts="channel", fragment_order=True)
+    return dict(ops, delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc)
 
 
 def triton_factored_dk(ops, promote=False):
@@ -371,7 +374,7 @@ def test_factored_dk_within_fp8_order_of_triton(dk_operands, n, causal):
 
 def cuda_factored_dkdv(ops, promote, variant="ws3"):
     s = ops["saved"]
-    return cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_c"], ops["do8t_c"], s["sq"], s["sk"],
+    return cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"], s["sk"],
                                   s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"],
                                   ops["n"], ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"],
                                   promote=promote, variant=variant)
@@ -454,7 +457,7 @@ def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal
     ops = dk_operands(n, causal, *heads(n))
     s = ops["saved"]
     dq, dk, dv = cuda_lib.dqdkdv_factored(
-        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_c"], ops["do8t_c"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
         ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
         ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant, irs=ops["irs"])
     dk0, dv0 = cuda_factored_dkdv(ops, True, variant)
@@ -491,6 +494,18 @@ def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):
         where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
         assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32)), (
             f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, first at {where}")
+
+
+@pytest.mark.parametrize("n, causal", [(130, True), (1000, False)])
+def test_fragment_ordered_codes_are_the_natural_ones_permuted(dk_operands, n, causal):
+    """The per-channel pass's fragment order on the GPU (what the CUDA dK/dV kernel reads) against its natural codes
+    permuted by PyTorch indexing (``fragment_token_order``), bit for bit."""
+    from deltamatch.kernels.triton_quant import fragment_token_order
+
+    ops = dk_operands(n, causal, *heads(n))
+    for natural, ordered in ((ops["q8t_c"], ops["q8t_f"]), (ops["do8t_c"], ops["do8t_f"])):
+        order = fragment_token_order(natural.shape[-1], natural.device)
+        assert torch.equal(ordered.view(torch.uint8), natural[..., order].view(torch.uint8))
 
 
 @pytest.mark.parametrize("n, causal", [(130, True), (1000, False)])

@@ -104,6 +104,26 @@ def _measure() -> dict:
                                           for a, b in zip(run(STORE_MODES["pointers"], "token"), pointers)]
         del os.environ[STORE_UNUSED_SWITCH]
     out["folded_amax"] = _folded_amax(gen)
+    out["fragment_order"] = _fragment_order(gen)
+    return out
+
+
+def _fragment_order(gen) -> dict:
+    """The per-channel pass's channel-major codes in the CUDA dK/dV kernel's fragment order, per case, against the same
+    pass's natural order permuted by PyTorch indexing, and against the twin's; the natural scales unchanged."""
+    from deltamatch.kernels.triton_quant import fragment_token_order, quantize_per_channel, quantize_per_channel_torch
+
+    out = {}
+    for name, dtype, b, n, h, d, mean, row_scales in CASES:
+        x, kwargs = _case_input(dtype, b, n, h, d, mean, row_scales, gen)
+        _, natural, scales = quantize_per_channel(x, "x", layouts="channel", **kwargs)
+        _, ours, ours_scales = quantize_per_channel(x, "x", layouts="channel", fragment_order=True, **kwargs)
+        _, twin, _ = quantize_per_channel_torch(x, "x", fragment_order=True, **kwargs)
+        order = fragment_token_order(natural.shape[-1])
+        out[name] = dict(permuted_natural=bool(torch.equal(_bits(ours), _bits(natural[..., order]))),
+                         twin=bool(torch.equal(_bits(ours), _bits(twin))),
+                         scales=bool(torch.equal(_bits(ours_scales), _bits(scales))),
+                         moved=not torch.equal(_bits(ours), _bits(natural)))
     return out
 
 
@@ -199,6 +219,24 @@ def test_a_block_pass_folds_the_per_channel_amax_bit_for_bit(measured, name):
     assert measured["folded_amax"]["default_gives_none"]  # off unless DELTAMATCH_KERNEL_FOLD_AMAX=1
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fragment_order_permutes_the_channel_major_codes_and_nothing_else(measured, case):
+    assert measured["fragment_order"][case[0]] == dict(permuted_natural=True, twin=True, scales=True, moved=True)
+
+
+def test_fragment_token_order_is_the_accumulator_lanes_bytes_at_the_a_fragments_positions():
+    """Lane q of an FP8 wgmma accumulator row holds columns {2q, 2q+1, 8+2q, 9+2q} of each 16-column half; an A
+    fragment's lane q holds k = 4q .. 4q+3: position 4q + j of a group must hold the j-th of lane q's columns."""
+    from deltamatch.kernels.triton_quant import fragment_token_order
+
+    lanes = [[2 * q, 2 * q + 1, 8 + 2 * q, 9 + 2 * q] for q in range(4)]
+    expected = [16 * g + c for g in range(3) for lane in lanes for c in lane]
+    assert fragment_token_order(48).tolist() == expected
+    assert sorted(fragment_token_order(256).tolist()) == list(range(256))
+    with pytest.raises(ValueError, match="n_pad = 40: expected a multiple of 16"):
+        fragment_token_order(40)
+
+
 def test_bad_inputs_are_refused_by_name_before_any_launch():
     from deltamatch.kernels.triton_quant import padded_len, quantize_operand, quantize_per_channel
 
@@ -225,6 +263,8 @@ def test_bad_inputs_are_refused_by_name_before_any_launch():
         quantize_per_channel(x, "q", row_scales=rows, amax=mean)
     with pytest.raises(ValueError, match=r"^channel_amax must be a contiguous FP32 \(B, H, D\)"):
         quantize_operand(x, 64, channel_amax=mean.double())
+    with pytest.raises(ValueError, match=r"^fragment_order: a channel-major layout, so layouts='channel'"):
+        quantize_per_channel(x, "v", fragment_order=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def operands(b, h, n, d, causal):
     o, saved, forward_factored = fp8_forward(q, k, v, causal, "matched_factored", scale)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
-    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, sdoc=sdoc, scale=scale,
+    _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
+                scale=scale,
                 qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, v=v, k8t_c=forward_factored["k8t"],
                 skc=forward_factored["skc"])
 
@@ -75,7 +77,8 @@ def matched_operands(ops):
         irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, True, ops["qk"],
                                                ops["n"], cfg["delta"], row_scales=rs)
         _, q8t_c, sqc = quantize_per_channel(ops["q"], "q", row_scales=rs)
-        ops["matched"] = dict(delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, sqc=sqc, cfg=cfg)
+        _, q8t_f, _ = quantize_per_channel(ops["q"], "q", row_scales=rs, layouts="channel", fragment_order=True)
+        ops["matched"] = dict(delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc, cfg=cfg)
     return ops["matched"]
 
 
@@ -141,7 +144,7 @@ def dkdv_rows(ops, args, flop, do_bench, variants=None):
 
         def cuda_dkdv(variant):
             return lambda: cuda_lib.dkdv_factored(
-                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], s["sq"], s["sk"], s["sv"],
+                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], s["sq"], s["sk"], s["sv"],
                 ops["sdo"], m["sqc"], ops["sdoc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"],
                 ops["scale"], promote=promote, variant=variant, irs=m["irs"])
 
@@ -210,7 +213,7 @@ def dqdkdv_rows(ops, args, flop, do_bench):
     def pair(variant):
         def launch():
             dk, dv = cuda_lib.dkdv_factored(
-                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], s["sq"], s["sk"], s["sv"], *common,
+                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], s["sq"], s["sk"], s["sv"], *common,
                 m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], variant=variant,
                 irs=m["irs"])
             dq = cuda_lib.dq_factored(
@@ -221,7 +224,7 @@ def dqdkdv_rows(ops, args, flop, do_bench):
 
     def fused(variant):
         return lambda: cuda_lib.dqdkdv_factored(
-            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_c"], ops["do8t_c"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
             *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
             variant=variant, irs=m["irs"])
 
