@@ -377,8 +377,9 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     """(dK, dV), each (B, N, H_kv, D), of ``matched_factored`` in one kernel, from the operands of Triton's factored dK
     and dV launches: the codes and scales of ``dk_factored`` plus ``do8t``, dÔ per channel, channel-major
     (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``q8t`` and ``do8t`` in ``triton_quant.fragment_token_order``
-    (``quantize_per_channel(..., fragment_order=True)``): the kernel's A fragments take that order. ``promote`` (Triton's default, ``ACC_PROMOTE=64``): each 64-query
-    tile's products are added into dK and dV in FP32; otherwise the wgmma accumulates all of them. ``variant``: one of
+    (``quantize_per_channel(..., fragment_order=True)``): the kernel's A fragments take that order. ``promote``
+    (Triton's default, ``ACC_PROMOTE=64``): each 64-query tile's products are added into dK and dV in FP32; otherwise
+    the wgmma accumulates all of them. ``variant``: one of
     ``DKDV_VARIANTS``. ``irs``: div.full(1, s) of ``rs``, as the δ pass writes it (``row_scale_inverses`` forms it when
     None: one more small launch)."""
     _, dk, dv = _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
@@ -394,10 +395,11 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
                     irs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
-    (B, H_kv, D): ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the bulk-copy engine's
-    reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted only. dK and dV are
-    ``dkdv_factored``'s bits; dQ's FP32 adds land in any order, so it is not bit-reproducible (within FP32 round-off
-    of ``dq_factored``'s before its cast). ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
+    (B, H_kv, D), in fragment order: ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the
+    bulk-copy engine's reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted
+    only. dK and dV are ``dkdv_factored``'s bits; dQ's FP32 adds land in any order, so it is not bit-reproducible
+    (within FP32 round-off of ``dq_factored``'s before its cast). ``q8t``, ``do8t`` (fragment order) and ``irs`` as
+    ``dkdv_factored``'s."""
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs)
 
@@ -451,7 +453,8 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
                 variant: str = "ws3") -> torch.Tensor:
     """dQ (B, N, H, D) of ``matched_factored`` from the operands of Triton's factored dQ launch
     (``kernels/cuda/dq_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``, ``v8`` (B, H_kv, N_pad, D) codes with
-    their block scales; ``k8t`` K̂ᶜ, the centred keys per channel, channel-major (B, H_kv, D, N_pad), with ``skc``
+    their block scales; ``k8t`` K̂ᶜ, the centred keys per channel, channel-major (B, H_kv, D, N_pad) in
+    ``triton_quant.fragment_token_order`` (``quantize_per_channel(..., fragment_order=True)``), with ``skc``
     (B, H_kv, D); ``rs`` dŜ's row scales s, ``lse2`` and matched's ``delta``, each (B, H, N_pad). ``promote``: each
     64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma. ``variant``: one of
     ``DQ_VARIANTS``."""

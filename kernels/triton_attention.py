@@ -16,7 +16,7 @@ import math
 import torch
 
 from deltamatch.kernels.inputs import validate_attention_inputs
-from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected
+from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected, k_fragment_order
 from deltamatch.kernels.triton_fwd import attention_forward, forward_config
 from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, channel_amaxes, quantize_do_and_delta,
                                              quantize_operand, quantize_per_channel, token_mean)
@@ -37,6 +37,8 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     """Quantise and run the forward kernel: ``(o, saved, factored)`` — ``saved`` the tensors of ``SAVED``,
     ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None)."""
     cuda = mode == "matched_factored" and cuda_kernels_selected(q.shape[-1], q.dtype, what="forward")
+    # K̂ᶜ goes to the CUDA dQ in its A fragments' key order (triton_bwd.attention_backward reorders it for Triton's)
+    k_fragment = mode == "matched_factored" and k_fragment_order(q.shape[-1], k.dtype)
     k_mean = token_mean(k)
     # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
     blocks = "token" if mode == "matched_factored" else "both"
@@ -49,7 +51,8 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     factored = None
     if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
         _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel", amax=v_amax)
-        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", amax=k_amax)
+        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", amax=k_amax,
+                                              fragment_order=k_fragment)
         config = forward_config(q.shape[-1], factored=True)
         if cuda:
             from deltamatch.kernels import cuda_lib

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from deltamatch.kernels.triton_fwd import ensure_allocator, env_switch, factored_acc_promote, tma_enabled
-from deltamatch.kernels.triton_quant import BLOCK_KV, quantize_per_channel, round_fp32_in_kernels, to_e4m3
+from deltamatch.kernels.triton_quant import (BLOCK_KV, fragment_token_order, quantize_per_channel,
+                                             round_fp32_in_kernels, to_e4m3)
 
 DS_TILE = 64
 """dŜ scale tile (queries × keys)."""
@@ -507,6 +508,13 @@ def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False
     return not reason
 
 
+def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
+    dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default
+    config. A backward that runs Triton's dQ after all (``ds_stats``, a caller's config) reorders K̂ᶜ back."""
+    return cuda_kernels_selected(head_dim, dtype)
+
+
 def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes):
     """dQ, dK and dV of ``matched_factored`` by the CUDA kernels, promoted as the configs' ``ACC_PROMOTE`` asks."""
     from deltamatch.kernels import cuda_lib
@@ -665,8 +673,10 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel", fragment_order=cuda)
         _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", amax=factored.get("do_amax"),
                                                fragment_order=cuda)
-        ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=factored["k8t"],
-                   skc=factored["skc"])
+        k8t = factored["k8t"]
+        if not cuda and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # the forward ordered it for CUDA's dQ
+            k8t = k8t[..., torch.argsort(fragment_token_order(k8t.shape[-1], k8t.device))].contiguous()
+        ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=k8t, skc=factored["skc"])
         if cuda:
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
         dq, dk, dv = outputs()

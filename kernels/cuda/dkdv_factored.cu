@@ -28,20 +28,21 @@
 // order (an arrival before the fill could complete an earlier phase of that stage).
 //
 // With dQ (`DQ`, promoted, 3 stages; FA3's dQ inside the dK/dV kernel, M4's reduce-add): both consumers take every
-// stage. Per stage (tile j) each writes its dŜᵀ, cast, transposed into its 64 keys of a shared dŜ tile [64 queries,
-// 128 keys] (two buffers, j % 2; zeros for a stage its half does not read) and arrives on that buffer's `ds_full`; it
-// then runs its dV and dK products and only after them waits for `ds_full` (the other half): consumer h forms the dQ
-// product of the tile's queries and channels 64h .. 64h + 63 over the CTA's 128 keys (4 SS m64n64k32 from the K̂ᶜᵀ
-// tile of the CTA's keys, loaded once; each 64-key half from zero and the two added in FP32, as dq_factored.cu
-// promotes per key tile), arrives on `ds_empty`, writes the product into the shared FP32 dQ tile once `dq_empty`
-// says the last one was read, and arrives on `dq_full`. A thread of the producer warpgroup (the reducer) walks the
-// same tiles, and per tile waits for `dq_full`, adds the 32 KB into dq_acc by the bulk-copy engine's reduction
-// (cp.reduce.async.bulk .add.f32) and, once it has been read, arrives on `dq_empty`. dm_dkdv_dq_epilogue then writes
-// dQ with dq_factored.cu's epilogue arithmetic. On the H200 (kernels/NOTES.md, session 12) this form takes 5.55 ms
-// against 3.67 + 2.16 for the dK/dV and dQ launches; the forms timed beside it lost: the consumers meeting at two
-// named barriers per tile (5.57 ms), each consumer reducing its own 64-key product (twice the reduce traffic: L2
-// bound, 5.99 ms), and the dQ product issued with dK's into one 128-deep accumulator (6.97 ms, 128 B spilled, 10×
-// dQ's error). The FP32 adds land in any order, so dQ is not bit-reproducible; dK and dV stay Triton's bits.
+// stage. Per stage (tile j) each writes its dŜᵀ, cast, transposed into its 64 keys of a shared dŜ tile [64 queries, 128
+// keys] (two buffers, j % 2; zeros for a stage its half does not read) and arrives on that buffer's `ds_full`; it then
+// runs its dV and dK products and only after them waits for `ds_full` (the other half): consumer h forms the dQ product
+// of the tile's queries and channels 64h .. 64h + 63 over the CTA's 128 keys (4 SS m64n64k32 from the K̂ᶜᵀ tile of the
+// CTA's keys, loaded once, its keys in fragment order as the dŜ tile's columns are written; each 64-key half from zero
+// and the two added in FP32, as dq_factored.cu promotes per key tile), arrives on `ds_empty`, writes the product into
+// the shared FP32 dQ tile once `dq_empty` says the last one was read, and arrives on `dq_full`. A thread of the
+// producer warpgroup (the reducer) walks the same tiles, and per tile waits for `dq_full`, adds the 32 KB into dq_acc
+// by the bulk-copy engine's reduction (cp.reduce.async.bulk .add.f32) and, once it has been read, arrives on
+// `dq_empty`. dm_dkdv_dq_epilogue then writes dQ with dq_factored.cu's epilogue arithmetic. On the H200
+// (kernels/NOTES.md, session 12) this form takes 5.55 ms against 3.67 + 2.16 for the dK/dV and dQ launches; the forms
+// timed beside it lost: the consumers meeting at two named barriers per tile (5.57 ms), each consumer reducing its own
+// 64-key product (twice the reduce traffic: L2 bound, 5.99 ms), and the dQ product issued with dK's into one 128-deep
+// accumulator (6.97 ms, 128 B spilled, 10× dQ's error). The FP32 adds land in any order, so dQ is not bit-reproducible;
+// dK and dV stay Triton's bits.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -103,8 +104,8 @@ struct Maps {
 };
 
 // e4m3(dpt), a consumer's dŜᵀ [64 keys, 64 queries] in accumulator order, as the A fragments of dK's product
-// (to_fragments<true>) and, transposed, into the dŜ tile [64 queries, 128 keys] at keys key0 + 0 .. 63: one byte store per
-// element (the 8 threads of a row group write 8 adjacent bytes of 4 rows, in distinct banks under the swizzle).
+// (to_fragments<true>) and, transposed, into the dŜ tile [64 queries, 128 keys] at keys key0 + 0 .. 63: one byte
+// store per element (the 8 threads of a row group write 8 bytes of each of 4 rows, in distinct banks under the swizzle).
 __device__ __forceinline__ void to_fragments_transposed(const float (&dpt)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4],
                                                         uint8_t* ds, int key0) {
   const auto [warp, g, q] = lane();
@@ -115,11 +116,13 @@ __device__ __forceinline__ void to_fragments_transposed(const float (&dpt)[kBloc
       const int h16 = 2 * kk + r / 2, v0 = 8 * h16 + 2 * (r % 2);
       const uint32_t codes = cvt_e4m3x4(dpt[v0], dpt[v0 + 1], dpt[v0 + 4], dpt[v0 + 5]);
       frag[kk][r] = codes;  // Q̂'ᶜ in fragment order (to_fragments<true>)
-      const int key = key0 + 16 * warp + g + 8 * (r % 2), query = 16 * h16 + 2 * q;
+      // key key0 + 16 warp + g + 8 (r % 2) at its place in K̂ᶜ's fragment order (fragment_token_order's inverse: token
+      // 8h + 2q' + j' of a 16-key group sits at 4q' + 2h + j'), the order of the dQ product's B operand
+      const int key = key0 + 16 * warp, at = 4 * (g >> 1) + 2 * (r % 2) + (g & 1), query = 16 * h16 + 2 * q;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // byte j: queries query, query + 1, query + 8, query + 9
         const int row = query + (j & 1) + 8 * (j >> 1);
-        ds[QTile::chunk_offset(row, key >> 4) + (key & 15)] = uint8_t(codes >> (8 * j));
+        ds[QTile::chunk_offset(row, key >> 4) + at] = uint8_t(codes >> (8 * j));
       }
     }
   }

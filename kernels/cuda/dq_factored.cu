@@ -11,8 +11,9 @@
 // Per key tile a consumer forms S = Q̂ K̂ᵀ and dP̂ = dÔ V̂ᵀ (4 + 4 SS m64n64k32), then P = ex2.approx.ftz(fma(S,
 // (s_q·s_k)·qk_scale, −lse2)), masked; dS = P · fma(dP̂, s_do·s_v, −δ); dŜ = e4m3(dS · div.full(1, s)) (Triton's PTX,
 // lse2 = 0, δ = 0, s = 1 for queries ≥ N as its masked loads give), and adds dQ += dŜ K̂ᶜ (2 RS m64n128k32 over the
-// tile's 64 keys): promoted (ACC_PROMOTE = 64, the default) each tile's product starts from zero and is added in FP32,
-// otherwise the wgmma accumulates in place. The epilogue writes ((dQ · s) · s_Kᶜ[d]) · softmax_scale, queries < N.
+// tile's 64 keys; K̂ᶜ in fragment order, triton_quant.fragment_token_order, so dŜ is the A fragments as it lies):
+// promoted (ACC_PROMOTE = 64, the default) each tile's product starts from zero and is added in FP32, otherwise the
+// wgmma accumulates in place. The epilogue writes ((dQ · s) · s_Kᶜ[d]) · softmax_scale, queries < N.
 // Each half visits its key tiles in Triton's order (the unmasked ones, then the causal diagonal or the ragged end);
 // the two orders merge (factored.cuh Walk): causal, the second half reads one key tile more than the first.
 #include <cuda_runtime.h>
@@ -125,7 +126,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
       } else {
         ds_rows(st, dpt, row, lse, delta, inv_s, row_scale, dp_scale, false, t.start, p.n, p.causal);
       }
-      to_fragments(dpt, frag);
+      to_fragments<true>(dpt, frag);  // K̂ᶜ in fragment order
     }
     if constexpr (PROMOTE) {
       issue_channel_product<true>(dq, part, frag, s.kt[t.stage]);

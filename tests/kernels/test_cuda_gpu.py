@@ -212,17 +212,18 @@ def factored_dv_operands(q, k, v, do, causal):
     """What matched_factored's dV launch reads, made by the project's own passes: the factored forward's codes, scales
     and lse2, and dÔ per channel (``triton_quant.quantize_per_channel``)."""
     from deltamatch.kernels.triton_attention import fp8_forward
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel, token_mean
 
     scale = q.shape[-1] ** -0.5
     o, saved, forward_factored = fp8_forward(q, k, v, causal, "matched_factored", scale)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's dÔᶜ
+    _, k8t_c, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel")  # natural, for Triton's dQ
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
-                scale=scale,
-                qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape, dtype=k.dtype,
-                q_shape=q.shape, k8t_c=forward_factored["k8t"], skc=forward_factored["skc"])
+                scale=scale, qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape,
+                dtype=k.dtype, q_shape=q.shape, k8t_c=k8t_c, k8t_f=forward_factored["k8t"],
+                skc=forward_factored["skc"])
 
 
 def factored_dk_operands(ops, q):
@@ -418,7 +419,7 @@ def triton_factored_dq(ops, promote):
 
 def cuda_factored_dq(ops, promote, variant="ws3"):
     s = ops["saved"]
-    return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+    return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
                                 ops["sdo"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"], ops["causal"],
                                 ops["qk_scale"], ops["scale"], dtype=ops["dtype"], promote=promote, variant=variant)
 
@@ -457,7 +458,7 @@ def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal
     ops = dk_operands(n, causal, *heads(n))
     s = ops["saved"]
     dq, dk, dv = cuda_lib.dqdkdv_factored(
-        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
         ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
         ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant, irs=ops["irs"])
     dk0, dv0 = cuda_factored_dkdv(ops, True, variant)
@@ -498,12 +499,17 @@ def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):
 
 @pytest.mark.parametrize("n, causal", [(130, True), (1000, False)])
 def test_fragment_ordered_codes_are_the_natural_ones_permuted(dk_operands, n, causal):
-    """The per-channel pass's fragment order on the GPU (what the CUDA dK/dV kernel reads) against its natural codes
-    permuted by PyTorch indexing (``fragment_token_order``), bit for bit."""
+    """The per-channel pass's fragment order on the GPU (what the CUDA dK/dV and dQ kernels read: Q̂'ᶜ, dÔᶜ, and K̂ᶜ as
+    the factored forward writes it) against the natural codes permuted by PyTorch indexing (``fragment_token_order``),
+    bit for bit."""
     from deltamatch.kernels.triton_quant import fragment_token_order
 
+    from deltamatch.kernels.triton_bwd import k_fragment_order
+
     ops = dk_operands(n, causal, *heads(n))
-    for natural, ordered in ((ops["q8t_c"], ops["q8t_f"]), (ops["do8t_c"], ops["do8t_f"])):
+    assert k_fragment_order(128, torch.bfloat16)  # so the forward wrote K̂ᶜ (k8t_f) in fragment order
+    for natural, ordered in ((ops["q8t_c"], ops["q8t_f"]), (ops["do8t_c"], ops["do8t_f"]),
+                             (ops["k8t_c"], ops["k8t_f"])):
         order = fragment_token_order(natural.shape[-1], natural.device)
         assert torch.equal(ordered.view(torch.uint8), natural[..., order].view(torch.uint8))
 

@@ -22,7 +22,7 @@ import torch
 def operands(b, h, n, d, causal):
     """Random bf16 inputs through the factored forward and the dÔ passes, as matched_factored's backward sees them."""
     from deltamatch.kernels.triton_attention import fp8_forward
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel, token_mean
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
@@ -31,10 +31,12 @@ def operands(b, h, n, d, causal):
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's
+    # K̂ᶜ: natural for Triton's dQ, in fragment order for CUDA's (what the forward writes where CUDA's runs)
+    _, k8t_c, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel")
+    _, k8t_f, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel", fragment_order=True)
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
-                scale=scale,
-                qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, v=v, k8t_c=forward_factored["k8t"],
-                skc=forward_factored["skc"])
+                scale=scale, qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, v=v, k8t_c=k8t_c,
+                k8t_f=k8t_f, skc=forward_factored["skc"])
 
 
 def launchers(ops, promote):
@@ -182,7 +184,7 @@ def dq_rows(ops, args, flop, do_bench):
 
         def cuda_dq(variant):
             return lambda: cuda_lib.dq_factored(
-                s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
+                s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_f"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
                 m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], promote=promote,
                 variant=variant)
 
@@ -217,14 +219,14 @@ def dqdkdv_rows(ops, args, flop, do_bench):
                 m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], variant=variant,
                 irs=m["irs"])
             dq = cuda_lib.dq_factored(
-                s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_c"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
+                s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_f"], s["sq"], s["sk"], s["sv"], ops["sdo"], ops["skc"],
                 m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"])
             return dq, dk, dv
         return launch
 
     def fused(variant):
         return lambda: cuda_lib.dqdkdv_factored(
-            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_c"], s["sq"], s["sk"], s["sv"],
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
             *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
             variant=variant, irs=m["irs"])
 
