@@ -663,8 +663,8 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             from deltamatch.kernels import cuda_lib
 
             delta, rs, irs = cuda_lib.delta_factored(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"],
-                                                     saved["sk"],
-                                                saved["sv"], sdo, saved["lse2"], n, causal, qk_scale)
+                                                     saved["sk"], saved["sv"], sdo, saved["lse2"], n, causal,
+                                                     qk_scale)
         else:
             rs = torch.empty_like(delta)
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)

@@ -444,7 +444,8 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values, folded by the
     block pass that read them (``channel_amax=``); the first launch is then skipped (not with ``row_scales``, which no
     block pass applies). ``fragment_order`` (``layouts="channel"`` only): the channel-major codes in
-    ``fragment_token_order``, the layout the CUDA dK/dV kernel reads."""
+    ``fragment_token_order``, the layout the CUDA dK/dV and dQ kernels read (``STORE_UNUSED_SWITCH`` does not add the
+    token-major copy to such a pass: its rows would come in that order too)."""
     _check_per_channel(x, name, mean, row_scales)
     _check_amax(amax, x, "amax")
     if fragment_order and layouts != "channel":
@@ -453,7 +454,7 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
         raise ValueError("amax: no block pass folds the row-scaled values; pass row_scales without amax")
     b, n, h, d = x.shape
     n_pad = padded_len(n)
-    layouts = stored_layouts(layouts)
+    layouts = layouts if fragment_order else stored_layouts(layouts)  # a permuted token-major copy would be garbage
     x8, x8t = code_buffers(x, layouts)
     scales = torch.empty((b, h, d), device=x.device, dtype=torch.float32)
     folded = amax is not None
@@ -467,11 +468,9 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     grid = (n_pad // BLOCK_Q, b * h)
     if not folded:
         _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
-    stores = store_flags(store_mode, layouts)
-    if fragment_order and stores["STORES"] != LAYOUTS["channel"]:
-        raise ValueError(f"fragment_order with {STORE_UNUSED_SWITCH}=1: the token-major copy has no such order")
     _per_channel_quant_pass_kernel[grid](*operands, amax, *_code_args(x8, x8t), scales, *shape, **flags,
-                                         ROUND_FP32=round_fp32_in_kernels(), **stores, FRAGMENT_ORDER=fragment_order)
+                                         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts),
+                                         FRAGMENT_ORDER=fragment_order)
     return x8, x8t, scales
 
 

@@ -111,7 +111,8 @@ def _measure() -> dict:
 def _fragment_order(gen) -> dict:
     """The per-channel pass's channel-major codes in the CUDA dK/dV kernel's fragment order, per case, against the same
     pass's natural order permuted by PyTorch indexing, and against the twin's; the natural scales unchanged."""
-    from deltamatch.kernels.triton_quant import fragment_token_order, quantize_per_channel, quantize_per_channel_torch
+    from deltamatch.kernels.triton_quant import (STORE_UNUSED_SWITCH, fragment_token_order, quantize_per_channel,
+                                                 quantize_per_channel_torch)
 
     out = {}
     for name, dtype, b, n, h, d, mean, row_scales in CASES:
@@ -119,11 +120,15 @@ def _fragment_order(gen) -> dict:
         _, natural, scales = quantize_per_channel(x, "x", layouts="channel", **kwargs)
         _, ours, ours_scales = quantize_per_channel(x, "x", layouts="channel", fragment_order=True, **kwargs)
         _, twin, _ = quantize_per_channel_torch(x, "x", fragment_order=True, **kwargs)
+        os.environ[STORE_UNUSED_SWITCH] = "1"  # it adds no token-major copy to a fragment-ordered pass
+        switched = quantize_per_channel(x, "x", layouts="channel", fragment_order=True, **kwargs)
+        del os.environ[STORE_UNUSED_SWITCH]
         order = fragment_token_order(natural.shape[-1])
         out[name] = dict(permuted_natural=bool(torch.equal(_bits(ours), _bits(natural[..., order]))),
                          twin=bool(torch.equal(_bits(ours), _bits(twin))),
                          scales=bool(torch.equal(_bits(ours_scales), _bits(scales))),
-                         moved=not torch.equal(_bits(ours), _bits(natural)))
+                         moved=not torch.equal(_bits(ours), _bits(natural)),
+                         switch=switched[0] is None and bool(torch.equal(_bits(switched[1]), _bits(ours))))
     return out
 
 
@@ -221,7 +226,8 @@ def test_a_block_pass_folds_the_per_channel_amax_bit_for_bit(measured, name):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_fragment_order_permutes_the_channel_major_codes_and_nothing_else(measured, case):
-    assert measured["fragment_order"][case[0]] == dict(permuted_natural=True, twin=True, scales=True, moved=True)
+    assert measured["fragment_order"][case[0]] == dict(permuted_natural=True, twin=True, scales=True, moved=True,
+                                                       switch=True)
 
 
 def test_fragment_token_order_is_the_accumulator_lanes_bytes_at_the_a_fragments_positions():
