@@ -379,9 +379,8 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``q8t`` and ``do8t`` in ``triton_quant.fragment_token_order``
     (``quantize_per_channel(..., fragment_order=True)``): the kernel's A fragments take that order. ``promote``
     (Triton's default, ``ACC_PROMOTE=64``): each 64-query tile's products are added into dK and dV in FP32; otherwise
-    the wgmma accumulates all of them. ``variant``: one of
-    ``DKDV_VARIANTS``. ``irs``: div.full(1, s) of ``rs``, as the δ pass writes it (``row_scale_inverses`` forms it when
-    None: one more small launch)."""
+    the wgmma accumulates all of them. ``variant``: one of ``DKDV_VARIANTS``. ``irs``: div.full(1, s) of ``rs``, as
+    the δ pass writes it (``row_scale_inverses`` forms it when None: one more small launch)."""
     _, dk, dv = _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                       softmax_scale, dtype, promote, variant, irs=irs)
     return dk, dv
@@ -416,10 +415,10 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
     codes = [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
              ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad)), ("do8t", do8t, (b, h, d, n_pad))]
-    _operand_pointers(codes, [("rs", rs, (b, h, n_pad))])  # every check before the small launch below
     if irs is None:  # referenced until the launch, so its memory cannot go back to the allocator before
         from deltamatch.kernels.triton_bwd import row_scale_inverses
 
+        _operand_pointers(codes, [("rs", rs, (b, h, n_pad))])  # the inputs' checks before that small launch
         irs = row_scale_inverses(rs)
     pointers = _operand_pointers(
         codes,

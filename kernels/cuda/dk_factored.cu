@@ -39,9 +39,7 @@ struct __align__(1024) Smem {
   uint8_t q[STAGES][kBlockM * kHeadDim];
   uint8_t dout[STAGES][kBlockM * kHeadDim];
   uint8_t qt[STAGES][kHeadDim * kBlockM];
-  alignas(16) float lse[STAGES][kBlockM];
-  alignas(16) float delta[STAGES][kBlockM];
-  alignas(16) float rs[STAGES][kBlockM];
+  float lse[STAGES][kBlockM], delta[STAGES][kBlockM], rs[STAGES][kBlockM];
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };
 template <int STAGES>

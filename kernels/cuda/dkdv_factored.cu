@@ -69,9 +69,7 @@ struct __align__(1024) Smem {
   uint8_t dout[STAGES][kBlockM * kHeadDim];
   uint8_t qt[STAGES][kHeadDim * kBlockM];
   uint8_t dot[STAGES][kHeadDim * kBlockM];
-  alignas(16) float lse[STAGES][kBlockM];  // ds_tile reads pairs
-  alignas(16) float delta[STAGES][kBlockM];
-  alignas(16) float irs[STAGES][kBlockM];  // div.full(1, s)
+  float lse[STAGES][kBlockM], delta[STAGES][kBlockM], irs[STAGES][kBlockM];  // irs: div.full(1, s)
   StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };

@@ -215,12 +215,11 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], ui
 // tile at start_m, as Triton's factored dK launch forms it: P = ex2.approx.ftz(fma(Sᵀ, row_scale, −lse2)), masked;
 // dS = P · fma(dP̂ᵀ, dp_scale, −δ); dŜᵀ = dS · div.full(1, s) (lse2 = 0, δ = 0, s = 1 for queries ≥ N, Triton's
 // masked-load values). WITH_P: `st` becomes P · 448 (P̂ᵀ before its cast, Triton's dV launch), else it is left alone.
-// INVERSES: `rs` holds div.full(1, s) itself, as the δ pass writes it beside s (the same bits; forming it here costs
-// ≈ 8 instructions per query and tile: the division's range checks, MUFU.RCP and its correction); else s. Each
-// thread's two queries of a chunk are adjacent, so lse2, δ and s come in 8-byte loads (the stage rows are aligned).
+// INVERSES: `irs` holds div.full(1, s), as the δ pass writes it beside s (the same bits; forming it here costs ≈ 8
+// instructions per query and tile: the division's range checks, MUFU.RCP and its correction); else it holds s.
 template <bool WITH_P, bool INVERSES = true>
 __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse,
-                                        const float* delta, const float* rs, float row_scale, float dp_scale,
+                                        const float* delta, const float* irs, float row_scale, float dp_scale,
                                         bool masked, int start_n, int start_m, int n, bool causal) {
   const auto [warp, g, q] = lane();
 #pragma unroll
@@ -228,7 +227,7 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = 8 * i + 2 * q + c, query = start_m + col;
-      float l = lse[col], d = delta[col], s = rs[col];
+      float l = lse[col], d = delta[col], s = irs[col];
       if (masked && query >= n) l = 0.0f, d = 0.0f, s = 1.0f;  // Triton's `other` of its masked loads (1 = 1 / 1)
       const float inv_s = INVERSES ? s : div_full(1.0f, s);
 #pragma unroll

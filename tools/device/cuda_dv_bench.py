@@ -32,8 +32,9 @@ def operands(b, h, n, d, causal):
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's
     # K̂ᶜ: natural for Triton's dQ, in fragment order for CUDA's (what the forward writes where CUDA's runs)
-    _, k8t_c, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel")
-    _, k8t_f, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel", fragment_order=True)
+    k_mean = token_mean(k)
+    _, k8t_c, _ = quantize_per_channel(k, "k", mean=k_mean, layouts="channel")
+    _, k8t_f, _ = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", fragment_order=True)
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
                 scale=scale, qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, v=v, k8t_c=k8t_c,
                 k8t_f=k8t_f, skc=forward_factored["skc"])
