@@ -42,7 +42,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -128,7 +128,8 @@ class DkdvFactoredParams(ctypes.Structure):
                 ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("softmax_scale", _F),
                 ("causal", _I), ("out_fp16", _I),
                 *((name, _P) for name in ("k8t", "skc", "dq_acc", "dq")),
-                ("dq_stride_b", _I64), ("dq_stride_n", _I64), ("dq_stride_h", _I64)]
+                ("dq_stride_b", _I64), ("dq_stride_n", _I64), ("dq_stride_h", _I64),
+                ("dq_sem", _P), ("dq_section_heads", _I)]
 
 
 class DqFactoredParams(ctypes.Structure):
@@ -391,20 +392,41 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
                     sdo: torch.Tensor, sqc: torch.Tensor, sdoc: torch.Tensor, skc: torch.Tensor, rs: torch.Tensor,
                     lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
                     softmax_scale: float, dtype: torch.dtype = torch.bfloat16, variant: str = "ws3",
-                    irs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    irs: torch.Tensor | None = None, ordered: bool = True,
+                    section_heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
     (B, H_kv, D), in fragment order: ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the
     bulk-copy engine's reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted
-    only. dK and dV are ``dkdv_factored``'s bits; dQ's FP32 adds land in any order, so it is not bit-reproducible
-    (within FP32 round-off of ``dq_factored``'s before its cast). ``q8t``, ``do8t`` (fragment order) and ``irs`` as
-    ``dkdv_factored``'s."""
+    only. dK and dV are ``dkdv_factored``'s bits. dQ is within FP32 round-off of ``dq_factored``'s before its cast;
+    ``ordered`` (FA3's deterministic mode): the adds into each query tile land in one order (decreasing key blocks,
+    each waiting on a counter per tile), so dQ is bit-reproducible; else in any order. ``section_heads``: with
+    ``ordered``, the kv heads whose CTAs are launched interleaved (default :func:`ordered_section_heads`). ``q8t``,
+    ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
+    if section_heads is not None and (not ordered or int(section_heads) < 1):
+        raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
-                 softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs)
+                 softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs, ordered=ordered,
+                 section_heads=section_heads)
+
+
+L2_BYTES = 40 * 2**20
+"""The share of the H200's 50 MB L2 that :func:`ordered_section_heads` fills (FA3 assumes 40 MB for its backward)."""
+
+
+def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEAD_DIM) -> int:
+    """How many kv heads the ordered dQ-in-dK/dV launch interleaves: the largest power of two whose query heads' tiles
+    (Q̂, dÔ, Q'ᶜ, dÔᶜ codes, lse2, δ, 1/s, dQ's FP32 scratch) fit in :data:`L2_BYTES`, at least 1 and at most B·H_kv
+    (FA3's L2 swizzle of its backward)."""
+    per_kv_head = (h // h_kv) * n_pad * (4 * d + 3 * 4 + 4 * d)
+    heads = 1
+    while heads * 2 <= b * h_kv and heads * 2 * per_kv_head <= L2_BYTES:
+        heads *= 2
+    return heads
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
-          dtype, promote, variant, k8t=None, skc=None, irs=None):
+          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None):
     """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
@@ -429,14 +451,19 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     device = q8.device
     dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
     dv = torch.empty_like(dk)
-    dq, extra = None, [None] * 4 + [0] * 3
+    dq, extra = None, [None] * 4 + [0] * 3 + [None, 0]
     if k8t is not None:
         if k8t.device != q8.device:
             raise ValueError(f"q8 on {q8.device}, k8t on {k8t.device}: expected one device")
         k8t_ptr, skc_ptr = _operand_pointers([("k8t", k8t, (b, h_kv, d, n_pad))], [("skc", skc, (b, h_kv, d))])
         dq = torch.empty((b, n, h, d), dtype=dtype, device=device)
         dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch
-        extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2)]
+        sem, heads = None, 0
+        if ordered:
+            heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
+            sem = torch.empty((b, h, n_pad // 64), dtype=torch.int32, device=device)  # zeroed by the launch
+        extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),
+                 None if sem is None else sem.data_ptr(), heads]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
                                 int(causal), int(dtype == torch.float16), *extra)

@@ -19,13 +19,12 @@
 //     next tile's Sᵀ and dP̂ᵀ, so a consumer runs its tile in turn and the overlap comes from the other consumer.
 //   - GQA: dV, dK *= s_prev[d] / s_next[d] before each query head; the epilogue dV · (s_dOᶜ[d] / 448) and
 //     dK · s_Q'[d] · softmax_scale of the last head, keys < N.
-// Each half visits its query tiles in its own Triton order (unmasked tiles, the causal diagonal, the ragged end), so
-// each half's dK and dV are Triton's bit for bit. The two orders differ near the diagonal, so the CTA loads the merge of
-// the two (Walk, walked by the producer alone): a tile both halves read is loaded once; causal, the first half's first
-// tile is loaded again at the end for the second half (one extra tile per key block and head). The producer writes
-// each stage's query tile, head and which half reads it into the stage (Smem::Info). A consumer that does not read a
-// stage still waits for it to fill and releases it, so that every `empty` phase counts all eight consumer warps in
-// order (an arrival before the fill could complete an earlier phase of that stage).
+// Each half visits its query tiles in its own Triton order (the causal diagonal, the unmasked tiles, the ragged end:
+// increasing), so each half's dK and dV are Triton's bit for bit. The CTA loads the merge of the two (Walk, walked by
+// the producer alone): a tile both halves read is loaded once; causal, the first half reads the CTA's first tile
+// alone. The producer writes each stage's query tile, head and which half reads it into the stage (Smem::Info). A
+// consumer that does not read a stage still waits for it to fill and releases it, so that every `empty` phase counts
+// all eight consumer warps in order (an arrival before the fill could complete an earlier phase of that stage).
 //
 // With dQ (`DQ`, promoted, 3 stages; FA3's dQ inside the dK/dV kernel, M4's reduce-add): both consumers take every
 // stage. Per stage (tile j) each writes its dŜᵀ, cast, transposed into its 64 keys of a shared dŜ tile [64 queries, 128
@@ -135,18 +134,49 @@ __device__ __forceinline__ void zero_ds_half(uint8_t* ds, int half) {
   }
 }
 
+// The CTA's key block and kv head. Ordered (dq_sem): the launch order is key block by key block from the last (the
+// shortest first, causal: FA3's SPT order), the kv heads of a section of dq_section_heads interleaved, so that every
+// CTA a query tile's adds wait for was launched before the CTA that waits (no deadlock however few CTAs fit at once).
+struct CtaCoords {
+  int block, bh_kv;
+};
+__device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
+  if (p.dq_sem == nullptr) return {int(blockIdx.x), int(blockIdx.y)};
+  const int blocks = gridDim.x, heads = gridDim.y, linear = blockIdx.y * blocks + blockIdx.x;
+  const int first = linear / (p.dq_section_heads * blocks) * p.dq_section_heads;  // the section's first kv head
+  const int section = min(p.dq_section_heads, heads - first), at = linear - first * blocks;
+  return {blocks - 1 - at / section, first + at % section};
+}
+
 // The reducer (one thread of the producer warpgroup): per tile of the walk, once both consumers have written its dQ
-// product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it.
+// product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it. Ordered (dq_sem): the
+// add into a query tile waits until the key blocks after this one that reach it (causal: those at or before it) have
+// added theirs, and counts itself on the tile's counter once its writes have completed (while the next add runs).
 template <int STAGES>
-__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Schedule> w) {
+__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Schedule> w,
+                                          int block) {
+  const int blocks = p.n_pad / kCtaRows;
+  int* done = nullptr;  // the counter of the previous add, while its writes run
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
+    const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     mbar_wait(&x.dq_full, j & 1);
-    bulk_reduce_add_f32(p.dq_acc + (w.bh * (p.n_pad / kBlockM) + w.start / kBlockM) * kDqBlockFloats, x.dq,
-                        kDqBlockFloats * sizeof(float));
+    if (p.dq_sem != nullptr) {
+      const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;
+      wait_count(p.dq_sem + tile, last - block);
+    }
+    bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
+    if (p.dq_sem != nullptr) {
+      if (done != nullptr) {
+        bulk_wait<1>();
+        release_count(done);
+      }
+      done = p.dq_sem + tile;
+    }
   }
   bulk_wait_all();
+  if (done != nullptr) release_count(done);
 }
 
 template <int STAGES>
@@ -369,9 +399,11 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  auto coords = [&] { return DQ ? cta_coords(p) : CtaCoords{int(blockIdx.x), int(blockIdx.y)}; };
   if (threadIdx.x == 0) {
+    const CtaCoords cta = coords();
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
-    const int row = int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows);
+    const int row = int(int64_t(cta.bh_kv) * p.n_pad + cta.block * kCtaRows);
     mbar_arrive_expect_tx(&s.kv_full, (DQ ? 3 : 2) * kCtaRows * kHeadDim);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) {
@@ -387,24 +419,25 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       mbar_init(&x.dq_full, kConsumers * kThreads);
       mbar_init(&x.dq_empty, 1);
       fence_mbar_init();
-      tma_load_2d(x.kt, &maps.kt, blockIdx.x * kCtaRows, blockIdx.y * kHeadDim, &s.kv_full);
+      tma_load_2d(x.kt, &maps.kt, cta.block * kCtaRows, cta.bh_kv * kHeadDim, &s.kv_full);
     }
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
-  // what each role needs is computed after the register split: a value live across it would be spilled
+  // what each role needs (coords() too) is computed after the register split: a value live across it would be spilled
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0 || (DQ && threadIdx.x == 32)) {  // the loads' issuer; the reducer, a thread of another warp
-      const int group = p.h / p.h_kv, b = blockIdx.y / p.h_kv, h_kv = blockIdx.y % p.h_kv;
+      const CtaCoords cta = coords();
+      const int group = p.h / p.h_kv, b = cta.bh_kv / p.h_kv, h_kv = cta.bh_kv % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
-      const int start_n = blockIdx.x * kCtaRows;
+      const int start_n = cta.block * kCtaRows;
       Schedule second(start_n + kBlockN, p.n, p.causal);
       if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
       const Walk<STAGES, Schedule> walk(Schedule(start_n, p.n, p.causal), second, bh0, group);
       if constexpr (DQ) {
         if (threadIdx.x == 32) {
-          reduce_dq<STAGES>(dq_smem(s), p, walk);
+          reduce_dq<STAGES>(dq_smem(s), p, walk, cta.block);
           return;
         }
       }
@@ -413,8 +446,9 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, STAGES, DQ>(s, p, role - 1, blockIdx.y / p.h_kv, blockIdx.y % p.h_kv,
-                           blockIdx.x * kCtaRows + kBlockN * (role - 1));
+  const CtaCoords cta = coords();
+  consume<PROMOTE, PIPELINED, STAGES, DQ>(s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv,
+                                          cta.block * kCtaRows + kBlockN * (role - 1));
 }
 
 }  // namespace dkdv
@@ -524,7 +558,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   if (!valid_shape(*p)) return cudaErrorInvalidValue;
   const bool dq = p->dq_acc != nullptr;
   const DkdvLaunch launch = dkdv_launch(variant, promote != 0, dq);
-  if (!launch.kernel) return cudaErrorInvalidValue;
+  if (!launch.kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(launch.kernel), launch.smem, device);
       err != cudaSuccess) {
     return err;
@@ -543,6 +577,10 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   if (dq) {
     const size_t bytes = size_t(p->b) * p->h * n_pad * kHeadDim * sizeof(float);
     if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
+    if (p->dq_sem != nullptr) {
+      const size_t counters = size_t(p->b) * p->h * (n_pad / kBlockM) * sizeof(int);
+      if (cudaError_t err = cudaMemsetAsync(p->dq_sem, 0, counters, stream); err != cudaSuccess) return err;
+    }
   }
   launch.kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, launch.smem, stream>>>(*p, maps);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;

@@ -29,14 +29,20 @@ struct DkdvFactoredParams {
   float qk_scale;       // softmax_scale · log2(e), rounded to FP32 as Triton's launch does
   float softmax_scale;
   int causal, out_fp16;
-  // dQ in the same kernel (FA3's way; not bit-reproducible: its FP32 adds land in any order), where dq_acc is set:
-  // each 64-query tile's dŜ over the CTA's 128 keys times K̂ᶜ is added into dq_acc by the bulk-copy engine, then
-  // dq = ((dq_acc · s) · s_Kᶜ[d]) · softmax_scale, as dq_factored.cu's epilogue.
+  // dQ in the same kernel (FA3's way), where dq_acc is set: each 64-query tile's dŜ over the CTA's 128 keys times
+  // K̂ᶜ is added into dq_acc by the bulk-copy engine, then dq = ((dq_acc · s) · s_Kᶜ[d]) · softmax_scale, as
+  // dq_factored.cu's epilogue. Without dq_sem the FP32 adds land in any order (not bit-reproducible).
   const uint8_t* k8t;   // K̂ᶜ codes channel-major (B, H_kv, D, N_pad), one scale per channel (dQ's B)
   const float* skc;     // (B, H_kv, D): K̂ᶜ's channel scales
   float* dq_acc;        // (B, H, N_pad, D) FP32 scratch, or null (no dQ); its 64-row blocks in the kernel's order
   void* dq;             // (B, N, H, D) bf16 or fp16, element strides below, D contiguous
   int64_t dq_stride_b, dq_stride_n, dq_stride_h;
+  // With dq_sem the adds into each 64-query tile land in one order, decreasing key blocks (FA3's deterministic mode),
+  // and dQ is bit-reproducible: the CTAs are launched key block by key block from the last, kv heads interleaved in
+  // sections of dq_section_heads (whose query tiles then share L2), and each waits on the tile's counter for the key
+  // blocks after its own before its add.
+  int* dq_sem;          // (B, H, N_pad / 64) int32 scratch, or null; zeroed by the launch
+  int dq_section_heads; // with dq_sem: >= 1
 };
 
 }  // extern "C"

@@ -48,10 +48,12 @@ __device__ __forceinline__ float div_full(float a, float b) {
   return y;
 }
 
-// Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
-// the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
+// Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64),
+// increasing: the causal diagonal [lo, diag_end) (masked), the unmasked range [diag_end, full_end), then the ragged
+// end from tail (masked). Increasing, so that each key block reaches a query tile two tiles after the next key block
+// does: the order the deterministic dQ-in-dK/dV form's reduce-adds need (dkdv_factored.cu).
 struct Schedule {
-  int lo, diag_end, full_end, tail, unmasked, tiles;
+  int lo, diag_end, full_end, tail, diag, unmasked, tiles;
 
   __device__ Schedule(int start_n, int n, bool causal) {
     full_end = (n / kBlockM) * kBlockM;
@@ -67,15 +69,16 @@ struct Schedule {
       tail = lo;
       full_end = lo;
     }
+    diag = (diag_end - lo) / kBlockM;
     unmasked = full_end > diag_end ? (full_end - diag_end + kBlockM - 1) / kBlockM : 0;
-    const int hi = n - (tail - diag_end);
-    tiles = unmasked + (hi > lo ? (hi - lo + kBlockM - 1) / kBlockM : 0);
+    tiles = diag + unmasked + (n - tail + kBlockM - 1) / kBlockM;
   }
   __device__ int start(int it) const {  // the first query of tile `it`
-    if (it < unmasked) return diag_end + kBlockM * it;
-    const int tile_m = lo + kBlockM * (it - unmasked);
-    return tile_m < diag_end ? tile_m : tile_m + (tail - diag_end);
+    if (it < diag) return lo + kBlockM * it;
+    if (it < diag + unmasked) return diag_end + kBlockM * (it - diag);
+    return tail + kBlockM * (it - diag - unmasked);
   }
+  __device__ bool masked(int it) const { return it < diag || it >= diag + unmasked; }
 };
 
 // The key tiles of a block of `rows` queries from start_m in Triton's order for the forward
@@ -94,6 +97,7 @@ struct KeySchedule {
     tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
   }
   __device__ int start(int it) const { return kBlockN * it; }
+  __device__ bool masked(int it) const { return it >= unmasked; }
 };
 
 // e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
@@ -315,7 +319,7 @@ struct Tile {
   int64_t bh;
 };
 
-// The merge of two halves' schedules (Sched: `tiles`, `unmasked`, `start(i)`, each half's order increasing or not),
+// The merge of two halves' schedules (Sched: `tiles`, `masked(i)`, `start(i)`, each half's order increasing or not),
 // taking at each step the smaller next tile of the two (both halves when they agree), for `heads` query heads in
 // turn: each half's own order is kept and every tile of each is visited once.
 template <int STAGES, typename Sched>
@@ -335,8 +339,8 @@ struct Walk {
   __device__ bool done() const { return bh == bh_end; }
   __device__ int flags() const {  // this position's StageInfo flags, before advance()
     const bool last = i0 + use0 == half0.tiles && i1 + use1 == half1.tiles && bh + 1 == bh_end;
-    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (i0 >= half0.unmasked ? kMasked0 : 0)
-           | (i1 >= half1.unmasked ? kMasked0 << 1 : 0) | (last ? kLast : 0);
+    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (use0 && half0.masked(i0) ? kMasked0 : 0)
+           | (use1 && half1.masked(i1) ? kMasked0 << 1 : 0) | (last ? kLast : 0);
   }
   __device__ void settle() {
     const int m0 = i0 < half0.tiles ? half0.start(i0) : INT_MAX;

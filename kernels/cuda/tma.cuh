@@ -70,6 +70,26 @@ __device__ __forceinline__ void bulk_wait_read() {
 }
 // Until this thread's bulk groups have completed, writes included.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Until at most N of this thread's younger bulk groups are pending, the older ones' writes complete.
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// A counter in global memory that orders work across CTAs (a semaphore): one thread spins until it reaches `value`
+// (acquire: what the releasing CTAs wrote before their increments is visible after it), or adds 1 to it (release).
+// The proxy fences order the bulk-copy engine's accesses (the async proxy) with these generic ones.
+__device__ __forceinline__ void wait_count(const int* counter, int value) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < value);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void release_count(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
 
 // Warpgroup register reallocation (PTX "setmaxnreg"): a producer warpgroup gives registers back to the CTA's pool
 // and the consumer warpgroups take them, so that the consumers can hold more than the launch's even share. Every

@@ -186,6 +186,8 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     fused.dq_acc = 16  # with dQ: promoted only, and not in the ws3s form (refused before any CUDA call)
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, 0, 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
+    fused.dq_sem = 16  # ordered adds need a section of at least one kv head
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, 0, 0, None) == 1
     if not torch.cuda.is_available():
         lib, reason = cuda_lib.load(library)
         assert lib is None and "no CUDA GPU" in reason
@@ -242,6 +244,21 @@ def test_the_dk_wrapper_checks_its_inputs_before_needing_the_library():
         cuda_lib.dqdkdv_factored(**fused, q8t=dv["do8t"], variant="ws4")
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         cuda_lib.dqdkdv_factored(**fused, q8t=dv["do8t"])
+    for ordered, heads in ((True, 0), (False, 2)):
+        with pytest.raises(ValueError, match="section_heads"):
+            cuda_lib.dqdkdv_factored(**fused, q8t=dv["do8t"], ordered=ordered, section_heads=heads)
+
+
+@pytest.mark.parametrize("b, h, h_kv, n_pad", [(4, 16, 16, 8192), (1, 32, 8, 8192), (2, 4, 4, 1024), (1, 2, 2, 2**20),
+                                               (3, 12, 12, 4096)])
+def test_the_ordered_launch_interleaves_the_most_kv_heads_that_fit_in_l2(b, h, h_kv, n_pad):
+    """A power of two of kv heads, no more than the launch has, whose query heads' tiles and FP32 dQ scratch fit in
+    the L2 share (or one head, when a single one does not): FA3's swizzle."""
+    heads = cuda_lib.ordered_section_heads(b, h, h_kv, n_pad)
+    per_kv_head = (h // h_kv) * n_pad * (8 * 128 + 12)  # four E4M3 code tiles and FP32 dQ (D bytes each), 3 floats
+    assert heads >= 1 and heads & (heads - 1) == 0 and heads <= b * h_kv
+    assert heads == 1 or heads * per_kv_head <= cuda_lib.L2_BYTES
+    assert 2 * heads > b * h_kv or 2 * heads * per_kv_head > cuda_lib.L2_BYTES
 
 
 def _acc_to_a_fragment(words: list[int]) -> list[int]:

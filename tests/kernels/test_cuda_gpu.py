@@ -442,25 +442,30 @@ def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote, var
                                        f"relative {relative_error(ours, theirs):.2e}, first at {where}")
 
 
+def cuda_dqdkdv(ops, **options):
+    s = ops["saved"]
+    return cuda_lib.dqdkdv_factored(
+        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
+        ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"],
+        ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], irs=ops["irs"], **options)
+
+
 # dQ inside the dK/dV launch (promoted): the dK/dV cases
 DQDKDV_CASES = [(n, causal, "ws3") for n in (130, 256, 1024, 1000) for causal in (True, False)]
 
 
+@pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("n, causal, variant", DQDKDV_CASES)
-def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal, variant):
+def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal, variant, ordered):
     """``dqdkdv_factored``'s dK and dV are the fused dK/dV's bits. Its dQ adds the same per-64-key products as
     ``dq_factored`` in another order (FP32 reductions), from dŜ codes formed by the dK/dV kernel's arithmetic (Sᵀ,
     dP̂ᵀ with keys as wgmma's M) rather than the dQ kernel's (S, dP̂): the two can round an element to neighbouring
     E4M3 codes, which moves that query row's dQ by up to one code's share (the first run: a few rows of 1024, 76
     elements of 524,288 beyond one bf16 rounding). So: the whole tensor within 10^-3 in norm, all but 10^-3 of the
     elements within one bf16 rounding, and every query row within a quarter of its norm; a layout, swizzle, masking
-    or scale mistake moves whole products, 100% of a row."""
+    or scale mistake moves whole products, 100% of a row. ``ordered`` (the adds in one order) or in any order."""
     ops = dk_operands(n, causal, *heads(n))
-    s = ops["saved"]
-    dq, dk, dv = cuda_lib.dqdkdv_factored(
-        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
-        ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
-        ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant, irs=ops["irs"])
+    dq, dk, dv = cuda_dqdkdv(ops, variant=variant, ordered=ordered)
     dk0, dv0 = cuda_factored_dkdv(ops, True, variant)
     dq0 = cuda_factored_dq(ops, True)
     torch.cuda.synchronize()
@@ -474,6 +479,24 @@ def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal
     rows = (ours - theirs).norm(dim=-1) / theirs.norm(dim=-1).clamp_min(1e-30)  # (B, N, H)
     worst = rows.max().item()
     assert worst < 0.25, f"a query row {worst:.1%} apart, at {tuple((rows == rows.max()).nonzero()[0].tolist())}"
+
+
+@pytest.mark.parametrize("n, causal, h, hk", [(8192, True, 8, 8), (4096, False, 4, 2), (1000, True, 8, 2)])
+def test_ordered_dq_is_bit_reproducible_however_the_launch_is_sectioned(dk_operands, n, causal, h, hk):
+    """With ordered adds (decreasing key blocks per query tile) dQ has one set of bits: run after run, and whichever
+    kv heads the launch interleaves (``section_heads``, 3 leaving a smaller last section: which CTAs run side by side
+    and wait on each other). 8192 queries on 2 × 8 heads make 1,024 CTAs, eight times what the H200 holds at once, so a
+    CTA waits on ones launched earlier, running or done (a launch order against the adds' order would hang here). The unordered form is not required to differ, so
+    only its closeness is checked (the test above)."""
+    ops = dk_operands(n, causal, h, hk)
+    runs = [cuda_dqdkdv(ops, ordered=True, section_heads=heads) for heads in (None, 1, 3, 1)]
+    torch.cuda.synchronize()
+    first = runs[0]
+    for dq, dk, dv in runs[1:]:
+        assert torch.equal(dk, first[1]) and torch.equal(dv, first[2])
+        assert torch.equal(dq, first[0]), f"dQ differs: relative {relative_error(dq, first[0]):.2e}"
+    dq0 = cuda_factored_dq(ops, True)
+    assert relative_error(first[0], dq0) < 1e-3
 
 
 @pytest.mark.parametrize("variant", cuda_lib.DELTA_VARIANTS)
