@@ -129,7 +129,7 @@ class DkdvFactoredParams(ctypes.Structure):
                 ("causal", _I), ("out_fp16", _I),
                 *((name, _P) for name in ("k8t", "skc", "dq_acc", "dq")),
                 ("dq_stride_b", _I64), ("dq_stride_n", _I64), ("dq_stride_h", _I64),
-                ("dq_sem", _P), ("dq_section_heads", _I)]
+                ("dq_sem", _P), ("dq_section_heads", _I), ("dq_order_only", _I)]
 
 
 class DqFactoredParams(ctypes.Structure):
@@ -426,8 +426,10 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
-          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None):
-    """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
+          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None, order_only=False):
+    """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV).
+    ``order_only`` (with ``ordered``; tools/device/cuda_dv_bench.py's control): the ordered form's launch order with
+    the adds in any order, to tell what the order costs from what the waits do."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
     if promote and variant in DKDV_UNPROMOTED_ONLY:
@@ -451,7 +453,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     device = q8.device
     dk = torch.empty((b, n, h_kv, d), dtype=dtype, device=device)
     dv = torch.empty_like(dk)
-    dq, extra = None, [None] * 4 + [0] * 3 + [None, 0]
+    dq, extra = None, [None] * 4 + [0] * 3 + [None, 0, 0]
     if k8t is not None:
         if k8t.device != q8.device:
             raise ValueError(f"q8 on {q8.device}, k8t on {k8t.device}: expected one device")
@@ -463,7 +465,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
             sem = torch.empty((b, h, n_pad // 64), dtype=torch.int32, device=device)  # zeroed by the launch
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),
-                 None if sem is None else sem.data_ptr(), heads]
+                 None if sem is None else sem.data_ptr(), heads, int(order_only)]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
                                 int(causal), int(dtype == torch.float16), *extra)

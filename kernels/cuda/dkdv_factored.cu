@@ -156,18 +156,19 @@ template <int STAGES>
 __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Schedule> w,
                                           int block) {
   const int blocks = p.n_pad / kCtaRows;
+  const bool ordered = p.dq_sem != nullptr && !p.dq_order_only;
   int* done = nullptr;  // the counter of the previous add, while its writes run
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     mbar_wait(&x.dq_full, j & 1);
-    if (p.dq_sem != nullptr) {
+    if (ordered) {
       const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;
       wait_count(p.dq_sem + tile, last - block);
     }
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
-    if (p.dq_sem != nullptr) {
+    if (ordered) {
       if (done != nullptr) {
         bulk_wait<1>();
         release_count(done);

@@ -203,10 +203,11 @@ def dq_rows(ops, args, flop, do_bench):
 
 
 def dqdkdv_rows(ops, args, flop, do_bench):
-    """dQ inside the dK/dV launch (``cuda_lib.dqdkdv_factored``, each of ``DKDV_WITH_DQ``) against the deterministic
-    pair it replaces (the fused dK/dV, then the dQ kernel), promoted. ``flop``: the five matmuls (S, dP, dV, dK, dQ)
-    the one launch executes. ``equal`` and ``rel``: dK and dV against the pair's (bit for bit); ``dq_rel``: dQ's
-    relative difference from the deterministic dQ."""
+    """dQ inside the dK/dV launch (``cuda_lib.dqdkdv_factored``, each of ``DKDV_WITH_DQ``; its adds in any order, then
+    ordered with each of ``args.sections`` kv heads interleaved, 0 for ``ordered_section_heads``'s choice) against
+    the pair it replaces (the fused dK/dV, then the dQ kernel), promoted. ``flop``: the five matmuls (S, dP, dV, dK,
+    dQ) the one launch executes. ``equal`` and ``rel``: dK and dV against the pair's (bit for bit); ``dq_rel``: dQ's
+    relative difference from the dQ kernel's."""
     from deltamatch.kernels import cuda_lib
 
     s = ops["saved"]
@@ -225,21 +226,29 @@ def dqdkdv_rows(ops, args, flop, do_bench):
             return dq, dk, dv
         return launch
 
-    def fused(variant):
-        return lambda: cuda_lib.dqdkdv_factored(
-            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
-            *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
-            variant=variant, irs=m["irs"])
+    def fused(variant, ordered, sections, order_only=False):
+        return lambda: cuda_lib._dkdv(
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], s["sq"], s["sk"], s["sv"], *common,
+            m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], torch.bfloat16, True, variant,
+            k8t=ops["k8t_f"], skc=ops["skc"], irs=m["irs"], ordered=ordered, section_heads=sections or None,
+            order_only=order_only)
 
     base = dict(promoted=True, b_h=args.bh, n=args.n, d=128, causal=True)
     ref = pair("ws3")()
     rows = [timed("dkdv_then_dq_cuda", pair("ws3"), do_bench, dict(base, variant="ws3"))]
     for variant in cuda_lib.DKDV_WITH_DQ:
-        got = fused(variant)()
-        torch.cuda.synchronize()
-        dq_rel = float((got[0].double() - ref[0].double()).norm() / ref[0].double().norm())
-        rows.append(timed("dqdkdv_factored_cuda", fused(variant), do_bench, dict(base, variant=variant, dq_rel=dq_rel),
-                          got[1:], ref[1:]))
+        sections = getattr(args, "sections", [0])
+        # any order; ordered with each section size; the ordered launch order without the waits (the control)
+        forms = [(False, 0, False)] + [(True, k, False) for k in sections] + [(True, k, True) for k in sections]
+        for ordered, heads, order_only in forms:
+            launch = fused(variant, ordered, heads, order_only)
+            got = launch()
+            torch.cuda.synchronize()
+            dq_rel = float((got[0].double() - ref[0].double()).norm() / ref[0].double().norm())
+            extra = dict(ordered=ordered and not order_only, launch_order="ordered" if ordered else "grid",
+                         sections=heads, dq_rel=dq_rel)
+            rows.append(timed("dqdkdv_factored_cuda", launch, do_bench, dict(base, variant=variant, **extra),
+                              got[1:], ref[1:]))
     for row in rows:
         row["tflops"] = round(flop / row["ms"] / 1e9, 1)
     return rows
@@ -321,6 +330,8 @@ def main(argv=None) -> int:
     parser.add_argument("--forward-only", action="store_true", help="time only the forward and Triton's")
     parser.add_argument("--dq-fused-only", action="store_true",
                         help="time only dQ inside the dK/dV launch against the dK/dV and dQ launches it replaces")
+    parser.add_argument("--sections", type=int, nargs="+", default=[0],
+                        help="kv heads the ordered dQ-in-dK/dV launch interleaves, each timed (0: its default)")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
