@@ -129,7 +129,7 @@ class DkdvFactoredParams(ctypes.Structure):
                 ("causal", _I), ("out_fp16", _I),
                 *((name, _P) for name in ("k8t", "skc", "dq_acc", "dq")),
                 ("dq_stride_b", _I64), ("dq_stride_n", _I64), ("dq_stride_h", _I64),
-                ("dq_sem", _P), ("dq_section_heads", _I), ("dq_order_only", _I)]
+                ("dq_sem", _P), ("dq_section_heads", _I), ("dq_sync", _I)]
 
 
 class DqFactoredParams(ctypes.Structure):
@@ -426,10 +426,11 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
-          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None, order_only=False):
+          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None, sync=0):
     """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV).
-    ``order_only`` (with ``ordered``; tools/device/cuda_dv_bench.py's control): the ordered form's launch order with
-    the adds in any order, to tell what the order costs from what the waits do."""
+    ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls (``DqSync`` of
+    kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order alone, 4 a
+    relaxed count after the writes)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
     if promote and variant in DKDV_UNPROMOTED_ONLY:
@@ -465,7 +466,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
             sem = torch.empty((b, h, n_pad // 64), dtype=torch.int32, device=device)  # zeroed by the launch
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),
-                 None if sem is None else sem.data_ptr(), heads, int(order_only)]
+                 None if sem is None else sem.data_ptr(), heads, int(sync)]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
                                 int(causal), int(dtype == torch.float16), *extra)

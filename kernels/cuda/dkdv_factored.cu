@@ -148,36 +148,56 @@ __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
   return {blocks - 1 - at / section, first + at % section};
 }
 
+// How the ordered form's reducer orders its adds (dq_sync): kWritten, the default, counts an add once its writes have
+// completed (checked one tile later, while the next add runs), a release with proxy fences between the counter's
+// generic accesses and the bulk-copy engine's; the others are cuda_dv_bench.py's controls, to see what each step
+// costs: the same without the proxy fences; FA3's (a release once the add has read its shared memory, no fences: its
+// writes may still be on their way); the launch order alone (no waits, no counts: the adds in any order); and a
+// relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's).
+enum DqSync : int { kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4 };
+
 // The reducer (one thread of the producer warpgroup): per tile of the walk, once both consumers have written its dQ
 // product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it. Ordered (dq_sem): the
 // add into a query tile waits until the key blocks after this one that reach it (causal: those at or before it) have
-// added theirs, and counts itself on the tile's counter once its writes have completed (while the next add runs).
+// added theirs, and counts itself on the tile's counter (dq_sync says when).
 template <int STAGES>
 __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Schedule> w,
                                           int block) {
   const int blocks = p.n_pad / kCtaRows;
-  const bool ordered = p.dq_sem != nullptr && !p.dq_order_only;
+  const bool ordered = p.dq_sem != nullptr && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
   int* done = nullptr;  // the counter of the previous add, while its writes run
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     mbar_wait(&x.dq_full, j & 1);
     if (ordered) {
       const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;
-      wait_count(p.dq_sem + tile, last - block);
+      if (fence) {
+        wait_count<true>(p.dq_sem + tile, last - block);
+      } else {
+        wait_count<false>(p.dq_sem + tile, last - block);
+      }
     }
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
-    if (ordered) {
+    if (ordered && p.dq_sync == kRead) {
+      release_count<false>(p.dq_sem + tile);
+    } else if (ordered) {
       if (done != nullptr) {
         bulk_wait<1>();
-        release_count(done);
+        if (fence) {
+          release_count<true>(done);
+        } else if (p.dq_sync == kWrittenRelaxed) {
+          count_relaxed(done);
+        } else {
+          release_count<false>(done);
+        }
       }
       done = p.dq_sem + tile;
     }
   }
   bulk_wait_all();
-  if (done != nullptr) release_count(done);
+  if (done != nullptr) release_count<true>(done);  // once per CTA and head: the fenced form
 }
 
 template <int STAGES>

@@ -43,7 +43,7 @@ struct DkdvFactoredParams {
   // blocks after its own before its add.
   int* dq_sem;          // (B, H, N_pad / 64) int32 scratch, or null; zeroed by the launch
   int dq_section_heads; // with dq_sem: >= 1
-  int dq_order_only;    // with dq_sem: 1 launches the CTAs in that order but adds in any order (a benchmark's control)
+  int dq_sync;          // with dq_sem, how an add is ordered (DqSync; 0 the default, the others a benchmark's controls)
 };
 
 }  // extern "C"

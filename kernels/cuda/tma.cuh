@@ -78,17 +78,24 @@ __device__ __forceinline__ void bulk_wait() {
 
 // A counter in global memory that orders work across CTAs (a semaphore): one thread spins until it reaches `value`
 // (acquire: what the releasing CTAs wrote before their increments is visible after it), or adds 1 to it (release).
-// The proxy fences order the bulk-copy engine's accesses (the async proxy) with these generic ones.
+// FENCE: a proxy fence orders the bulk-copy engine's accesses (the async proxy) with these generic ones.
+template <bool FENCE>
 __device__ __forceinline__ void wait_count(const int* counter, int value) {
   int seen;
   do {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
   } while (seen < value);
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  if (FENCE) asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
+template <bool FENCE>
 __device__ __forceinline__ void release_count(int* counter) {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  if (FENCE) asm volatile("fence.proxy.async.global;\n" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+// The same add without release semantics (no fence: ptxas emits MEMBAR.GPU for a release), for work whose writes are
+// known complete already (a bulk group waited for).
+__device__ __forceinline__ void count_relaxed(int* counter) {
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
 // Warpgroup register reallocation (PTX "setmaxnreg"): a producer warpgroup gives registers back to the CTA's pool

@@ -226,27 +226,27 @@ def dqdkdv_rows(ops, args, flop, do_bench):
             return dq, dk, dv
         return launch
 
-    def fused(variant, ordered, sections, order_only=False):
+    def fused(variant, ordered, sections, sync=0):
         return lambda: cuda_lib._dkdv(
             s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], s["sq"], s["sk"], s["sv"], *common,
             m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], torch.bfloat16, True, variant,
             k8t=ops["k8t_f"], skc=ops["skc"], irs=m["irs"], ordered=ordered, section_heads=sections or None,
-            order_only=order_only)
+            sync=sync)
 
     base = dict(promoted=True, b_h=args.bh, n=args.n, d=128, causal=True)
     ref = pair("ws3")()
     rows = [timed("dkdv_then_dq_cuda", pair("ws3"), do_bench, dict(base, variant="ws3"))]
     for variant in cuda_lib.DKDV_WITH_DQ:
-        sections = getattr(args, "sections", [0])
-        # any order; ordered with each section size; the ordered launch order without the waits (the control)
-        forms = [(False, 0, False)] + [(True, k, False) for k in sections] + [(True, k, True) for k in sections]
-        for ordered, heads, order_only in forms:
-            launch = fused(variant, ordered, heads, order_only)
+        # any order; ordered with each section size and each way to order the adds (``_dkdv``'s ``sync``: 3 is the
+        # control, the ordered launch order without waits)
+        forms = [(False, 0, 0)] + [(True, k, sync) for k in getattr(args, "sections", [0])
+                                   for sync in getattr(args, "syncs", [0])]
+        for ordered, heads, sync in forms:
+            launch = fused(variant, ordered, heads, sync)
             got = launch()
             torch.cuda.synchronize()
             dq_rel = float((got[0].double() - ref[0].double()).norm() / ref[0].double().norm())
-            extra = dict(ordered=ordered and not order_only, launch_order="ordered" if ordered else "grid",
-                         sections=heads, dq_rel=dq_rel)
+            extra = dict(ordered=ordered, sync=sync, sections=heads, dq_rel=dq_rel)
             rows.append(timed("dqdkdv_factored_cuda", launch, do_bench, dict(base, variant=variant, **extra),
                               got[1:], ref[1:]))
     for row in rows:
@@ -332,6 +332,8 @@ def main(argv=None) -> int:
                         help="time only dQ inside the dK/dV launch against the dK/dV and dQ launches it replaces")
     parser.add_argument("--sections", type=int, nargs="+", default=[0],
                         help="kv heads the ordered dQ-in-dK/dV launch interleaves, each timed (0: its default)")
+    parser.add_argument("--syncs", type=int, nargs="+", default=[0],
+                        help="how the ordered form orders its adds, each timed (cuda_lib._dkdv's sync: 0 .. 4)")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
