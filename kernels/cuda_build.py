@@ -98,6 +98,7 @@ KERNELS = (
     # with dQ (promoted): also the tile's dQ product over the CTA's 128 keys (4 SS m64n64k32 per half), reduced into
     # dq_acc by a producer thread, which the epilogue kernel turns into dQ
     CudaKernel("dm_dkdv_factored_ws3_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
+    CudaKernel("dm_dkdv_factored_ws3_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
     CudaKernel("dm_dkdv_dq_epilogue", {}),
     # the factored dQ (dq_factored.cu), one loop body per key tile: S and dP̂ (8 SS m64n64k32), then dQ (2 RS
     # m64n128k32)

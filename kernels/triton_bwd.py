@@ -293,12 +293,10 @@ def _attn_bwd_dkdv_kernel(
     if not SPLIT:
         diag_end = lo
         tail = lo
-    masked_end = diag_end  # FACTORED with SPLIT (below): the end of the masked tiles, which come first
     if start_n + BLOCK_N > N:
         diag_end = lo
         tail = lo
         full_end = lo  # the unmasked range [diag_end, full_end) is empty
-        masked_end = N
     if TMA:  # Q̂, dÔ and their token-major copies through Hopper's tensor memory accelerator
         rows = tl.num_programs(1) * GROUP  # B·H query heads
         q_src = tl.make_tensor_descriptor(q8_ptr, shape=[rows, N_PAD, HEAD_DIM], strides=[N_PAD * HEAD_DIM, HEAD_DIM, 1],
@@ -329,32 +327,16 @@ def _attn_bwd_dkdv_kernel(
                 s_next = tl.load(sqc_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d)
                 dk = dk * (s_qc / s_next)[None, :]
                 s_qc = s_next
-        if FACTORED and SPLIT:
-            # increasing query tiles, the CUDA kernels' order (factored.cuh Schedule; their deterministic dQ-in-dK/dV
-            # form needs it): the diagonal [lo, diag_end) masked, then [diag_end, N) unmasked, the ragged end too.
-            # There the unmasked body gives the masked one's bits: a padded query's codes are zero and its lse2, δ
-            # load as 0 (its s as 1), so its P̂ᵀ = 448 meets zero dÔᶜ codes and its dŜ is 0 — every product it adds
-            # is +0, as when masked (the CUDA kernels mask it; the GPU tests compare the two at ragged N). A ragged
-            # key block is masked throughout (masked_end = N).
-            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
-                                 delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, masked_end, 0, 0, k_tok,
-                                 dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS,
-                                 DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
-                                 delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, masked_end, N, 0, 0, k_tok,
-                                 dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32, DS_STATS,
-                                 DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
-        else:
-            if SPLIT:
-                dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
-                                     lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
-                                     0, 0, k_tok, dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL,
-                                     ROUND_FP32, DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
-            # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
-                                 delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail, k_tok,
-                                 dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS,
-                                 DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
+        if SPLIT:
+            dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr,
+                                 lse_ptr, delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, diag_end, full_end,
+                                 0, 0, k_tok, dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, False, CAUSAL, ROUND_FP32,
+                                 DS_STATS, DO_DK, DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
+        # masked: the diagonal [lo, diag_end), then the ragged end [tail, N)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, s_k, s_v, q_src, qt_src, do_src, dot_src, sq_ptr, sdo_ptr, lse_ptr,
+                             delta_ptr, stats_ptr, bh, offs_n, qk_scale, N, N_PAD, lo, N, diag_end, tail, k_tok,
+                             dq_acc_ptr, rs_ptr, HEAD_DIM, BLOCK_M, BLOCK_N, True, CAUSAL, ROUND_FP32, DS_STATS, DO_DK,
+                             DO_DV, TMA, DQ_ATOMIC, FACTORED, ACC_PROMOTE)
     out = b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh  # dK and dV share one layout
     out = out + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :]
     valid = (offs_n < N)[:, None]
@@ -494,8 +476,10 @@ def dq_atomic_requested() -> bool:
 
 DQ_ORDERED_SWITCH = "DELTAMATCH_KERNEL_DQ_ORDERED"
 """``1``: ``matched_factored``'s CUDA backward forms dQ inside its dK/dV launch with the adds into each query tile in
-one order (``cuda_lib.dqdkdv_factored(ordered=True)``, FA3's deterministic mode): bit-reproducible, one launch fewer
-than the dQ kernel's. :data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
+one order (``cuda_lib.dqdkdv_factored(ordered=True)``, FA3's deterministic mode): dQ bit-reproducible, one launch
+fewer; its dK and dV sum their query tiles in increasing order, so they are not Triton's bits (within FP32 round-off).
+Off by default: on the H200 its waits cost more than the launch it saves gains (kernels/NOTES.md, session 14).
+:data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
 
 
 def dq_ordered_requested() -> bool:

@@ -99,7 +99,7 @@ __device__ __forceinline__ void dk_block(uint8_t* raw, const DkFactoredParams& p
   };
   auto ds = [&](const Cursor& c, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
     ds_tile<false, false>(st, dpt, s.lse[c.stage], s.delta[c.stage], s.rs[c.stage], sc.row, sc.dp,
-                          sched.masked(c.it), start_n, sched.start(c.it), p.n, p.causal);
+                          c.it >= sched.unmasked, start_n, sched.start(c.it), p.n, p.causal);
   };
 
   if (issuer) init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full);

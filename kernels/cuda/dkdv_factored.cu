@@ -19,12 +19,13 @@
 //     next tile's Sᵀ and dP̂ᵀ, so a consumer runs its tile in turn and the overlap comes from the other consumer.
 //   - GQA: dV, dK *= s_prev[d] / s_next[d] before each query head; the epilogue dV · (s_dOᶜ[d] / 448) and
 //     dK · s_Q'[d] · softmax_scale of the last head, keys < N.
-// Each half visits its query tiles in its own Triton order (the causal diagonal, the unmasked tiles, the ragged end:
-// increasing), so each half's dK and dV are Triton's bit for bit. The CTA loads the merge of the two (Walk, walked by
-// the producer alone): a tile both halves read is loaded once; causal, the first half reads the CTA's first tile
-// alone. The producer writes each stage's query tile, head and which half reads it into the stage (Smem::Info). A
-// consumer that does not read a stage still waits for it to fill and releases it, so that every `empty` phase counts
-// all eight consumer warps in order (an arrival before the fill could complete an earlier phase of that stage).
+// Each half visits its query tiles in its own Triton order (unmasked tiles, the causal diagonal, the ragged end), so
+// each half's dK and dV are Triton's bit for bit. The two orders differ near the diagonal, so the CTA loads the merge of
+// the two (Walk, walked by the producer alone): a tile both halves read is loaded once; causal, the first half's first
+// tile is loaded again at the end for the second half (one extra tile per key block and head). The producer writes
+// each stage's query tile, head and which half reads it into the stage (Smem::Info). A consumer that does not read a
+// stage still waits for it to fill and releases it, so that every `empty` phase counts all eight consumer warps in
+// order (an arrival before the fill could complete an earlier phase of that stage).
 //
 // With dQ (`DQ`, promoted, 3 stages; FA3's dQ inside the dK/dV kernel, M4's reduce-add): both consumers take every
 // stage. Per stage (tile j) each writes its dŜᵀ, cast, transposed into its 64 keys of a shared dŜ tile [64 queries, 128
@@ -42,10 +43,20 @@
 // 64-key product (twice the reduce traffic: L2 bound, 5.99 ms), and the dQ product issued with dK's into one 128-deep
 // accumulator (6.97 ms, 128 B spilled, 10× dQ's error). The FP32 adds land in any order, so dQ is not bit-reproducible;
 // dK and dV stay Triton's bits.
+//
+// Ordered (`ORDERED`, the kernel ..._dq_ordered, where dq_sem is set: FA3's deterministic mode): the adds into each
+// query tile land in decreasing key blocks. The CTAs map to key blocks from the last (the shortest first, FA3's SPT
+// order), kv heads interleaved in sections that fit in L2 (cta_coords); each half walks its tiles in increasing order
+// (IncreasingSchedule: the diagonal first), so that a key block reaches a query tile two tiles after the next block
+// does; the reducer waits on the tile's counter for the blocks after its own and counts itself once its add has
+// completed. Every CTA waited for was launched earlier, so no wait can deadlock. dQ is then bit-reproducible; dK and
+// dV sum their tiles in that increasing order, not Triton's bits (within FP32 round-off). On the H200 (session 14) the
+// waits cost ≈ 0.3 ms of its 5.2: 1.8% faster than the dK/dV and dQ launches, 8% slower than any order.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "dkdv_factored.cuh"
 #include "factored.cuh"
@@ -137,14 +148,15 @@ __device__ __forceinline__ void zero_ds_half(uint8_t* ds, int half) {
 // The CTA's key block and kv head. Ordered (dq_sem): the launch order is key block by key block from the last (the
 // shortest first, causal: FA3's SPT order), the kv heads of a section of dq_section_heads interleaved, so that every
 // CTA a query tile's adds wait for was launched before the CTA that waits (no deadlock however few CTAs fit at once).
+// Unsigned, as blockIdx is: the consumers' index arithmetic from these compiles as it did from blockIdx (signed ints
+// here cost the unordered kernels 8 more bytes of stack and 2% of their time on the H200, session 14).
 struct CtaCoords {
-  int block, bh_kv;
+  unsigned block, bh_kv;
 };
 __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
-  if (p.dq_sem == nullptr) return {int(blockIdx.x), int(blockIdx.y)};
-  const int blocks = gridDim.x, heads = gridDim.y, linear = blockIdx.y * blocks + blockIdx.x;
-  const int first = linear / (p.dq_section_heads * blocks) * p.dq_section_heads;  // the section's first kv head
-  const int section = min(p.dq_section_heads, heads - first), at = linear - first * blocks;
+  const unsigned blocks = gridDim.x, heads = gridDim.y, linear = blockIdx.y * blocks + blockIdx.x;
+  const unsigned size = p.dq_section_heads, first = linear / (size * blocks) * size;  // the section's first kv head
+  const unsigned section = min(size, heads - first), at = linear - first * blocks;
   return {blocks - 1 - at / section, first + at % section};
 }
 
@@ -160,11 +172,10 @@ enum DqSync : int { kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3
 // product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it. Ordered (dq_sem): the
 // add into a query tile waits until the key blocks after this one that reach it (causal: those at or before it) have
 // added theirs, and counts itself on the tile's counter (dq_sync says when).
-template <int STAGES>
-__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Schedule> w,
-                                          int block) {
+template <bool ORDERED, int STAGES, typename Sched>
+__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block) {
   const int blocks = p.n_pad / kCtaRows;
-  const bool ordered = p.dq_sem != nullptr && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
+  const bool ordered = ORDERED && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
   int* done = nullptr;  // the counter of the previous add, while its writes run
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
@@ -200,9 +211,9 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   if (done != nullptr) release_count<true>(done);  // once per CTA and head: the fenced form
 }
 
-template <int STAGES>
+template <int STAGES, typename Sched>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
-                                        Walk<STAGES, Schedule> w) {
+                                        Walk<STAGES, Sched> w) {
   produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
     const int64_t row = at.bh * p.n_pad + at.start;
     tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
@@ -417,10 +428,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   epilogue(dv, dk, cur.bh);
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
+  static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
+  using Sched = std::conditional_t<ORDERED, IncreasingSchedule, Schedule>;
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
-  auto coords = [&] { return DQ ? cta_coords(p) : CtaCoords{int(blockIdx.x), int(blockIdx.y)}; };
+  auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
   if (threadIdx.x == 0) {
     const CtaCoords cta = coords();
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
@@ -453,16 +466,16 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       const int group = p.h / p.h_kv, b = cta.bh_kv / p.h_kv, h_kv = cta.bh_kv % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
       const int start_n = cta.block * kCtaRows;
-      Schedule second(start_n + kBlockN, p.n, p.causal);
+      Sched second(start_n + kBlockN, p.n, p.causal);
       if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
-      const Walk<STAGES, Schedule> walk(Schedule(start_n, p.n, p.causal), second, bh0, group);
+      const Walk<STAGES, Sched> walk(Sched(start_n, p.n, p.causal), second, bh0, group);
       if constexpr (DQ) {
         if (threadIdx.x == 32) {
-          reduce_dq<STAGES>(dq_smem(s), p, walk, cta.block);
+          reduce_dq<ORDERED>(dq_smem(s), p, walk, cta.block);
           return;
         }
       }
-      produce<STAGES>(s, p, maps, walk);
+      produce(s, p, maps, walk);
     }
     return;
   }
@@ -475,21 +488,22 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ)                                          \
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED)                                 \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ>(smem, p, maps);                             \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED>(smem, p, maps);                    \
   }
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false)
-// with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false, false)
+// with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, true)
 #undef DM_DKDV_KERNEL
 
 // dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
@@ -555,11 +569,12 @@ struct DkdvLaunch {
   DkdvKernel kernel;
   int smem;
 };
-DkdvLaunch dkdv_launch(int variant, bool promote, bool dq) {
+DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   using namespace dm::dkdv;
   if (dq) {  // promoted only
     switch (variant) {
-      case 0: return {promote ? dm_dkdv_factored_ws3_promoted_dq : nullptr, smem_bytes<3, true>()};
+      case 0: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3_promoted_dq, smem_bytes<3, true>()};
       default: return {nullptr, 0};
     }
   }
@@ -578,7 +593,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   using namespace dm::factored;
   if (!valid_shape(*p)) return cudaErrorInvalidValue;
   const bool dq = p->dq_acc != nullptr;
-  const DkdvLaunch launch = dkdv_launch(variant, promote != 0, dq);
+  const DkdvLaunch launch = dkdv_launch(variant, promote != 0, dq, p->dq_sem != nullptr);
   if (!launch.kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(launch.kernel), launch.smem, device);
       err != cudaSuccess) {

@@ -5,7 +5,7 @@
 // BLOCK_N = 64). This kernel follows it operation for operation, so that on identical operands it is meant to give
 // the same bits:
 //   - one CTA (one warpgroup) per 64-key block and kv head; it loops over the group's query heads and, per head, over
-//     the 64-query tiles in Triton's order (the causal diagonal, the unmasked tiles, then the ragged end);
+//     the 64-query tiles in Triton's order (the unmasked tiles first, then the causal diagonal, then the ragged end);
 //   - Sᵀ = K̂ Q̂ᵀ (64 keys x 64 queries, four SS m64n64k32), P = ex2.approx.ftz(fma(Sᵀ, (s_q * qk_scale) * s_k, -lse2)),
 //     masked to 0 on the masked tiles, P̂ᵀ = e4m3(P * 448) (saturating: Triton's clamp) cast in registers and permuted
 //     into A fragments (acc_to_a_fragment);
@@ -158,7 +158,7 @@ __device__ __forceinline__ void dv_block(Smem& s, const DvFactoredParams& p) {
     wgmma_wait<0>();
     fence_operands(st);
 
-    softmax_tile(st, s.lse[stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), sched.masked(it), start_n,
+    softmax_tile(st, s.lse[stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), it >= sched.unmasked, start_n,
                  start_m, p);
     uint32_t frag[DoTile::kSteps][4];
     to_fragments(st, frag);
@@ -271,7 +271,7 @@ __device__ __forceinline__ void dv_block_pipelined(uint8_t* raw, const DvFactore
   auto softmax = [&](const Cursor& c, float (&st)[kBlockM / 2]) {
     const int start_m = sched.start(c.it);
     const float s_q = p.sq[c.bh * (p.n_pad / 128) + start_m / 128];
-    softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), sched.masked(c.it), start_n,
+    softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
                  start_m, p);
   };
 
@@ -381,7 +381,7 @@ __device__ __forceinline__ void dv_block_tma(uint8_t* raw, const DvFactoredParam
   auto s_q_of = [&](const Cursor& c) { return p.sq[c.bh * (p.n_pad / 128) + sched.start(c.it) / 128]; };
   // Sᵀ of tile c → P·448 in `st`, masked; s_q is c's Q̂ scale, read ahead (a global load's latency)
   auto softmax = [&](const Cursor& c, float s_q, float (&st)[kBlockM / 2]) {
-    softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), sched.masked(c.it), start_n,
+    softmax_tile(st, s.lse[c.stage], __fmul_rn(__fmul_rn(s_q, p.qk_scale), s_k), c.it >= sched.unmasked, start_n,
                  sched.start(c.it), p);
   };
 

@@ -48,12 +48,10 @@ __device__ __forceinline__ float div_full(float a, float b) {
   return y;
 }
 
-// Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64),
-// increasing: the causal diagonal [lo, diag_end) (masked), the unmasked range [diag_end, full_end), then the ragged
-// end from tail (masked). Increasing, so that each key block reaches a query tile two tiles after the next key block
-// does: the order the deterministic dQ-in-dK/dV form's reduce-adds need (dkdv_factored.cu).
+// Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
+// the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
 struct Schedule {
-  int lo, diag_end, full_end, tail, diag, unmasked, tiles;
+  int lo, diag_end, full_end, tail, unmasked, tiles;
 
   __device__ Schedule(int start_n, int n, bool causal) {
     full_end = (n / kBlockM) * kBlockM;
@@ -69,11 +67,29 @@ struct Schedule {
       tail = lo;
       full_end = lo;
     }
-    diag = (diag_end - lo) / kBlockM;
     unmasked = full_end > diag_end ? (full_end - diag_end + kBlockM - 1) / kBlockM : 0;
-    tiles = diag + unmasked + (n - tail + kBlockM - 1) / kBlockM;
+    const int hi = n - (tail - diag_end);
+    tiles = unmasked + (hi > lo ? (hi - lo + kBlockM - 1) / kBlockM : 0);
   }
   __device__ int start(int it) const {  // the first query of tile `it`
+    if (it < unmasked) return diag_end + kBlockM * it;
+    const int tile_m = lo + kBlockM * (it - unmasked);
+    return tile_m < diag_end ? tile_m : tile_m + (tail - diag_end);
+  }
+  __device__ bool masked(int it) const { return it >= unmasked; }
+};
+
+// The same tiles in increasing order: the causal diagonal [lo, diag_end) (masked), the unmasked range, then the
+// ragged end from tail (masked). The ordered dQ-in-dK/dV form walks this: each key block then reaches a query tile
+// two tiles after the next key block does, the order its adds into dQ wait in (dkdv_factored.cu). Its dK and dV sum
+// the same products in another order than Triton's: not its bits.
+struct IncreasingSchedule : Schedule {
+  int diag;
+
+  __device__ IncreasingSchedule(int start_n, int n, bool causal) : Schedule(start_n, n, causal) {
+    diag = (diag_end - lo) / kBlockM;
+  }
+  __device__ int start(int it) const {
     if (it < diag) return lo + kBlockM * it;
     if (it < diag + unmasked) return diag_end + kBlockM * (it - diag);
     return tail + kBlockM * (it - diag - unmasked);
@@ -339,8 +355,8 @@ struct Walk {
   __device__ bool done() const { return bh == bh_end; }
   __device__ int flags() const {  // this position's StageInfo flags, before advance()
     const bool last = i0 + use0 == half0.tiles && i1 + use1 == half1.tiles && bh + 1 == bh_end;
-    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (use0 && half0.masked(i0) ? kMasked0 : 0)
-           | (use1 && half1.masked(i1) ? kMasked0 << 1 : 0) | (last ? kLast : 0);
+    return (use0 ? kUse0 : 0) | (use1 ? kUse0 << 1 : 0) | (half0.masked(i0) ? kMasked0 : 0)
+           | (half1.masked(i1) ? kMasked0 << 1 : 0) | (last ? kLast : 0);
   }
   __device__ void settle() {
     const int m0 = i0 < half0.tiles ? half0.start(i0) : INT_MAX;
