@@ -398,11 +398,12 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
     (B, H_kv, D), in fragment order: ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the
     bulk-copy engine's reduction, and a second kernel writes dQ with ``dq_factored``'s epilogue arithmetic. Promoted
-    only. dK and dV are ``dkdv_factored``'s bits. dQ is within FP32 round-off of ``dq_factored``'s before its cast;
-    ``ordered`` (FA3's deterministic mode): the adds into each query tile land in one order (decreasing key blocks,
-    each waiting on a counter per tile), so dQ is bit-reproducible; else in any order. ``section_heads``: with
-    ``ordered``, the kv heads whose CTAs are launched interleaved (default :func:`ordered_section_heads`). ``q8t``,
-    ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
+    only. dQ is within FP32 round-off of ``dq_factored``'s before its cast. ``ordered`` (FA3's deterministic mode):
+    the adds into each query tile land in one order (decreasing key blocks, each waiting on a counter per tile), so
+    dQ is bit-reproducible, and dK and dV sum their query tiles in increasing order (within one bf16 rounding of
+    ``dkdv_factored``'s); else the adds land in any order and dK and dV are ``dkdv_factored``'s bits.
+    ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
+    :func:`ordered_section_heads`). ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
