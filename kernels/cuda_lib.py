@@ -392,8 +392,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
                     sdo: torch.Tensor, sqc: torch.Tensor, sdoc: torch.Tensor, skc: torch.Tensor, rs: torch.Tensor,
                     lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
                     softmax_scale: float, dtype: torch.dtype = torch.bfloat16, variant: str = "ws3",
-                    irs: torch.Tensor | None = None, ordered: bool = True,
-                    section_heads: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    irs: torch.Tensor | None = None, ordered: bool = True, section_heads: int | None = None,
+                    sync: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
     (B, H_kv, D), in fragment order: ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the
@@ -403,12 +403,15 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     dQ is bit-reproducible, and dK and dV sum their query tiles in increasing order (within one bf16 rounding of
     ``dkdv_factored``'s); else the adds land in any order and dK and dV are ``dkdv_factored``'s bits.
     ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
-    :func:`ordered_section_heads`). ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
+    :func:`ordered_section_heads`). ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls
+    (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order
+    alone, 4 a relaxed count after the writes). ``q8t``, ``do8t`` (fragment order) and ``irs`` as
+    ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs, ordered=ordered,
-                 section_heads=section_heads)
+                 section_heads=section_heads, sync=sync)
 
 
 L2_BYTES = 40 * 2**20
@@ -428,10 +431,7 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
           dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None, sync=0):
-    """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV).
-    ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls (``DqSync`` of
-    kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order alone, 4 a
-    relaxed count after the writes)."""
+    """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
     if promote and variant in DKDV_UNPROMOTED_ONLY:

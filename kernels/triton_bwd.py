@@ -478,7 +478,7 @@ DQ_ORDERED_SWITCH = "DELTAMATCH_KERNEL_DQ_ORDERED"
 """``1``: ``matched_factored``'s CUDA backward forms dQ inside its dK/dV launch with the adds into each query tile in
 one order (``cuda_lib.dqdkdv_factored(ordered=True)``, FA3's deterministic mode): dQ bit-reproducible, one launch
 fewer; its dK and dV sum their query tiles in increasing order, so they are not Triton's bits (within FP32 round-off).
-Off by default: on the H200 its waits cost more than the launch it saves gains (kernels/NOTES.md, session 14).
+Off by default: on the H200 its waits cost about what saving the dQ launch gains (kernels/NOTES.md, session 14).
 :data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
 
 

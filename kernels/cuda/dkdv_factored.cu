@@ -176,39 +176,42 @@ template <bool ORDERED, int STAGES, typename Sched>
 __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
+  auto wait_turn = [&](const int* counter, int value) {
+    if (fence) {
+      wait_count<true>(counter, value);
+    } else {
+      wait_count<false>(counter, value);
+    }
+  };
+  auto count = [&](int* counter) {
+    if (fence) {
+      release_count<true>(counter);
+    } else if (p.dq_sync == kWrittenRelaxed) {
+      count_relaxed(counter);
+    } else {
+      release_count<false>(counter);
+    }
+  };
   int* done = nullptr;  // the counter of the previous add, while its writes run
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     mbar_wait(&x.dq_full, j & 1);
-    if (ordered) {
-      const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;
-      if (fence) {
-        wait_count<true>(p.dq_sem + tile, last - block);
-      } else {
-        wait_count<false>(p.dq_sem + tile, last - block);
-      }
-    }
+    if (ordered) wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block);
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
     if (ordered && p.dq_sync == kRead) {
-      release_count<false>(p.dq_sem + tile);
+      count(p.dq_sem + tile);
     } else if (ordered) {
       if (done != nullptr) {
         bulk_wait<1>();
-        if (fence) {
-          release_count<true>(done);
-        } else if (p.dq_sync == kWrittenRelaxed) {
-          count_relaxed(done);
-        } else {
-          release_count<false>(done);
-        }
+        count(done);
       }
       done = p.dq_sem + tile;
     }
   }
-  bulk_wait_all();
-  if (done != nullptr) release_count<true>(done);  // once per CTA and head: the fenced form
+  bulk_wait<0>();
+  if (done != nullptr) count(done);
 }
 
 template <int STAGES, typename Sched>

@@ -68,9 +68,8 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
-// Until this thread's bulk groups have completed, writes included.
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Until at most N of this thread's younger bulk groups are pending, the older ones' writes complete.
+// Until at most N of this thread's younger bulk groups are pending, the older ones' writes complete (N = 0: every
+// group of this thread has completed, writes included).
 template <int N>
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");

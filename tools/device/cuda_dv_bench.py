@@ -226,21 +226,20 @@ def dqdkdv_rows(ops, args, flop, do_bench):
             return dq, dk, dv
         return launch
 
-    def fused(variant, ordered, sections, sync=0):
-        return lambda: cuda_lib._dkdv(
-            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], s["sq"], s["sk"], s["sv"], *common,
-            m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"], torch.bfloat16, True, variant,
-            k8t=ops["k8t_f"], skc=ops["skc"], irs=m["irs"], ordered=ordered, section_heads=sections or None,
+    def fused(variant, ordered, sections, sync):
+        return lambda: cuda_lib.dqdkdv_factored(
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
+            *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
+            variant=variant, irs=m["irs"], ordered=ordered, section_heads=(sections or None) if ordered else None,
             sync=sync)
 
     base = dict(promoted=True, b_h=args.bh, n=args.n, d=128, causal=True)
     ref = pair("ws3")()
     rows = [timed("dkdv_then_dq_cuda", pair("ws3"), do_bench, dict(base, variant="ws3"))]
     for variant in cuda_lib.DKDV_WITH_DQ:
-        # any order; ordered with each section size and each way to order the adds (``_dkdv``'s ``sync``: 3 is the
-        # control, the ordered launch order without waits)
-        forms = [(False, 0, 0)] + [(True, k, sync) for k in getattr(args, "sections", [0])
-                                   for sync in getattr(args, "syncs", [0])]
+        # any order; ordered with each section size and each way to order the adds (``dqdkdv_factored``'s ``sync``:
+        # 3 is the control, the ordered launch order without waits)
+        forms = [(False, 0, 0)] + [(True, k, sync) for k in args.sections for sync in args.syncs]
         for ordered, heads, sync in forms:
             launch = fused(variant, ordered, heads, sync)
             got = launch()
@@ -333,7 +332,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", type=int, nargs="+", default=[0],
                         help="kv heads the ordered dQ-in-dK/dV launch interleaves, each timed (0: its default)")
     parser.add_argument("--syncs", type=int, nargs="+", default=[0],
-                        help="how the ordered form orders its adds, each timed (cuda_lib._dkdv's sync: 0 .. 4)")
+                        help="how the ordered form orders its adds, each timed (dqdkdv_factored's sync: 0 .. 4)")
     args = parser.parse_args(argv)
     from triton.testing import do_bench
 
