@@ -192,21 +192,26 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
       release_count<false>(counter);
     }
   };
+  // The serial part of a tile (count the last add, wait for this tile's turn) runs while the consumers still form
+  // its product: between dq_full and dq_empty only the add and its read remain.
   int* done = nullptr;  // the counter of the previous add, while its writes run
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
+    if (ordered) {
+      if (done != nullptr) {
+        bulk_wait<0>();
+        count(done);
+        done = nullptr;
+      }
+      wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block);
+    }
     mbar_wait(&x.dq_full, j & 1);
-    if (ordered) wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block);
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
     if (ordered && p.dq_sync == kRead) {
       count(p.dq_sem + tile);
     } else if (ordered) {
-      if (done != nullptr) {
-        bulk_wait<1>();
-        count(done);
-      }
       done = p.dq_sem + tile;
     }
   }
