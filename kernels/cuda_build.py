@@ -168,18 +168,20 @@ def _run_nvcc(args: list[str]) -> str:
     return done.stderr + done.stdout
 
 
-def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False) -> Path:
+def build(out_dir: str | os.PathLike = BUILD_DIR, force: bool = False, defines: tuple[str, ...] = ()) -> Path:
     """Build ``out_dir/libdm_attn_sm90.so`` unless its stamp matches the sources and flags (then no nvcc is needed,
-    e.g. for a carried build); return its path."""
+    e.g. for a carried build); return its path. ``defines``: macros for a diagnostic build (``DM_DQ_CLOCK``: the
+    dQ-in-dK/dV kernels count where they wait, tools/device/dq_clock.py), into its own ``out_dir``."""
     files = sources()
     out = Path(out_dir) / LIBRARY
     stamp_file = out.with_name(out.name + ".stamp")
-    stamp = _stamp(files, NVCC_FLAGS)
+    flags = (*NVCC_FLAGS, *(f"-D{name}" for name in defines))
+    stamp = _stamp(files, flags)
     if not force and out.exists() and stamp_file.exists() and stamp_file.read_text().strip() == stamp:
         return out
     nvcc = find_nvcc()
     with atomic_path(out) as tmp:
-        log = _run_nvcc([nvcc, *NVCC_FLAGS, "-o", str(tmp), *map(str, (f for f in files if f.suffix == ".cu"))])
+        log = _run_nvcc([nvcc, *flags, "-o", str(tmp), *map(str, (f for f in files if f.suffix == ".cu"))])
         if serial := serialised_wgmma(log):
             raise CudaBuildError("ptxas serialised every wgmma of " + "; ".join(
                 f"{name} ({reason})" for name, reason in sorted(serial.items())) + ": keep no wgmma group pending "
@@ -223,9 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(BUILD_DIR), help=f"output folder (default {BUILD_DIR})")
     parser.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
+    parser.add_argument("--define", action="append", default=[], metavar="MACRO",
+                        help="a macro of a diagnostic build (DM_DQ_CLOCK), into its own --out folder")
     args = parser.parse_args(argv)
+    if args.define and Path(args.out).resolve() == BUILD_DIR.resolve():
+        parser.error(f"--define builds a diagnostic library: give it its own --out, not {BUILD_DIR}")
     try:
-        path = build(args.out, force=args.force)
+        path = build(args.out, force=args.force, defines=tuple(args.define))
     except CudaBuildError as err:
         print(f"dm-cuda-build: error: {err}", file=sys.stderr)
         return 1

@@ -160,12 +160,56 @@ __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
   return {blocks - 1 - at / section, first + at % section};
 }
 
+// Where the dQ-in-dK/dV forms wait (tools/device/dq_clock.py), in a build with -DDM_DQ_CLOCK only: kClockSlots
+// counters per CTA (linear blockIdx) in dm_dq_clock, read by the exported dm_dq_clock_read. Without the macro every
+// member is empty and the kernels compile as before.
+enum ClockSlot : int {
+  kWhere = 0,        // key block | (batch · head of the walk's first query head) << 16 | smid << 32
+  kStartNs, kEndNs,  // the reducer's first and last moment (globaltimer)
+  kStartClk, kEndClk,  // the same in SM cycles (clock64): cycles per ns
+  kTurnClk,          // the reducer's cycles waiting for tiles' turns
+  kFullClk,          // ... for the consumers' products (dq_full)
+  kCountClk,         // ... for its last add's writes, and counting them
+  kTiles, kSpun,     // tiles; turns not reached at the first poll
+  kTurnMaxClk,       // its longest wait for a turn
+  kEmptyClk0, kEmptyClk1,  // each consumer's cycles waiting for the reducer to read the dQ buffer (dq_empty)
+  kPeerClk0, kPeerClk1,    // each consumer's cycles waiting for the other's dŜ (ds_full)
+};
+#ifdef DM_DQ_CLOCK
+constexpr int kClockSlots = 16, kClockCtas = 16384;
+__device__ unsigned long long dm_dq_clock[kClockSlots * kClockCtas];
+struct DqClock {
+  static __device__ __forceinline__ unsigned long long now() { return clock64(); }
+  static __device__ __forceinline__ unsigned long long* slots() {
+    return dm_dq_clock + kClockSlots * ((blockIdx.y * gridDim.x + blockIdx.x) % kClockCtas);
+  }
+  static __device__ __forceinline__ unsigned long long ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+  static __device__ __forceinline__ void put(int slot, unsigned long long value) { slots()[slot] = value; }
+  static __device__ __forceinline__ void where(int block, int bh_kv) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    put(kWhere, unsigned(block) | (unsigned long long)(bh_kv) << 16 | (unsigned long long)(sm) << 32);
+  }
+};
+#else
+struct DqClock {
+  static __device__ __forceinline__ unsigned long long now() { return 0; }
+  static __device__ __forceinline__ unsigned long long ns() { return 0; }
+  static __device__ __forceinline__ void put(int, unsigned long long) {}
+  static __device__ __forceinline__ void where(int, int) {}
+};
+#endif
+
 // How the ordered form's reducer orders its adds (dq_sync): kWritten, the default, counts an add once its writes have
-// completed (checked one tile later, while the next add runs), a release with proxy fences between the counter's
-// generic accesses and the bulk-copy engine's; the others are cuda_dv_bench.py's controls, to see what each step
-// costs: the same without the proxy fences; FA3's (a release once the add has read its shared memory, no fences: its
-// writes may still be on their way); the launch order alone (no waits, no counts: the adds in any order); and a
-// relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's).
+// completed (checked before the next tile's turn, while the consumers form it), a release with proxy fences between
+// the counter's generic accesses and the bulk-copy engine's; the others are cuda_dv_bench.py's controls, to see what
+// each step costs: the same without the proxy fences; FA3's (a release once the add has read its shared memory, no
+// fences: its writes may still be on their way); the launch order alone (no waits, no counts: the adds in any order);
+// and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's).
 enum DqSync : int { kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4 };
 
 // The reducer (one thread of the producer warpgroup): per tile of the walk, once both consumers have written its dQ
@@ -195,17 +239,34 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   // The serial part of a tile (count the last add, wait for this tile's turn) runs while the consumers still form
   // its product: between dq_full and dq_empty only the add and its read remain.
   int* done = nullptr;  // the counter of the previous add, while its writes run
+  DqClock::where(block, int(w.bh));
+  DqClock::put(kStartNs, DqClock::ns());
+  DqClock::put(kStartClk, DqClock::now());
+  unsigned turn_clk = 0, full_clk = 0, count_clk = 0, spun = 0, turn_max = 0, tiles = 0;
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     if (ordered) {
+      auto t0 = DqClock::now();
       if (done != nullptr) {
         bulk_wait<0>();
         count(done);
         done = nullptr;
       }
-      wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block);
+      auto t1 = DqClock::now();
+      const int turn = (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block;
+#ifdef DM_DQ_CLOCK
+      spun += *static_cast<volatile const int*>(p.dq_sem + tile) < turn;
+#endif
+      wait_turn(p.dq_sem + tile, turn);
+      auto t2 = DqClock::now();
+      count_clk += unsigned(t1 - t0);
+      turn_clk += unsigned(t2 - t1);
+      turn_max = max(turn_max, unsigned(t2 - t1));
     }
+    auto t3 = DqClock::now();
     mbar_wait(&x.dq_full, j & 1);
+    full_clk += unsigned(DqClock::now() - t3);
+    ++tiles;
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
@@ -217,6 +278,14 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   }
   bulk_wait<0>();
   if (done != nullptr) count(done);
+  DqClock::put(kEndNs, DqClock::ns());
+  DqClock::put(kEndClk, DqClock::now());
+  DqClock::put(kTurnClk, turn_clk);
+  DqClock::put(kFullClk, full_clk);
+  DqClock::put(kCountClk, count_clk);
+  DqClock::put(kTiles, tiles);
+  DqClock::put(kSpun, spun);
+  DqClock::put(kTurnMaxClk, turn_max);
 }
 
 template <int STAGES, typename Sched>
@@ -307,6 +376,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     int64_t head = -1;
     Tile t;
     bool use;
+    unsigned empty_clk = 0, peer_clk = 0;  // DqClock's counts
     for (uint32_t j = 0; ring.next(s.info, s.full, half, t, use); ++j) {
       const int buf = j % 2;
       const uint32_t turn = (j / 2) & 1;  // ds[buf]'s phase for tile j
@@ -332,7 +402,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       } else if (releaser) {
         mbar_arrive(&s.empty[t.stage]);
       }
+      auto c0 = DqClock::now();
       mbar_wait(&x.ds_full[buf], turn);  // the other half's dŜ of tile j
+      peer_clk += unsigned(DqClock::now() - c0);
       float qa[kBlockN / 2], qb[kBlockN / 2];  // channels 64h.. over keys 0-63 and 64-127
       wgmma_fence();
 #pragma unroll
@@ -348,7 +420,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       fence_operands(qa);
       fence_operands(qb);
       mbar_arrive(&x.ds_empty[buf]);
+      auto c1 = DqClock::now();
       if (j >= 1) mbar_wait(&x.dq_empty, (j - 1) & 1);  // the reducer has read tile j - 1's product
+      empty_clk += unsigned(DqClock::now() - c1);
 #pragma unroll
       for (int i = 0; i < kBlockN / 8; ++i) {
         *reinterpret_cast<float4*>(x.dq + dq_order((kBlockN / 8) * half + i, t_in_group)) =
@@ -357,6 +431,10 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       }
       fence_async_shared();
       mbar_arrive(&x.dq_full);
+    }
+    if (t_in_group == 0) {
+      DqClock::put(kEmptyClk0 + half, empty_clk);
+      DqClock::put(kPeerClk0 + half, peer_clk);
     }
     if (head >= 0) epilogue(dv, dk, head);  // else no key of this half below N
     return;
@@ -633,4 +711,17 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
 }
 
 // sizeof(DkdvFactoredParams), for the loader's check that its ctypes mirror has the same layout.
+#ifdef DM_DQ_CLOCK
+// DqClock's counters: copied into `dst` (at most kClockSlots * kClockCtas values), or zeroed.
+extern "C" int dm_dq_clock_read(unsigned long long* dst, int values) {
+  return cudaMemcpyFromSymbol(dst, dm::dkdv::dm_dq_clock, sizeof(unsigned long long) *
+                              min(values, dm::dkdv::kClockSlots * dm::dkdv::kClockCtas));
+}
+extern "C" int dm_dq_clock_clear(void) {
+  void* at;
+  const cudaError_t err = cudaGetSymbolAddress(&at, dm::dkdv::dm_dq_clock);
+  return err ? err : cudaMemset(at, 0, sizeof(dm::dkdv::dm_dq_clock));
+}
+extern "C" int dm_dq_clock_slots(void) { return dm::dkdv::kClockSlots; }
+#endif
 extern "C" int dm_dkdv_factored_params_size(void) { return static_cast<int>(sizeof(DkdvFactoredParams)); }

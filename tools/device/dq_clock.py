@@ -1,0 +1,125 @@
+"""Where the dQ-in-dK/dV forms wait: one launch of each form with the diagnostic library (``dm-cuda-build --out
+build/cuda_clock --define DM_DQ_CLOCK``, carried), its per-CTA counters (``kernels/cuda/dkdv_factored.cu``,
+``DqClock``) read back and summed.
+
+Per form: the launch's span (first reducer start to last reducer end, globaltimer), the CTAs' summed time, and the
+shares of it the reducer spent waiting for tiles' turns, for the consumers' products and for its last add's writes;
+the consumers' waits for the reducer (``dq_empty``) and for each other (``ds_full``); how many turns were not reached at
+the first poll; then the turn waits by key block (in eighths of the sequence) and by launch position (in tenths).
+Forms: any order, ordered with the launch order only (sync 3, the control), ordered (sync 0). The counters cost a few
+instructions per tile (the reducer's registers are few), so the times are not the plain library's; the shares are what
+to read.
+
+Usage (repo root, on the H200): ``DELTAMATCH_CUDA_LIB=build/cuda_clock/libdm_attn_sm90.so python3
+tools/device/dq_clock.py --out DIR`` (writes DIR/clock_<form>.npy: the raw (CTAs, 16) counters, and DIR/clock.jsonl).
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "tiles", "spun",
+         "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1")
+
+
+def read(lib, ctas: int, slots: int) -> np.ndarray:
+    buf = np.zeros((ctas, slots), dtype=np.uint64)
+    err = lib.dm_dq_clock_read(buf.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong)), ctypes.c_int(buf.size))
+    if err:
+        raise RuntimeError(f"dm_dq_clock_read: CUDA error {err}")
+    return buf
+
+
+def summary(raw: np.ndarray, blocks: int) -> dict:
+    """The shares and distributions the module docstring names, from one launch's counters (rows in blockIdx order,
+    which is launch order)."""
+    col = {name: raw[:, i].astype(np.float64) for i, name in enumerate(SLOTS)}
+    live = col["tiles"] > 0
+    where = raw[:, 0]
+    block = (where & 0xFFFF).astype(np.int64)
+    cta_ns = col["end_ns"] - col["start_ns"]
+    clk_per_ns = (col["end_clk"] - col["start_clk"])[live].sum() / cta_ns[live].sum()
+    total_clk = cta_ns[live].sum() * clk_per_ns
+
+    def share(*names):
+        return round(float(sum(col[n][live].sum() for n in names) / total_clk), 4)
+
+    out = dict(ctas=int(live.sum()), tiles=int(col["tiles"].sum()), ghz=round(float(clk_per_ns), 3),
+               span_ms=round(float((col["end_ns"][live].max() - col["start_ns"][live].min()) / 1e6), 4),
+               cta_ms_sum=round(float(cta_ns[live].sum() / 1e6), 3),
+               turn=share("turn_clk"), full=share("full_clk"), count=share("count_clk"),
+               empty=round(share("empty_clk0", "empty_clk1") / 2, 4),
+               peer=round(share("peer_clk0", "peer_clk1") / 2, 4),
+               spun=int(col["spun"].sum()), turn_max_us=round(float(col["turn_max_clk"].max() / clk_per_ns / 1e3), 2))
+    # turn waits by key block (eighths of the sequence) and by launch position (tenths), as µs per CTA
+    eighth = np.minimum(block * 8 // max(blocks, 1), 7)
+    out["turn_us_by_block_eighth"] = [round(float(col["turn_clk"][live & (eighth == e)].mean() / clk_per_ns / 1e3), 2)
+                                      if (live & (eighth == e)).any() else None for e in range(8)]
+    pos = np.arange(len(raw)) * 10 // len(raw)
+    out["turn_us_by_launch_tenth"] = [round(float(col["turn_clk"][live & (pos == t)].mean() / clk_per_ns / 1e3), 2)
+                                      if (live & (pos == t)).any() else None for t in range(10)]
+    out["spun_by_launch_tenth"] = [int(col["spun"][live & (pos == t)].sum()) for t in range(10)]
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for clock_<form>.npy and clock.jsonl")
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--bh", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="launches read per form (each after a warm-up)")
+    args = parser.parse_args(argv)
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_quant import padded_len
+
+    import cuda_dv_bench as bench
+
+    lib = cuda_lib._library()
+    if not hasattr(lib, "dm_dq_clock_read"):
+        sys.exit(f"{cuda_lib.library_path()} has no dm_dq_clock_read: build the diagnostic library (dm-cuda-build "
+                 f"--out build/cuda_clock --define DM_DQ_CLOCK) and set {cuda_lib.LIBRARY_ENV} to it")
+    lib.dm_dq_clock_read.restype = lib.dm_dq_clock_clear.restype = lib.dm_dq_clock_slots.restype = ctypes.c_int
+    slots = lib.dm_dq_clock_slots()
+    os.makedirs(args.out, exist_ok=True)
+    h = 16
+    ops = bench.operands(args.bh // h, h, args.n, 128, causal=True)
+    m = bench.matched_operands(ops)
+    s = ops["saved"]
+    blocks = padded_len(args.n) // 128
+    ctas = blocks * args.bh
+
+    def launch(ordered, sync):
+        return cuda_lib.dqdkdv_factored(
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
+            ops["sdo"], m["sqc"], ops["sdoc"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True,
+            ops["qk"], ops["scale"], irs=m["irs"], ordered=ordered, sync=sync)
+
+    rows = []
+    for form, ordered, sync in (("any", False, 0), ("order_only", True, 3), ("ordered", True, 0)):
+        for rep in range(args.repeats):
+            for _ in range(3):
+                launch(ordered, sync)
+            torch.cuda.synchronize()
+            if lib.dm_dq_clock_clear():
+                raise RuntimeError("dm_dq_clock_clear failed")
+            launch(ordered, sync)
+            torch.cuda.synchronize()
+            raw = read(lib, ctas, slots)
+            np.save(os.path.join(args.out, f"clock_{form}_{rep}.npy"), raw)
+            row = dict(form=form, rep=rep, **summary(raw, blocks))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    with open(os.path.join(args.out, "clock.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
