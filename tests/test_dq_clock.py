@@ -34,14 +34,14 @@ def test_summary_shares_and_distributions():
         raw[i, 0] = block | (i << 16) | (7 << 32)
         raw[i, 1], raw[i, 2] = 10_000_000, 11_000_000  # ns
         raw[i, 3], raw[i, 4] = 0, 2_000_000  # cycles: 2 per ns
-        raw[i, 5], raw[i, 6], raw[i, 7] = turn, full, 100_000
-        raw[i, 8], raw[i, 9], raw[i, 10] = 10, spun, turn // 2
-        raw[i, 11], raw[i, 12], raw[i, 13], raw[i, 14] = 300_000, 100_000, 40_000, 0
+        raw[i, 5], raw[i, 6], raw[i, 7], raw[i, 8] = turn, full, 100_000, 20_000
+        raw[i, 9], raw[i, 10], raw[i, 11] = 10, spun, turn // 2
+        raw[i, 12], raw[i, 13], raw[i, 14], raw[i, 15] = 300_000, 100_000, 40_000, 0
     got = dq_clock.summary(raw, blocks=4)
     assert got["ctas"] == 2 and got["tiles"] == 20 and got["ghz"] == 2.0
     assert got["span_ms"] == 1.0 and got["cta_ms_sum"] == 2.0
     assert got["turn"] == pytest.approx(1_600_000 / 4e6) and got["full"] == pytest.approx(0.05)
-    assert got["count"] == pytest.approx(0.05)
+    assert got["count"] == pytest.approx(0.05) and got["read"] == pytest.approx(0.01)
     # per consumer: both CTAs wait 300k + 100k (empty) and 40k + 0 (peer) cycles over two consumers
     assert got["empty"] == pytest.approx(2 * 400_000 / 4e6 / 2) and got["peer"] == pytest.approx(2 * 40_000 / 4e6 / 2)
     assert got["spun"] == 12 and got["turn_max_us"] == 300.0

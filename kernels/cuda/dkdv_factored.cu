@@ -170,7 +170,8 @@ enum ClockSlot : int {
   kTurnClk,          // the reducer's cycles waiting for tiles' turns
   kFullClk,          // ... for the consumers' products (dq_full)
   kCountClk,         // ... for its last add's writes, and counting them
-  kTiles, kSpun,     // tiles; turns not reached at the first poll
+  kReadClk,          // ... for its adds to read the dQ buffer (issue to dq_empty)
+  kTiles, kSpun,     // tiles; turns not reached at the first read of the counter
   kTurnMaxClk,       // its longest wait for a turn
   kEmptyClk0, kEmptyClk1,  // each consumer's cycles waiting for the reducer to read the dQ buffer (dq_empty)
   kPeerClk0, kPeerClk1,    // each consumer's cycles waiting for the other's dŜ (ds_full)
@@ -220,12 +221,8 @@ template <bool ORDERED, int STAGES, typename Sched>
 __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
-  auto wait_turn = [&](const int* counter, int value) {
-    if (fence) {
-      wait_count<true>(counter, value);
-    } else {
-      wait_count<false>(counter, value);
-    }
+  auto wait_turn = [&](const int* counter, int value) {  // how many times it read the counter
+    return fence ? wait_count<true>(counter, value) : wait_count<false>(counter, value);
   };
   auto count = [&](int* counter) {
     if (fence) {
@@ -238,43 +235,40 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   };
   // The serial part of a tile (count the last add, wait for this tile's turn) runs while the consumers still form
   // its product: between dq_full and dq_empty only the add and its read remain.
-  int* done = nullptr;  // the counter of the previous add, while its writes run
+  int* done = nullptr;  // the counter of the previous add, while the next add runs
   DqClock::where(block, int(w.bh));
   DqClock::put(kStartNs, DqClock::ns());
   DqClock::put(kStartClk, DqClock::now());
-  unsigned turn_clk = 0, full_clk = 0, count_clk = 0, spun = 0, turn_max = 0, tiles = 0;
+  unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
-    if (ordered) {
-      auto t0 = DqClock::now();
-      if (done != nullptr) {
-        bulk_wait<0>();
-        count(done);
-        done = nullptr;
-      }
-      auto t1 = DqClock::now();
-      const int turn = (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block;
-#ifdef DM_DQ_CLOCK
-      spun += *static_cast<volatile const int*>(p.dq_sem + tile) < turn;
-#endif
-      wait_turn(p.dq_sem + tile, turn);
-      auto t2 = DqClock::now();
-      count_clk += unsigned(t1 - t0);
-      turn_clk += unsigned(t2 - t1);
-      turn_max = max(turn_max, unsigned(t2 - t1));
+    if (ordered) {  // while the consumers still form this tile's product
+      const auto t0 = DqClock::now();
+      spun += wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block) > 1;
+      const unsigned waited = unsigned(DqClock::now() - t0);
+      turn_clk += waited;
+      turn_max = max(turn_max, waited);
     }
-    auto t3 = DqClock::now();
+    const auto t1 = DqClock::now();
     mbar_wait(&x.dq_full, j & 1);
-    full_clk += unsigned(DqClock::now() - t3);
-    ++tiles;
+    const auto t2 = DqClock::now();
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty);
+    const auto t3 = DqClock::now();
     if (ordered && p.dq_sync == kRead) {
       count(p.dq_sem + tile);
     } else if (ordered) {
+      if (done != nullptr) {  // the last add's writes, complete while this one read its buffer
+        bulk_wait<1>();
+        count(done);
+      }
       done = p.dq_sem + tile;
     }
+    full_clk += unsigned(t2 - t1);
+    read_clk += unsigned(t3 - t2);
+    count_clk += unsigned(DqClock::now() - t3);
+    ++tiles;
   }
   bulk_wait<0>();
   if (done != nullptr) count(done);
@@ -283,6 +277,7 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   DqClock::put(kTurnClk, turn_clk);
   DqClock::put(kFullClk, full_clk);
   DqClock::put(kCountClk, count_clk);
+  DqClock::put(kReadClk, read_clk);
   DqClock::put(kTiles, tiles);
   DqClock::put(kSpun, spun);
   DqClock::put(kTurnMaxClk, turn_max);

@@ -76,15 +76,18 @@ __device__ __forceinline__ void bulk_wait() {
 }
 
 // A counter in global memory that orders work across CTAs (a semaphore): one thread spins until it reaches `value`
-// (acquire: what the releasing CTAs wrote before their increments is visible after it), or adds 1 to it (release).
-// FENCE: a proxy fence orders the bulk-copy engine's accesses (the async proxy) with these generic ones.
+// (acquire: what the releasing CTAs wrote before their increments is visible after it; returns how many reads it
+// took), or adds 1 to it (release). FENCE: a proxy fence orders the bulk-copy engine's accesses (the async proxy) with
+// these generic ones.
 template <bool FENCE>
-__device__ __forceinline__ void wait_count(const int* counter, int value) {
-  int seen;
+__device__ __forceinline__ int wait_count(const int* counter, int value) {
+  int seen, reads = 0;
   do {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    ++reads;
   } while (seen < value);
   if (FENCE) asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  return reads;
 }
 template <bool FENCE>
 __device__ __forceinline__ void release_count(int* counter) {

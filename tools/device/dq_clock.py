@@ -3,7 +3,8 @@ build/cuda_clock --define DM_DQ_CLOCK``, carried), its per-CTA counters (``kerne
 ``DqClock``) read back and summed.
 
 Per form: the launch's span (first reducer start to last reducer end, globaltimer), the CTAs' summed time, and the
-shares of it the reducer spent waiting for tiles' turns, for the consumers' products and for its last add's writes;
+shares of it the reducer spent waiting for tiles' turns, for the consumers' products, for its adds to read the dQ
+buffer and for its last add's writes;
 the consumers' waits for the reducer (``dq_empty``) and for each other (``ds_full``); how many turns were not reached at
 the first poll; then the turn waits by key block (in eighths of the sequence) and by launch position (in tenths).
 Forms: any order, ordered with the launch order only (sync 3, the control), ordered (sync 0). The counters cost a few
@@ -25,8 +26,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "tiles", "spun",
-         "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1")
+SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
+         "spun", "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1")
 
 
 def read(lib, ctas: int, slots: int) -> np.ndarray:
@@ -54,7 +55,7 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
     out = dict(ctas=int(live.sum()), tiles=int(col["tiles"].sum()), ghz=round(float(clk_per_ns), 3),
                span_ms=round(float((col["end_ns"][live].max() - col["start_ns"][live].min()) / 1e6), 4),
                cta_ms_sum=round(float(cta_ns[live].sum() / 1e6), 3),
-               turn=share("turn_clk"), full=share("full_clk"), count=share("count_clk"),
+               turn=share("turn_clk"), full=share("full_clk"), count=share("count_clk"), read=share("read_clk"),
                empty=round(share("empty_clk0", "empty_clk1") / 2, 4),
                peer=round(share("peer_clk0", "peer_clk1") / 2, 4),
                spun=int(col["spun"].sum()), turn_max_us=round(float(col["turn_max_clk"].max() / clk_per_ns / 1e3), 2))
