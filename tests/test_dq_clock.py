@@ -18,18 +18,21 @@ def _module():
 
 
 def test_slots_follow_the_kernels_enum():
-    """The script's names in order are the enum's (kWhere = 0 .. kPeerClk1), read from the CUDA source."""
+    """The script's names in order are the enum's (kWhere = 0 .. kPeerClk1, then kReducerSlots), read from the CUDA
+    source."""
     source = (ROOT / "kernels" / "cuda" / "dkdv_factored.cu").read_text()
     enum = source.split("enum ClockSlot : int {", 1)[1].split("};", 1)[0]
     names = [item.split("=")[0].strip() for line in enum.splitlines() for item in line.split("//", 1)[0].split(",")
              if item.strip()]
-    assert [name[1:].lower() for name in names] == [slot.replace("_", "") for slot in _module().SLOTS]
+    assert names[-1] == "kReducerSlots"
+    assert [name[1:].lower() for name in names[:-1]] == [slot.replace("_", "") for slot in _module().SLOTS]
 
 
 def test_summary_shares_and_distributions():
-    """Two CTAs of 1 ms each at 2 cycles per ns: the shares are the counters over 4e6 cycles, by hand."""
+    """Two CTAs of 1 ms each at 2 cycles per ns, their two reducers alike: the reducers' shares are their counters over
+    2 x 4e6 cycles, the consumers' theirs over as much (two consumers), by hand."""
     dq_clock = _module()
-    raw = np.zeros((3, 16), dtype=np.uint64)  # the third CTA ran no tile (a padded grid): left out
+    raw = np.zeros((3, 32), dtype=np.uint64)  # the third CTA ran no tile (a padded grid): left out
     for i, (block, turn, full, spun) in enumerate(((3, 400_000, 200_000, 5), (0, 1_200_000, 0, 7))):
         raw[i, 0] = block | (i << 16) | (7 << 32)
         raw[i, 1], raw[i, 2] = 10_000_000, 11_000_000  # ns
@@ -37,18 +40,19 @@ def test_summary_shares_and_distributions():
         raw[i, 5], raw[i, 6], raw[i, 7], raw[i, 8] = turn, full, 100_000, 20_000
         raw[i, 9], raw[i, 10], raw[i, 11] = 10, spun, turn // 2
         raw[i, 12], raw[i, 13], raw[i, 14], raw[i, 15] = 300_000, 100_000, 40_000, 0
+        raw[i, 17:28] = raw[i, 1:12]  # reducer 1: the same times and counts
     got = dq_clock.summary(raw, blocks=4)
-    assert got["ctas"] == 2 and got["tiles"] == 20 and got["ghz"] == 2.0
+    assert got["ctas"] == 2 and got["tiles"] == 40 and got["ghz"] == 2.0
     assert got["span_ms"] == 1.0 and got["cta_ms_sum"] == 2.0
-    assert got["turn"] == pytest.approx(1_600_000 / 4e6) and got["full"] == pytest.approx(0.05)
+    assert got["turn"] == pytest.approx(2 * 1_600_000 / 8e6) and got["full"] == pytest.approx(0.05)
     assert got["count"] == pytest.approx(0.05) and got["read"] == pytest.approx(0.01)
     # per consumer: both CTAs wait 300k + 100k (empty) and 40k + 0 (peer) cycles over two consumers
     assert got["empty"] == pytest.approx(2 * 400_000 / 4e6 / 2) and got["peer"] == pytest.approx(2 * 40_000 / 4e6 / 2)
-    assert got["spun"] == 12 and got["turn_max_us"] == 300.0
-    # block 3 is in the last eighth of 4 blocks (3 * 8 // 4 = 6), block 0 in the first: µs per CTA
-    assert got["turn_us_by_block_eighth"][0] == 600.0 and got["turn_us_by_block_eighth"][6] == 200.0
+    assert got["spun"] == 24 and got["turn_max_us"] == 300.0
+    # block 3 is in the last eighth of 4 blocks (3 * 8 // 4 = 6), block 0 in the first: µs per CTA, both reducers
+    assert got["turn_us_by_block_eighth"][0] == 1200.0 and got["turn_us_by_block_eighth"][6] == 400.0
     assert got["turn_us_by_block_eighth"][1] is None
-    assert got["spun_by_launch_tenth"][0] == 5 and got["spun_by_launch_tenth"][3] == 7
+    assert got["spun_by_launch_tenth"][0] == 10 and got["spun_by_launch_tenth"][3] == 14
 
 
 def test_a_diagnostic_build_needs_its_own_folder(capsys):

@@ -34,10 +34,10 @@
 // of the tile's queries and channels 64h .. 64h + 63 over the CTA's 128 keys (4 SS m64n64k32 from the K̂ᶜᵀ tile of the
 // CTA's keys, loaded once, its keys in fragment order as the dŜ tile's columns are written; each 64-key half from zero
 // and the two added in FP32, as dq_factored.cu promotes per key tile), arrives on `ds_empty`, writes the product into
-// the shared FP32 dQ tile once `dq_empty` says the last one was read, and arrives on `dq_full`. A thread of the
-// producer warpgroup (the reducer) walks the same tiles, and per tile waits for `dq_full`, adds the 32 KB into dq_acc
-// by the bulk-copy engine's reduction (cp.reduce.async.bulk .add.f32) and, once it has been read, arrives on
-// `dq_empty`. dm_dkdv_dq_epilogue then writes dQ with dq_factored.cu's epilogue arithmetic. On the H200
+// the shared FP32 dQ tile once `dq_empty` says the last one was read, and arrives on `dq_full`. Two threads of the
+// producer warpgroup (the reducers) walk the same tiles, each taking every other one, and per tile wait for
+// `dq_full`, add the 32 KB into dq_acc by the bulk-copy engine's reduction (cp.reduce.async.bulk .add.f32) and, once
+// it has been read, arrive on `dq_empty` (a barrier pair per reducer: tile j's are [j % 2]). dm_dkdv_dq_epilogue then writes dQ with dq_factored.cu's epilogue arithmetic. On the H200
 // (kernels/NOTES.md, session 12) this form takes 5.55 ms against 3.67 + 2.16 for the dK/dV and dQ launches; the forms
 // timed beside it lost: the consumers meeting at two named barriers per tile (5.57 ms), each consumer reducing its own
 // 64-key product (twice the reduce traffic: L2 bound, 5.99 ms), and the dQ product issued with dK's into one 128-deep
@@ -48,8 +48,8 @@
 // query tile land in decreasing key blocks. The CTAs map to key blocks from the last (the shortest first, FA3's SPT
 // order), kv heads interleaved in sections that fit in L2 (cta_coords); each half walks its tiles in increasing order
 // (IncreasingSchedule: the diagonal first), so that a key block reaches a query tile two tiles after the next block
-// does; the reducer waits on the tile's counter for the blocks after its own and counts itself once its add has
-// completed. Every CTA waited for was launched earlier, so no wait can deadlock. dQ is then bit-reproducible; dK and
+// does; the tile's reducer waits on the tile's counter for the blocks after its own and counts itself once its add
+// has completed. Every CTA waited for was launched earlier, so no wait can deadlock. dQ is then bit-reproducible; dK and
 // dV sum their tiles in that increasing order, not Triton's bits (within FP32 round-off). On the H200 (session 14) the
 // waits cost ≈ 0.3 ms of its 5.2: 1.8% faster than the dK/dV and dQ launches, 8% slower than any order.
 #include <cuda_runtime.h>
@@ -89,7 +89,7 @@ struct __align__(1024) DqSmem {
   uint8_t ds[2][kBlockM * kCtaRows];    // dŜ of tile j in ds[j % 2]: [64 queries, 128 keys], 128-byte swizzle
   float dq[kBlockM * kHeadDim];         // the dQ product of the current tile in dq_order, the reduction's source
   uint64_t ds_full[2], ds_empty[2];     // 256 arrivals each: every consumer thread has written / read ds[i]
-  uint64_t dq_full, dq_empty;           // 256 arrivals: dq written; 1 (the reducer): its reduction has read dq
+  uint64_t dq_full[2], dq_empty[2];     // tile j's, [j % 2]: 256 arrivals: dq written; 1 (reducer j % 2): read
 };
 template <int STAGES, bool DQ = false>
 constexpr int smem_bytes() {  // + room to align the base
@@ -163,7 +163,7 @@ __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
 // Where the dQ-in-dK/dV forms wait (tools/device/dq_clock.py), in a build with -DDM_DQ_CLOCK only: kClockSlots
 // counters per CTA (linear blockIdx) in dm_dq_clock, read by the exported dm_dq_clock_read. Without the macro every
 // member is empty and the kernels compile as before.
-enum ClockSlot : int {
+enum ClockSlot : int {  // reducer 1's from kReducerSlots on, the same way; the consumers' and kWhere in reducer 0's
   kWhere = 0,        // key block | (batch · head of the walk's first query head) << 16 | smid << 32
   kStartNs, kEndNs,  // the reducer's first and last moment (globaltimer)
   kStartClk, kEndClk,  // the same in SM cycles (clock64): cycles per ns
@@ -175,9 +175,10 @@ enum ClockSlot : int {
   kTurnMaxClk,       // its longest wait for a turn
   kEmptyClk0, kEmptyClk1,  // each consumer's cycles waiting for the reducer to read the dQ buffer (dq_empty)
   kPeerClk0, kPeerClk1,    // each consumer's cycles waiting for the other's dŜ (ds_full)
+  kReducerSlots,
 };
 #ifdef DM_DQ_CLOCK
-constexpr int kClockSlots = 16, kClockCtas = 16384;
+constexpr int kClockSlots = 2 * kReducerSlots, kClockCtas = 16384;
 __device__ unsigned long long dm_dq_clock[kClockSlots * kClockCtas];
 struct DqClock {
   static __device__ __forceinline__ unsigned long long now() { return clock64(); }
@@ -189,7 +190,9 @@ struct DqClock {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
   }
-  static __device__ __forceinline__ void put(int slot, unsigned long long value) { slots()[slot] = value; }
+  static __device__ __forceinline__ void put(int slot, unsigned long long value, int reducer = 0) {
+    slots()[slot + kReducerSlots * reducer] = value;
+  }
   static __device__ __forceinline__ void where(int block, int bh_kv) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -200,7 +203,7 @@ struct DqClock {
 struct DqClock {
   static __device__ __forceinline__ unsigned long long now() { return 0; }
   static __device__ __forceinline__ unsigned long long ns() { return 0; }
-  static __device__ __forceinline__ void put(int, unsigned long long) {}
+  static __device__ __forceinline__ void put(int, unsigned long long, int = 0) {}
   static __device__ __forceinline__ void where(int, int) {}
 };
 #endif
@@ -213,12 +216,17 @@ struct DqClock {
 // and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's).
 enum DqSync : int { kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4 };
 
-// The reducer (one thread of the producer warpgroup): per tile of the walk, once both consumers have written its dQ
-// product, its 32 KB added into dq_acc; the buffer handed back once the bulk copy has read it. Ordered (dq_sem): the
-// add into a query tile waits until the key blocks after this one that reach it (causal: those at or before it) have
-// added theirs, and counts itself on the tile's counter (dq_sync says when).
+// The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
+// j % 2 == r; per tile, once both consumers have written its dQ product (dq_full[r]), its 32 KB added into dq_acc,
+// the buffer handed back (dq_empty[r]) once the bulk copy has read it. Ordered (dq_sem): first, while the consumers
+// still form the product, the add into a query tile waits until the key blocks after this one that reach it (causal:
+// those at or before it) have added theirs; after the add it counts itself on the tile's counter (dq_sync says when).
+// Two, so that each has two tiles' time for its serial steps: the add's read (≈ 1 µs of a 2.3 µs tile on the H200), the
+// turn (an acquire round trip) and the wait for the add's writes (L2's reduction, 2-3 µs under load) — one reducer
+// made the ordered form wait on them (session 15, tools/device/dq_clock.py).
 template <bool ORDERED, int STAGES, typename Sched>
-__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block) {
+__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block,
+                                          int r) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
   auto wait_turn = [&](const int* counter, int value) {  // how many times it read the counter
@@ -233,16 +241,14 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
       release_count<false>(counter);
     }
   };
-  // The serial part of a tile (count the last add, wait for this tile's turn) runs while the consumers still form
-  // its product: between dq_full and dq_empty only the add and its read remain.
-  int* done = nullptr;  // the counter of the previous add, while the next add runs
-  DqClock::where(block, int(w.bh));
-  DqClock::put(kStartNs, DqClock::ns());
-  DqClock::put(kStartClk, DqClock::now());
+  if (r == 0) DqClock::where(block, int(w.bh));
+  DqClock::put(kStartNs, DqClock::ns(), r);
+  DqClock::put(kStartClk, DqClock::now(), r);
   unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
+    if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
-    if (ordered) {  // while the consumers still form this tile's product
+    if (ordered) {
       const auto t0 = DqClock::now();
       spun += wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block) > 1;
       const unsigned waited = unsigned(DqClock::now() - t0);
@@ -250,20 +256,15 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
       turn_max = max(turn_max, waited);
     }
     const auto t1 = DqClock::now();
-    mbar_wait(&x.dq_full, j & 1);
+    mbar_wait(&x.dq_full[r], (j >> 1) & 1);
     const auto t2 = DqClock::now();
     bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     bulk_wait_read<0>();
-    mbar_arrive(&x.dq_empty);
+    mbar_arrive(&x.dq_empty[r]);
     const auto t3 = DqClock::now();
-    if (ordered && p.dq_sync == kRead) {
+    if (ordered) {
+      if (p.dq_sync != kRead) bulk_wait<0>();  // its writes complete (FA3's counts once read)
       count(p.dq_sem + tile);
-    } else if (ordered) {
-      if (done != nullptr) {  // the last add's writes, complete while this one read its buffer
-        bulk_wait<1>();
-        count(done);
-      }
-      done = p.dq_sem + tile;
     }
     full_clk += unsigned(t2 - t1);
     read_clk += unsigned(t3 - t2);
@@ -271,16 +272,15 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
     ++tiles;
   }
   bulk_wait<0>();
-  if (done != nullptr) count(done);
-  DqClock::put(kEndNs, DqClock::ns());
-  DqClock::put(kEndClk, DqClock::now());
-  DqClock::put(kTurnClk, turn_clk);
-  DqClock::put(kFullClk, full_clk);
-  DqClock::put(kCountClk, count_clk);
-  DqClock::put(kReadClk, read_clk);
-  DqClock::put(kTiles, tiles);
-  DqClock::put(kSpun, spun);
-  DqClock::put(kTurnMaxClk, turn_max);
+  DqClock::put(kEndNs, DqClock::ns(), r);
+  DqClock::put(kEndClk, DqClock::now(), r);
+  DqClock::put(kTurnClk, turn_clk, r);
+  DqClock::put(kFullClk, full_clk, r);
+  DqClock::put(kCountClk, count_clk, r);
+  DqClock::put(kReadClk, read_clk, r);
+  DqClock::put(kTiles, tiles, r);
+  DqClock::put(kSpun, spun, r);
+  DqClock::put(kTurnMaxClk, turn_max, r);
 }
 
 template <int STAGES, typename Sched>
@@ -416,7 +416,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       fence_operands(qb);
       mbar_arrive(&x.ds_empty[buf]);
       auto c1 = DqClock::now();
-      if (j >= 1) mbar_wait(&x.dq_empty, (j - 1) & 1);  // the reducer has read tile j - 1's product
+      if (j >= 1) mbar_wait(&x.dq_empty[(j - 1) & 1], ((j - 1) >> 1) & 1);  // tile j - 1's product was read
       empty_clk += unsigned(DqClock::now() - c1);
 #pragma unroll
       for (int i = 0; i < kBlockN / 8; ++i) {
@@ -425,7 +425,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
                         __fadd_rn(qa[4 * i + 2], qb[4 * i + 2]), __fadd_rn(qa[4 * i + 3], qb[4 * i + 3]));
       }
       fence_async_shared();
-      mbar_arrive(&x.dq_full);
+      mbar_arrive(&x.dq_full[j & 1]);
     }
     if (t_in_group == 0) {
       DqClock::put(kEmptyClk0 + half, empty_clk);
@@ -531,8 +531,10 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
         mbar_init(&x.ds_full[i], kConsumers * kThreads);
         mbar_init(&x.ds_empty[i], kConsumers * kThreads);
       }
-      mbar_init(&x.dq_full, kConsumers * kThreads);
-      mbar_init(&x.dq_empty, 1);
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(&x.dq_full[i], kConsumers * kThreads);
+        mbar_init(&x.dq_empty[i], 1);
+      }
       fence_mbar_init();
       tma_load_2d(x.kt, &maps.kt, cta.block * kCtaRows, cta.bh_kv * kHeadDim, &s.kv_full);
     }
@@ -542,7 +544,8 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
-    if (threadIdx.x == 0 || (DQ && threadIdx.x == 32)) {  // the loads' issuer; the reducer, a thread of another warp
+    // the loads' issuer; the two reducers, a thread of each of two other warps
+    if (threadIdx.x == 0 || (DQ && (threadIdx.x == 32 || threadIdx.x == 64))) {
       const CtaCoords cta = coords();
       const int group = p.h / p.h_kv, b = cta.bh_kv / p.h_kv, h_kv = cta.bh_kv % p.h_kv;
       const int64_t bh0 = int64_t(b) * p.h + int64_t(h_kv) * group;
@@ -551,8 +554,8 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
       const Walk<STAGES, Sched> walk(Sched(start_n, p.n, p.causal), second, bh0, group);
       if constexpr (DQ) {
-        if (threadIdx.x == 32) {
-          reduce_dq<ORDERED>(dq_smem(s), p, walk, cta.block);
+        if (threadIdx.x != 0) {
+          reduce_dq<ORDERED>(dq_smem(s), p, walk, cta.block, threadIdx.x / 32 - 1);
           return;
         }
       }

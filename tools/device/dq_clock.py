@@ -28,6 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
          "spun", "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1")
+"""The counters of a CTA as ``ClockSlot`` lays them out: reducer 0's (with ``where`` and the consumers'), then reducer
+1's the same way (``where`` and the consumers' slots unused there)."""
+REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles", "spun",
+           "turn_max_clk")
 
 
 def read(lib, ctas: int, slots: int) -> np.ndarray:
@@ -41,23 +45,28 @@ def read(lib, ctas: int, slots: int) -> np.ndarray:
 def summary(raw: np.ndarray, blocks: int) -> dict:
     """The shares and distributions the module docstring names, from one launch's counters (rows in blockIdx order,
     which is launch order)."""
+    n = len(SLOTS)
     col = {name: raw[:, i].astype(np.float64) for i, name in enumerate(SLOTS)}
+    for name in REDUCER:  # both reducers' summed (times, tiles, counts); their spans side by side
+        col[name] = col[name] + raw[:, n + SLOTS.index(name)].astype(np.float64)
+    col["turn_max_clk"] = np.maximum(raw[:, SLOTS.index("turn_max_clk")], raw[:, n + SLOTS.index("turn_max_clk")])
     live = col["tiles"] > 0
     where = raw[:, 0]
     block = (where & 0xFFFF).astype(np.int64)
-    cta_ns = col["end_ns"] - col["start_ns"]
-    clk_per_ns = (col["end_clk"] - col["start_clk"])[live].sum() / cta_ns[live].sum()
-    total_clk = cta_ns[live].sum() * clk_per_ns
+    first = np.minimum(raw[:, 1], np.where(raw[:, n + 1] > 0, raw[:, n + 1], raw[:, 1])).astype(np.float64)
+    last = np.maximum(raw[:, 2], raw[:, n + 2]).astype(np.float64)
+    reducer_ns = col["end_ns"] - col["start_ns"]  # both reducers' time: the denominator of every share
+    clk_per_ns = (col["end_clk"] - col["start_clk"])[live].sum() / reducer_ns[live].sum()
+    total_clk = reducer_ns[live].sum() * clk_per_ns
 
-    def share(*names):
-        return round(float(sum(col[n][live].sum() for n in names) / total_clk), 4)
+    def share(*names):  # of the reducers' time for theirs; for the consumers' (two, as many), of theirs
+        return round(float(sum(col[name][live].sum() for name in names) / total_clk), 4)
 
     out = dict(ctas=int(live.sum()), tiles=int(col["tiles"].sum()), ghz=round(float(clk_per_ns), 3),
-               span_ms=round(float((col["end_ns"][live].max() - col["start_ns"][live].min()) / 1e6), 4),
-               cta_ms_sum=round(float(cta_ns[live].sum() / 1e6), 3),
+               span_ms=round(float((last[live].max() - first[live].min()) / 1e6), 4),
+               cta_ms_sum=round(float((last - first)[live].sum() / 1e6), 3),
                turn=share("turn_clk"), full=share("full_clk"), count=share("count_clk"), read=share("read_clk"),
-               empty=round(share("empty_clk0", "empty_clk1") / 2, 4),
-               peer=round(share("peer_clk0", "peer_clk1") / 2, 4),
+               empty=share("empty_clk0", "empty_clk1"), peer=share("peer_clk0", "peer_clk1"),
                spun=int(col["spun"].sum()), turn_max_us=round(float(col["turn_max_clk"].max() / clk_per_ns / 1e3), 2))
     # turn waits by key block (eighths of the sequence) and by launch position (tenths), as µs per CTA
     eighth = np.minimum(block * 8 // max(blocks, 1), 7)
