@@ -405,8 +405,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
     :func:`ordered_section_heads`). ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls
     (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order
-    alone, 4 a relaxed count after the writes). ``q8t``, ``do8t`` (fragment order) and ``irs`` as
-    ``dkdv_factored``'s."""
+    alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the counters read relaxed, not acquired).
+    ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,

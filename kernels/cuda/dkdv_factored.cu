@@ -213,8 +213,12 @@ struct DqClock {
 // the counter's generic accesses and the bulk-copy engine's; the others are cuda_dv_bench.py's controls, to see what
 // each step costs: the same without the proxy fences; FA3's (a release once the add has read its shared memory, no
 // fences: its writes may still be on their way); the launch order alone (no waits, no counts: the adds in any order);
-// and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's).
-enum DqSync : int { kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4 };
+// and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's); then kWritten and
+// that relaxed count each with the turns read relaxed (no CCTL.IVALL: wait_count).
+enum DqSync : int {
+  kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
+  kRelaxed = 6
+};
 
 // The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
 // j % 2 == r; per tile, once both consumers have written its dQ product (dq_full[r]), its 32 KB added into dq_acc,
@@ -228,15 +232,18 @@ template <bool ORDERED, int STAGES, typename Sched>
 __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block,
                                           int r) {
   const int blocks = p.n_pad / kCtaRows;
-  const bool ordered = ORDERED && p.dq_sync != kOrderOnly, fence = p.dq_sync == kWritten;
+  const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
+  const bool fence = p.dq_sync == kWritten || p.dq_sync == kWrittenRelaxedPoll || p.dq_sync == kRelaxed;
+  const bool acquire = p.dq_sync < kWrittenRelaxedPoll;
   auto wait_turn = [&](const int* counter, int value) {  // how many times it read the counter
-    return fence ? wait_count<true>(counter, value) : wait_count<false>(counter, value);
+    if (acquire) return fence ? wait_count<true>(counter, value) : wait_count<false>(counter, value);
+    return wait_count<true, false>(counter, value);
   };
   auto count = [&](int* counter) {
-    if (fence) {
-      release_count<true>(counter);
-    } else if (p.dq_sync == kWrittenRelaxed) {
+    if (p.dq_sync == kWrittenRelaxed || p.dq_sync == kRelaxed) {
       count_relaxed(counter);
+    } else if (fence) {
+      release_count<true>(counter);
     } else {
       release_count<false>(counter);
     }

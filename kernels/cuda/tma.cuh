@@ -76,14 +76,19 @@ __device__ __forceinline__ void bulk_wait() {
 }
 
 // A counter in global memory that orders work across CTAs (a semaphore): one thread spins until it reaches `value`
-// (acquire: what the releasing CTAs wrote before their increments is visible after it; returns how many reads it
-// took), or adds 1 to it (release). FENCE: a proxy fence orders the bulk-copy engine's accesses (the async proxy) with
-// these generic ones.
-template <bool FENCE>
+// (returns how many reads it took), or adds 1 to it (release). ACQUIRE: each read an acquire (ptxas: a strong load and
+// CCTL.IVALL, an invalidation of the SM's whole L1 per read); else relaxed strong reads, enough where what follows the
+// wait is the bulk-copy engine's work on data whose writes completed before the count (no generic load of it through
+// L1). FENCE: a proxy fence orders the bulk-copy engine's accesses (the async proxy) with these generic ones.
+template <bool FENCE, bool ACQUIRE = true>
 __device__ __forceinline__ int wait_count(const int* counter, int value) {
   int seen, reads = 0;
   do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    if (ACQUIRE) {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    } else {
+      asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    }
     ++reads;
   } while (seen < value);
   if (FENCE) asm volatile("fence.proxy.async.global;\n" ::: "memory");
