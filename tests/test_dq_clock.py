@@ -32,7 +32,7 @@ def test_summary_shares_and_distributions():
     """Two CTAs of 1 ms each at 2 cycles per ns, their two reducers alike: the reducers' shares are their counters over
     2 x 4e6 cycles, the consumers' theirs over as much (two consumers), by hand."""
     dq_clock = _module()
-    raw = np.zeros((3, 32), dtype=np.uint64)  # the third CTA ran no tile (a padded grid): left out
+    raw = np.zeros((3, 40), dtype=np.uint64)  # the third CTA ran no tile (a padded grid): left out
     for i, (block, turn, full, spun) in enumerate(((3, 400_000, 200_000, 5), (0, 1_200_000, 0, 7))):
         raw[i, 0] = block | (i << 16) | (7 << 32)
         raw[i, 1], raw[i, 2] = 10_000_000, 11_000_000  # ns
@@ -40,7 +40,8 @@ def test_summary_shares_and_distributions():
         raw[i, 5], raw[i, 6], raw[i, 7], raw[i, 8] = turn, full, 100_000, 20_000
         raw[i, 9], raw[i, 10], raw[i, 11] = 10, spun, turn // 2
         raw[i, 12], raw[i, 13], raw[i, 14], raw[i, 15] = 300_000, 100_000, 40_000, 0
-        raw[i, 17:28] = raw[i, 1:12]  # reducer 1: the same times and counts
+        raw[i, 16], raw[i, 17], raw[i, 18], raw[i, 19] = 80_000, 120_000, 1_800_000, 1_800_000
+        raw[i, 21:32] = raw[i, 1:12]  # reducer 1: the same times and counts
     got = dq_clock.summary(raw, blocks=4)
     assert got["ctas"] == 2 and got["tiles"] == 40 and got["ghz"] == 2.0
     assert got["span_ms"] == 1.0 and got["cta_ms_sum"] == 2.0
@@ -48,6 +49,7 @@ def test_summary_shares_and_distributions():
     assert got["count"] == pytest.approx(0.05) and got["read"] == pytest.approx(0.01)
     # per consumer: both CTAs wait 300k + 100k (empty) and 40k + 0 (peer) cycles over two consumers
     assert got["empty"] == pytest.approx(2 * 400_000 / 4e6 / 2) and got["peer"] == pytest.approx(2 * 40_000 / 4e6 / 2)
+    assert got["stage"] == pytest.approx(2 * 200_000 / 8e6) and got["consumer_ms_sum"] == pytest.approx(1.8)
     assert got["spun"] == 24 and got["turn_max_us"] == 300.0
     # block 3 is in the last eighth of 4 blocks (3 * 8 // 4 = 6), block 0 in the first: µs per CTA, both reducers
     assert got["turn_us_by_block_eighth"][0] == 1200.0 and got["turn_us_by_block_eighth"][6] == 400.0

@@ -35,22 +35,22 @@
 // CTA's keys, loaded once, its keys in fragment order as the dŜ tile's columns are written; each 64-key half from zero
 // and the two added in FP32, as dq_factored.cu promotes per key tile), arrives on `ds_empty`, writes the product into
 // the shared FP32 dQ tile once `dq_empty` says the last one was read, and arrives on `dq_full`. Two threads of the
-// producer warpgroup (the reducers) walk the same tiles, each taking every other one, and per tile wait for
-// `dq_full`, add the 32 KB into dq_acc by the bulk-copy engine's reduction (cp.reduce.async.bulk .add.f32) and, once
-// it has been read, arrive on `dq_empty` (a barrier pair per reducer: tile j's are [j % 2]). dm_dkdv_dq_epilogue then writes dQ with dq_factored.cu's epilogue arithmetic. On the H200
-// (kernels/NOTES.md, session 12) this form takes 5.55 ms against 3.67 + 2.16 for the dK/dV and dQ launches; the forms
-// timed beside it lost: the consumers meeting at two named barriers per tile (5.57 ms), each consumer reducing its own
-// 64-key product (twice the reduce traffic: L2 bound, 5.99 ms), and the dQ product issued with dK's into one 128-deep
-// accumulator (6.97 ms, 128 B spilled, 10× dQ's error). The FP32 adds land in any order, so dQ is not bit-reproducible;
-// dK and dV stay Triton's bits.
+// producer warpgroup (the reducers) walk the same tiles, each taking every other one, and per tile wait for `dq_full`,
+// add the 32 KB into dq_acc by the bulk-copy engine's reduction (cp.reduce.async.bulk .add.f32) and, once it has been
+// read, arrive on `dq_empty` (a barrier pair per reducer: tile j's are [j % 2]). dm_dkdv_dq_epilogue then writes dQ
+// with dq_factored.cu's epilogue arithmetic. On the H200 (kernels/NOTES.md, session 12) this form took 5.55 ms against
+// 3.67 + 2.16 for the dK/dV and dQ launches; the forms timed beside it lost: the consumers meeting at two named
+// barriers per tile (5.57 ms), each consumer reducing its own 64-key product (twice the reduce traffic: L2 bound, 5.99
+// ms), and the dQ product issued with dK's into one 128-deep accumulator (6.97 ms, 128 B spilled, 10× dQ's error). The
+// FP32 adds land in any order, so dQ is not bit-reproducible; dK and dV stay Triton's bits.
 //
 // Ordered (`ORDERED`, the kernel ..._dq_ordered, where dq_sem is set: FA3's deterministic mode): the adds into each
 // query tile land in decreasing key blocks. The CTAs map to key blocks from the last (the shortest first, FA3's SPT
 // order), kv heads interleaved in sections that fit in L2 (cta_coords); each half walks its tiles in increasing order
 // (IncreasingSchedule: the diagonal first), so that a key block reaches a query tile two tiles after the next block
-// does; the tile's reducer waits on the tile's counter for the blocks after its own and counts itself once its add
-// has completed. Every CTA waited for was launched earlier, so no wait can deadlock. dQ is then bit-reproducible; dK and
-// dV sum their tiles in that increasing order, not Triton's bits (within FP32 round-off). On the H200 (session 14) the
+// does; the tile's reducer waits on the tile's counter for the blocks after its own and counts itself once its add has
+// completed. Every CTA waited for was launched earlier, so no wait can deadlock. dQ is then bit-reproducible; dK and dV
+// sum their tiles in that increasing order, not Triton's bits (within FP32 round-off). On the H200 (session 14) the
 // waits cost ≈ 0.3 ms of its 5.2: 1.8% faster than the dK/dV and dQ launches, 8% slower than any order.
 #include <cuda_runtime.h>
 
@@ -175,6 +175,8 @@ enum ClockSlot : int {  // reducer 1's from kReducerSlots on, the same way; the 
   kTurnMaxClk,       // its longest wait for a turn
   kEmptyClk0, kEmptyClk1,  // each consumer's cycles waiting for the reducer to read the dQ buffer (dq_empty)
   kPeerClk0, kPeerClk1,    // each consumer's cycles waiting for the other's dŜ (ds_full)
+  kStageClk0, kStageClk1,  // each consumer's cycles waiting for its stages' loads (full)
+  kLoopClk0, kLoopClk1,    // each consumer's cycles in its tile loop
   kReducerSlots,
 };
 #ifdef DM_DQ_CLOCK
@@ -214,10 +216,11 @@ struct DqClock {
 // each step costs: the same without the proxy fences; FA3's (a release once the add has read its shared memory, no
 // fences: its writes may still be on their way); the launch order alone (no waits, no counts: the adds in any order);
 // and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's); then kWritten and
-// that relaxed count each with the turns read relaxed (no CCTL.IVALL: wait_count).
+// that relaxed count each with the turns read relaxed (no CCTL.IVALL: wait_count); then kWritten's count without its
+// wait, and its wait's read without the count (a turn always reached): each half alone, the adds in any order.
 enum DqSync : int {
   kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
-  kRelaxed = 6
+  kRelaxed = 6, kCountOnly = 7, kReadOnly = 8
 };
 
 // The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
@@ -233,8 +236,9 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
                                           int r) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
-  const bool fence = p.dq_sync == kWritten || p.dq_sync == kWrittenRelaxedPoll || p.dq_sync == kRelaxed;
-  const bool acquire = p.dq_sync < kWrittenRelaxedPoll;
+  const bool waits = p.dq_sync != kCountOnly, counts = p.dq_sync != kReadOnly;
+  const bool fence = p.dq_sync == kWritten || p.dq_sync >= kWrittenRelaxedPoll;
+  const bool acquire = p.dq_sync < kWrittenRelaxedPoll || p.dq_sync >= kCountOnly;
   auto wait_turn = [&](const int* counter, int value) {  // how many times it read the counter
     if (acquire) return fence ? wait_count<true>(counter, value) : wait_count<false>(counter, value);
     return wait_count<true, false>(counter, value);
@@ -255,9 +259,11 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
-    if (ordered) {
+    if (ordered && waits) {
       const auto t0 = DqClock::now();
-      spun += wait_turn(p.dq_sem + tile, (p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1) - block) > 1;
+      const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
+      const int turn = p.dq_sync == kReadOnly ? 0 : last - block;
+      spun += wait_turn(p.dq_sem + tile, turn) > 1;
       const unsigned waited = unsigned(DqClock::now() - t0);
       turn_clk += waited;
       turn_max = max(turn_max, waited);
@@ -269,7 +275,7 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty[r]);
     const auto t3 = DqClock::now();
-    if (ordered) {
+    if (ordered && counts) {
       if (p.dq_sync != kRead) bulk_wait<0>();  // its writes complete (FA3's counts once read)
       count(p.dq_sem + tile);
     }
@@ -378,8 +384,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     int64_t head = -1;
     Tile t;
     bool use;
-    unsigned empty_clk = 0, peer_clk = 0;  // DqClock's counts
-    for (uint32_t j = 0; ring.next(s.info, s.full, half, t, use); ++j) {
+    unsigned empty_clk = 0, peer_clk = 0, stage_clk = 0;  // DqClock's counts
+    const auto loop_start = DqClock::now();
+    for (uint32_t j = 0;; ++j) {
+      const auto c = DqClock::now();
+      if (!ring.next(s.info, s.full, half, t, use)) break;
+      stage_clk += unsigned(DqClock::now() - c);
       const int buf = j % 2;
       const uint32_t turn = (j / 2) & 1;  // ds[buf]'s phase for tile j
       uint8_t* ds = x.ds[buf];
@@ -437,6 +447,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     if (t_in_group == 0) {
       DqClock::put(kEmptyClk0 + half, empty_clk);
       DqClock::put(kPeerClk0 + half, peer_clk);
+      DqClock::put(kStageClk0 + half, stage_clk);
+      DqClock::put(kLoopClk0 + half, DqClock::now() - loop_start);
     }
     if (head >= 0) epilogue(dv, dk, head);  // else no key of this half below N
     return;

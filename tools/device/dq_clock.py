@@ -7,7 +7,8 @@ shares of it the reducer spent waiting for tiles' turns, for the consumers' prod
 buffer and for its last add's writes;
 the consumers' waits for the reducer (``dq_empty``) and for each other (``ds_full``); how many turns were not reached at
 the first poll; then the turn waits by key block (in eighths of the sequence) and by launch position (in tenths).
-Forms: any order, ordered with the launch order only (sync 3, the control), ordered (sync 0). The counters cost a few
+Forms: any order, ordered with the launch order only (sync 3, the control), ordered (sync 0), its count alone (7)
+and its wait's read alone (8). The counters cost a few
 instructions per tile (the reducer's registers are few), so the times are not the plain library's; the shares are what
 to read.
 
@@ -27,11 +28,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
-         "spun", "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1")
+         "spun", "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1", "stage_clk0", "stage_clk1",
+         "loop_clk0", "loop_clk1")
 """The counters of a CTA as ``ClockSlot`` lays them out: reducer 0's (with ``where`` and the consumers'), then reducer
 1's the same way (``where`` and the consumers' slots unused there)."""
-REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles", "spun",
-           "turn_max_clk")
+REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
+           "spun", "turn_max_clk")
 
 
 def read(lib, ctas: int, slots: int) -> np.ndarray:
@@ -67,6 +69,8 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
                cta_ms_sum=round(float((last - first)[live].sum() / 1e6), 3),
                turn=share("turn_clk"), full=share("full_clk"), count=share("count_clk"), read=share("read_clk"),
                empty=share("empty_clk0", "empty_clk1"), peer=share("peer_clk0", "peer_clk1"),
+               stage=share("stage_clk0", "stage_clk1"),
+               consumer_ms_sum=round(float((col["loop_clk0"] + col["loop_clk1"])[live].sum() / clk_per_ns / 2e6), 3),
                spun=int(col["spun"].sum()), turn_max_us=round(float(col["turn_max_clk"].max() / clk_per_ns / 1e3), 2))
     # turn waits by key block (eighths of the sequence) and by launch position (tenths), as µs per CTA
     eighth = np.minimum(block * 8 // max(blocks, 1), 7)
@@ -112,7 +116,9 @@ def main(argv=None) -> int:
             ops["qk"], ops["scale"], irs=m["irs"], ordered=ordered, sync=sync)
 
     rows = []
-    for form, ordered, sync in (("any", False, 0), ("order_only", True, 3), ("ordered", True, 0)):
+    forms = (("any", False, 0), ("order_only", True, 3), ("ordered", True, 0), ("count_only", True, 7),
+             ("read_only", True, 8))
+    for form, ordered, sync in forms:
         for rep in range(args.repeats):
             for _ in range(3):
                 launch(ordered, sync)
