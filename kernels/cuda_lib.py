@@ -44,6 +44,10 @@ from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
 ABI_VERSION = 10
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
+DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
+"""Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
+tools/device/cuda_dv_bench.py, so that the tests and the autograd path can run one; default 0)."""
+DQ_SYNC_MAX = 10
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
 TILE_M, TILE_K = 64, 128
@@ -393,7 +397,7 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
                     lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
                     softmax_scale: float, dtype: torch.dtype = torch.bfloat16, variant: str = "ws3",
                     irs: torch.Tensor | None = None, ordered: bool = True, section_heads: int | None = None,
-                    sync: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    sync: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
     (B, H_kv, D), in fragment order: ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the
@@ -405,10 +409,15 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
     :func:`ordered_section_heads`). ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls
     (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order
-    alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the counters read relaxed, not acquired).
+    alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the counters read relaxed, not acquired, 7
+    the counts without the waits, 8 the waits' reads without the counts, 9 no fence at all, 10 its reads alone).
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
+    if sync is None:
+        sync = int(os.environ.get(DQ_SYNC_ENV) or 0)
+    if not 0 <= sync <= DQ_SYNC_MAX:
+        raise ValueError(f"sync = {sync} (or ${DQ_SYNC_ENV}): expected 0 .. {DQ_SYNC_MAX} (DqSync)")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs, ordered=ordered,
                  section_heads=section_heads, sync=sync)

@@ -217,10 +217,12 @@ struct DqClock {
 // fences: its writes may still be on their way); the launch order alone (no waits, no counts: the adds in any order);
 // and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's); then kWritten and
 // that relaxed count each with the turns read relaxed (no CCTL.IVALL: wait_count); then kWritten's count without its
-// wait, and its wait's read without the count (a turn always reached): each half alone, the adds in any order.
+// wait, and its wait's read without the count (a turn always reached): each half alone, the adds in any order; then
+// kWritten with no fence at all (relaxed reads, no proxy fences, a relaxed count once written), and that form's read
+// alone.
 enum DqSync : int {
   kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
-  kRelaxed = 6, kCountOnly = 7, kReadOnly = 8
+  kRelaxed = 6, kCountOnly = 7, kReadOnly = 8, kBare = 9, kBareReadOnly = 10
 };
 
 // The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
@@ -236,15 +238,18 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
                                           int r) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
-  const bool waits = p.dq_sync != kCountOnly, counts = p.dq_sync != kReadOnly;
-  const bool fence = p.dq_sync == kWritten || p.dq_sync >= kWrittenRelaxedPoll;
-  const bool acquire = p.dq_sync < kWrittenRelaxedPoll || p.dq_sync >= kCountOnly;
+  const bool waits = p.dq_sync != kCountOnly;
+  const bool counts = p.dq_sync != kReadOnly && p.dq_sync != kBareReadOnly;
+  const bool bare = p.dq_sync >= kBare;
+  const bool fence = !bare && (p.dq_sync == kWritten || p.dq_sync >= kWrittenRelaxedPoll);
+  const bool acquire = !bare && (p.dq_sync < kWrittenRelaxedPoll || p.dq_sync >= kCountOnly);
   auto wait_turn = [&](const int* counter, int value) {  // how many times it read the counter
+    if (bare) return wait_count<false, false>(counter, value);
     if (acquire) return fence ? wait_count<true>(counter, value) : wait_count<false>(counter, value);
     return wait_count<true, false>(counter, value);
   };
   auto count = [&](int* counter) {
-    if (p.dq_sync == kWrittenRelaxed || p.dq_sync == kRelaxed) {
+    if (p.dq_sync == kWrittenRelaxed || p.dq_sync == kRelaxed || bare) {
       count_relaxed(counter);
     } else if (fence) {
       release_count<true>(counter);
@@ -262,7 +267,7 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
     if (ordered && waits) {
       const auto t0 = DqClock::now();
       const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
-      const int turn = p.dq_sync == kReadOnly ? 0 : last - block;
+      const int turn = counts ? last - block : 0;
       spun += wait_turn(p.dq_sem + tile, turn) > 1;
       const unsigned waited = unsigned(DqClock::now() - t0);
       turn_clk += waited;
