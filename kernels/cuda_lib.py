@@ -47,7 +47,7 @@ ABI_VERSION = 10
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
 tools/device/cuda_dv_bench.py, so that the tests and the autograd path can run one; default 0)."""
-DQ_SYNC_MAX = 10
+DQ_SYNC_MAX = 12
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
 TILE_M, TILE_K = 64, 128
@@ -410,7 +410,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     :func:`ordered_section_heads`). ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls
     (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order
     alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the counters read relaxed, not acquired, 7
-    the counts without the waits, 8 the waits' reads without the counts, 9 no fence at all, 10 its reads alone).
+    the counts without the waits, 8 the waits' reads without the counts, 9 no fence at all, 10 its reads alone, 11
+    FA3's count once read with no fence, 12 9's wait for the writes without its count).
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")

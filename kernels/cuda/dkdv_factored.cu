@@ -218,11 +218,11 @@ struct DqClock {
 // and a relaxed count once the writes have completed (no fences, no MEMBAR.GPU: the release's); then kWritten and
 // that relaxed count each with the turns read relaxed (no CCTL.IVALL: wait_count); then kWritten's count without its
 // wait, and its wait's read without the count (a turn always reached): each half alone, the adds in any order; then
-// kWritten with no fence at all (relaxed reads, no proxy fences, a relaxed count once written), and that form's read
-// alone.
+// kWritten with no fence at all (relaxed reads, no proxy fences, a relaxed count once written), that form's read
+// alone, FA3's count once read with no fence at all, and kBare's wait for the writes without its count.
 enum DqSync : int {
   kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
-  kRelaxed = 6, kCountOnly = 7, kReadOnly = 8, kBare = 9, kBareReadOnly = 10
+  kRelaxed = 6, kCountOnly = 7, kReadOnly = 8, kBare = 9, kBareReadOnly = 10, kBareRead = 11, kBareWriteWait = 12
 };
 
 // The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
@@ -239,7 +239,7 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
   const bool waits = p.dq_sync != kCountOnly;
-  const bool counts = p.dq_sync != kReadOnly && p.dq_sync != kBareReadOnly;
+  const bool counts = p.dq_sync != kReadOnly && p.dq_sync != kBareReadOnly && p.dq_sync != kBareWriteWait;
   const bool bare = p.dq_sync >= kBare;
   const bool fence = !bare && (p.dq_sync == kWritten || p.dq_sync >= kWrittenRelaxedPoll);
   const bool acquire = !bare && (p.dq_sync < kWrittenRelaxedPoll || p.dq_sync >= kCountOnly);
@@ -280,9 +280,9 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty[r]);
     const auto t3 = DqClock::now();
-    if (ordered && counts) {
-      if (p.dq_sync != kRead) bulk_wait<0>();  // its writes complete (FA3's counts once read)
-      count(p.dq_sem + tile);
+    if (ordered && (counts || p.dq_sync == kBareWriteWait)) {
+      if (p.dq_sync != kRead && p.dq_sync != kBareRead) bulk_wait<0>();  // its writes complete (FA3's: once read)
+      if (counts) count(p.dq_sem + tile);
     }
     full_clk += unsigned(t2 - t1);
     read_clk += unsigned(t3 - t2);

@@ -284,14 +284,14 @@ def test_the_permutation_turns_accumulator_order_into_the_a_fragment():
     assert _acc_to_a_fragment(acc) == [word([16 * g + 4 * q + i for i in range(4)]) for g, q in lanes]
 
 
-@pytest.mark.parametrize("sync, env", [(11, None), (-1, None), (None, "12")])
+@pytest.mark.parametrize("sync, env", [(13, None), (-1, None), (None, "14")])
 def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
-    """dqdkdv_factored's ``sync`` (or $DELTAMATCH_KERNEL_DQ_SYNC) outside DqSync's 0 .. 10: a ValueError before any
+    """dqdkdv_factored's ``sync`` (or $DELTAMATCH_KERNEL_DQ_SYNC) outside DqSync's 0 .. 12: a ValueError before any
     launch, so it needs no GPU."""
     if env is None:
         monkeypatch.delenv(cuda_lib.DQ_SYNC_ENV, raising=False)
     else:
         monkeypatch.setenv(cuda_lib.DQ_SYNC_ENV, env)
     t = torch.empty(0)
-    with pytest.raises(ValueError, match=r"sync = -?\d+ .*DELTAMATCH_KERNEL_DQ_SYNC.*0 \.\. 10"):
+    with pytest.raises(ValueError, match=r"sync = -?\d+ .*DELTAMATCH_KERNEL_DQ_SYNC.*0 \.\. 12"):
         cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, sync=sync)
