@@ -478,8 +478,9 @@ DQ_ORDERED_SWITCH = "DELTAMATCH_KERNEL_DQ_ORDERED"
 """``1``: ``matched_factored``'s CUDA backward forms dQ inside its dK/dV launch with the adds into each query tile in
 one order (``cuda_lib.dqdkdv_factored(ordered=True)``, FA3's deterministic mode): dQ bit-reproducible, one launch
 fewer; its dK and dV sum their query tiles in increasing order, so they are not Triton's bits (within FP32 round-off).
-Off by default: on the H200 its waits cost about what saving the dQ launch gains (kernels/NOTES.md, session 14).
-:data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
+Off by default: on the H200 it costs about what saving the dQ launch gains (kernels/NOTES.md, session 14), unless
+``cuda_lib.DQ_SYNC_ENV`` is 11 (FA3's count once read: 2.9% a step faster than the default, session 15; its order
+rests on the L2 applying adds in issue order). :data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
 
 
 def dq_ordered_requested() -> bool:
