@@ -219,7 +219,8 @@ struct DqClock {
 // that relaxed count each with the turns read relaxed (no CCTL.IVALL: wait_count); then kWritten's count without its
 // wait, and its wait's read without the count (a turn always reached): each half alone, the adds in any order; then
 // kWritten with no fence at all (relaxed reads, no proxy fences, a relaxed count once written), that form's read
-// alone, FA3's count once read with no fence at all, and kBare's wait for the writes without its count.
+// alone, FA3's count once read with no fence at all (kBareRead: as fast as the launch order alone, session 15; its
+// order rests on the L2 applying two adds in the order they were issued), and kBare's wait for the writes alone.
 enum DqSync : int {
   kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
   kRelaxed = 6, kCountOnly = 7, kReadOnly = 8, kBare = 9, kBareReadOnly = 10, kBareRead = 11, kBareWriteWait = 12
@@ -232,7 +233,8 @@ enum DqSync : int {
 // those at or before it) have added theirs; after the add it counts itself on the tile's counter (dq_sync says when).
 // Two, so that each has two tiles' time for its serial steps: the add's read (≈ 1 µs of a 2.3 µs tile on the H200), the
 // turn (an acquire round trip) and the wait for the add's writes (L2's reduction, 2-3 µs under load) — one reducer
-// made the ordered form wait on them (session 15, tools/device/dq_clock.py).
+// made the ordered form wait on them (session 15, tools/device/dq_clock.py). What two left of its cost is the wait
+// for the writes itself (or an acquire or proxy fence in the read): once a tile it slows the consumers' loops ≈ 6%.
 template <bool ORDERED, int STAGES, typename Sched>
 __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block,
                                           int r) {
