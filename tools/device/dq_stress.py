@@ -1,0 +1,76 @@
+"""Is the ordered dQ-in-dK/dV form's order kept under load? Many launches of ``cuda_lib.dqdkdv_factored(ordered=True)``
+at several shapes, section sizes and ``sync`` forms, every dQ compared bit for bit with the first launch of its shape
+(sync 0 waits for each add's writes before counting it, the order the memory model guarantees; sync 11 counts an add
+once the bulk copy has read it, FA3's discipline: the same order, if the L2 applies two adds into a tile in the order
+they were issued). One JSON row per (shape, sync, sections) on stdout and in ``--out``: launches, how many dQ differ
+from the reference bits, the worst relative difference. GQA, non-causal and ragged shapes are in the GPU tests
+(``test_ordered_dq_is_bit_reproducible_however_the_launch_is_sectioned``); this is the long run at full size.
+
+Usage (repo root, on the H200): ``python3 tools/device/dq_stress.py --out FILE [--repeats 200] [--syncs 0 11]``.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SHAPES = ((8192, 64), (16384, 32), (4096, 128))
+"""(N, B·H), causal, D = 128, 16 heads a batch: the reference shape, a longer one, a wider one."""
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="JSONL file for the rows")
+    parser.add_argument("--repeats", type=int, default=200, help="launches per (shape, sync, sections)")
+    parser.add_argument("--syncs", type=int, nargs="+", default=[0, 11])
+    parser.add_argument("--sections", type=int, nargs="+", default=[0, 1, 2, 4],
+                        help="kv heads interleaved per section (0: ordered_section_heads' choice)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("dq_stress.py needs the H200 (a CUDA device and the library built by dm-cuda-build)")
+    from deltamatch.kernels import cuda_lib
+
+    import cuda_dv_bench as bench
+
+    rows = []
+    for n, bh in SHAPES:
+        h = 16
+        ops = bench.operands(bh // h, h, n, 128, causal=True)
+        m = bench.matched_operands(ops)
+        s = ops["saved"]
+
+        def launch(sync, sections):
+            return cuda_lib.dqdkdv_factored(
+                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"],
+                s["sv"], ops["sdo"], m["sqc"], ops["sdoc"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"],
+                True, ops["qk"], ops["scale"], irs=m["irs"], ordered=True, section_heads=sections or None,
+                sync=sync)[0]
+
+        reference = launch(0, 0).clone()
+        torch.cuda.synchronize()
+        for sync in args.syncs:
+            for sections in args.sections:
+                differ, worst = 0, 0.0
+                for _ in range(args.repeats):
+                    dq = launch(sync, sections)
+                    if not torch.equal(dq, reference):
+                        differ += 1
+                        worst = max(worst, float((dq.double() - reference.double()).norm() / reference.double().norm()))
+                row = dict(n=n, b_h=bh, causal=True, sync=sync, sections=sections, launches=args.repeats,
+                           differ=differ, worst_rel=worst)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    bad = sum(r["differ"] for r in rows)
+    print(f"{sum(r['launches'] for r in rows)} launches, {bad} with other dQ bits than their shape's first")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
