@@ -98,6 +98,8 @@ HOW = {
     "dm-kernel-check --cuda": "fragment: dm-kernel-check's parser (tests/kernels/test_cuda_build.py::"
                               "test_dm_kernel_check_cuda_prints_the_rows runs it)",
     "dm-publish --citation": "fragment: dm-publish's parser",
+    "dm-cuda-build --out build/cuda_clock --define DM_DQ_CLOCK": "parse: the diagnostic build's macro and folder (nvcc; "
+    "tests/test_dq_clock.py::test_a_diagnostic_build_needs_its_own_folder checks its guard)",
     "dm-sweep --config": "fragment: dm-sweep's parser",
     "pytest -m gpu tests/kernels tests/models": "parse: registered marker, marked tests there (they need an sm90 GPU)",
     ".venv/bin/pytest -m cluster tests/cluster": "parse: registered marker, marked tests there (the suite runs them)",
@@ -462,6 +464,8 @@ def test_options_named_in_sentences_parse(tmp_path):
     assert parse("dm-sweep", [*_words("dm-sweep --config")[1:], "sweep.yaml"]).config == "sweep.yaml"
     assert parse("dm-kernel-check", [*_words("dm-kernel-check --gpu-tests")[1:], "tests/kernels"]).gpu_tests
     assert parse("dm-kernel-check", _words("dm-kernel-check --cuda")[1:]).cuda
+    clock = parse("dm-cuda-build", _words("dm-cuda-build --out build/cuda_clock --define DM_DQ_CLOCK")[1:])
+    assert clock.define == ["DM_DQ_CLOCK"] and clock.out == "build/cuda_clock"
     args = parse("dm-publish", ["--checkpoint", "ckpt", "--repo-id", "me/x", *_words("dm-publish --citation")[1:],
                                 "reports/paper_reported.yaml", "--dry-run", "--out", str(tmp_path)])
     assert args.citation == "reports/paper_reported.yaml"
