@@ -48,6 +48,7 @@ DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
 tools/device/cuda_dv_bench.py, so that the tests and the autograd path can run one; default 0)."""
 DQ_SYNC_MAX = 12
+"""The last of ``DqSync`` in kernels/cuda/dkdv_factored.cu (a test reads it there)."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
 TILE_M, TILE_K = 64, 128
@@ -416,7 +417,10 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     if sync is None:
-        sync = int(os.environ.get(DQ_SYNC_ENV) or 0)
+        setting = os.environ.get(DQ_SYNC_ENV) or "0"
+        if not setting.isdigit():
+            raise ValueError(f"${DQ_SYNC_ENV} = {setting!r}: expected an integer 0 .. {DQ_SYNC_MAX} (DqSync)")
+        sync = int(setting)
     if not 0 <= sync <= DQ_SYNC_MAX:
         raise ValueError(f"sync = {sync} (or ${DQ_SYNC_ENV}): expected 0 .. {DQ_SYNC_MAX} (DqSync)")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,

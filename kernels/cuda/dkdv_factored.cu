@@ -195,10 +195,10 @@ struct DqClock {
   static __device__ __forceinline__ void put(int slot, unsigned long long value, int reducer = 0) {
     slots()[slot + kReducerSlots * reducer] = value;
   }
-  static __device__ __forceinline__ void where(int block, int bh_kv) {
+  static __device__ __forceinline__ void where(int block, int bh) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    put(kWhere, unsigned(block) | (unsigned long long)(bh_kv) << 16 | (unsigned long long)(sm) << 32);
+    put(kWhere, unsigned(block) | (unsigned long long)(bh) << 16 | (unsigned long long)(sm) << 32);
   }
 };
 #else

@@ -7,6 +7,7 @@ where nvcc is missing.
 
 import ctypes
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -284,7 +285,14 @@ def test_the_permutation_turns_accumulator_order_into_the_a_fragment():
     assert _acc_to_a_fragment(acc) == [word([16 * g + 4 * q + i for i in range(4)]) for g, q in lanes]
 
 
-@pytest.mark.parametrize("sync, env", [(13, None), (-1, None), (None, "14")])
+def test_the_dq_sync_bound_is_the_kernels_last():
+    """``cuda_lib.DQ_SYNC_MAX`` is the last value of ``DqSync`` in the kernel's source."""
+    source = (Path(cuda_build.SOURCE_DIR) / "dkdv_factored.cu").read_text()
+    enum = source.split("enum DqSync : int {", 1)[1].split("};", 1)[0]
+    assert max(int(value) for value in re.findall(r"=\s*(\d+)", enum)) == cuda_lib.DQ_SYNC_MAX
+
+
+@pytest.mark.parametrize("sync, env", [(13, None), (-1, None), (None, "14"), (None, "fast")])
 def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
     """dqdkdv_factored's ``sync`` (or $DELTAMATCH_KERNEL_DQ_SYNC) outside DqSync's 0 .. 12: a ValueError before any
     launch, so it needs no GPU."""
@@ -293,5 +301,6 @@ def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
     else:
         monkeypatch.setenv(cuda_lib.DQ_SYNC_ENV, env)
     t = torch.empty(0)
-    with pytest.raises(ValueError, match=r"sync = -?\d+ .*DELTAMATCH_KERNEL_DQ_SYNC.*0 \.\. 12"):
+    with pytest.raises(ValueError, match=r"(sync = -?\d+ .*DELTAMATCH_KERNEL_DQ_SYNC|DELTAMATCH_KERNEL_DQ_SYNC = "
+                                         r"'fast').*0 \.\. 12"):
         cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, sync=sync)

@@ -202,6 +202,25 @@ def dq_rows(ops, args, flop, do_bench):
     return rows
 
 
+def dqdkdv_launcher(ops):
+    """``fused(variant, ordered, sections, sync)``: a closure launching ``cuda_lib.dqdkdv_factored`` on ``ops`` (causal,
+    with matched's δ and row scales), ``sections`` 0 for ``ordered_section_heads``'s choice; dq_clock.py and
+    dq_stress.py launch it too."""
+    from deltamatch.kernels import cuda_lib
+
+    s = ops["saved"]
+    m = matched_operands(ops)
+
+    def fused(variant, ordered, sections, sync):
+        return lambda: cuda_lib.dqdkdv_factored(
+            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
+            ops["sdo"], m["sqc"], ops["sdoc"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True,
+            ops["qk"], ops["scale"], variant=variant, irs=m["irs"], ordered=ordered,
+            section_heads=(sections or None) if ordered else None, sync=sync)
+
+    return fused
+
+
 def dqdkdv_rows(ops, args, flop, do_bench):
     """dQ inside the dK/dV launch (``cuda_lib.dqdkdv_factored``, each of ``DKDV_WITH_DQ``; its adds in any order, then
     ordered with each of ``args.sections`` kv heads interleaved, 0 for ``ordered_section_heads``'s choice) against
@@ -226,12 +245,7 @@ def dqdkdv_rows(ops, args, flop, do_bench):
             return dq, dk, dv
         return launch
 
-    def fused(variant, ordered, sections, sync):
-        return lambda: cuda_lib.dqdkdv_factored(
-            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
-            *common, ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True, ops["qk"], ops["scale"],
-            variant=variant, irs=m["irs"], ordered=ordered, section_heads=(sections or None) if ordered else None,
-            sync=sync)
+    fused = dqdkdv_launcher(ops)
 
     base = dict(promoted=True, b_h=args.bh, n=args.n, d=128, causal=True)
     ref = pair("ws3")()

@@ -33,7 +33,8 @@ SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "ful
 """The counters of a CTA as ``ClockSlot`` lays them out: reducer 0's (with ``where`` and the consumers'), then reducer
 1's the same way (``where`` and the consumers' slots unused there)."""
 REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
-           "spun", "turn_max_clk")
+           "spun")
+"""The counters both reducers keep, summed per CTA (``turn_max_clk``, the longest wait, is their maximum)."""
 
 
 def read(lib, ctas: int, slots: int) -> np.ndarray:
@@ -49,7 +50,7 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
     which is launch order)."""
     n = len(SLOTS)
     col = {name: raw[:, i].astype(np.float64) for i, name in enumerate(SLOTS)}
-    for name in REDUCER:  # both reducers' summed (times, tiles, counts); their spans side by side
+    for name in REDUCER:  # both reducers' summed
         col[name] = col[name] + raw[:, n + SLOTS.index(name)].astype(np.float64)
     col["turn_max_clk"] = np.maximum(raw[:, SLOTS.index("turn_max_clk")], raw[:, n + SLOTS.index("turn_max_clk")])
     live = col["tiles"] > 0
@@ -103,17 +104,12 @@ def main(argv=None) -> int:
     slots = lib.dm_dq_clock_slots()
     os.makedirs(args.out, exist_ok=True)
     h = 16
-    ops = bench.operands(args.bh // h, h, args.n, 128, causal=True)
-    m = bench.matched_operands(ops)
-    s = ops["saved"]
+    fused = bench.dqdkdv_launcher(bench.operands(args.bh // h, h, args.n, 128, causal=True))
     blocks = padded_len(args.n) // 128
     ctas = blocks * args.bh
 
     def launch(ordered, sync):
-        return cuda_lib.dqdkdv_factored(
-            s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
-            ops["sdo"], m["sqc"], ops["sdoc"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True,
-            ops["qk"], ops["scale"], irs=m["irs"], ordered=ordered, sync=sync)
+        return fused("ws3", ordered, 0, sync)()
 
     rows = []
     forms = (("any", False, 0), ("order_only", True, 3), ("ordered", True, 0), ("count_only", True, 7),

@@ -32,23 +32,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("dq_stress.py needs the H200 (a CUDA device and the library built by dm-cuda-build)")
-    from deltamatch.kernels import cuda_lib
-
     import cuda_dv_bench as bench
 
     rows = []
     for n, bh in SHAPES:
         h = 16
-        ops = bench.operands(bh // h, h, n, 128, causal=True)
-        m = bench.matched_operands(ops)
-        s = ops["saved"]
+        fused = bench.dqdkdv_launcher(bench.operands(bh // h, h, n, 128, causal=True))
 
         def launch(sync, sections):
-            return cuda_lib.dqdkdv_factored(
-                s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"],
-                s["sv"], ops["sdo"], m["sqc"], ops["sdoc"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"],
-                True, ops["qk"], ops["scale"], irs=m["irs"], ordered=True, section_heads=sections or None,
-                sync=sync)[0]
+            return fused("ws3", True, sections, sync)()[0]
 
         reference = launch(0, 0).clone()
         torch.cuda.synchronize()
