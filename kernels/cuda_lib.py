@@ -46,7 +46,13 @@ ABI_VERSION = 10
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
-tools/device/cuda_dv_bench.py, so that the tests and the autograd path can run one; default 0)."""
+tools/device/cuda_dv_bench.py, so that the tests and the autograd path can run one; default ``DQ_SYNC_DEFAULT``)."""
+DQ_SYNC_DEFAULT = 11
+"""``DqSync::kBareRead``: an add counted once the bulk copy has read its buffer, no fences — FA3's deterministic mode,
+whose order rests on the L2 applying two bulk adds into a tile in the order they were issued (tools/device/dq_stress.py
+compares the FP32 sums of many launches with sync 0's: kernels/NOTES.md, session 16). 0 (``kWritten``) counts an add
+once its writes have completed, the order the PTX memory model guarantees, 2.3% slower a step on the H200 (session
+15)."""
 DQ_SYNC_MAX = 12
 """The last of ``DqSync`` in kernels/cuda/dkdv_factored.cu (a test reads it there)."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
@@ -398,7 +404,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
                     lse2: torch.Tensor, delta: torch.Tensor, n: int, causal: bool, qk_scale: float,
                     softmax_scale: float, dtype: torch.dtype = torch.bfloat16, variant: str = "ws3",
                     irs: torch.Tensor | None = None, ordered: bool = True, section_heads: int | None = None,
-                    sync: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    sync: int | None = None,
+                    dq_acc: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ (B, N, H, D), dK, dV) of ``matched_factored`` from one dK/dV launch that also forms dQ (FA3's way): each
     64-query tile's dŜ over the launch's 128 keys times K̂ᶜ (``k8t``, channel-major (B, H_kv, D, N_pad), scales ``skc``
     (B, H_kv, D), in fragment order: ``dq_factored``'s operands) is added into an FP32 (B, H, N_pad, D) scratch by the
@@ -408,16 +415,20 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     dQ is bit-reproducible, and dK and dV sum their query tiles in increasing order (within one bf16 rounding of
     ``dkdv_factored``'s); else the adds land in any order and dK and dV are ``dkdv_factored``'s bits.
     ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
-    :func:`ordered_section_heads`). ``sync`` (with ``ordered``): 0, or one of tools/device/cuda_dv_bench.py's controls
-    (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order
-    alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the counters read relaxed, not acquired, 7
-    the counts without the waits, 8 the waits' reads without the counts, 9 no fence at all, 10 its reads alone, 11
-    FA3's count once read with no fence, 12 9's wait for the writes without its count).
+    :func:`ordered_section_heads`). ``sync`` (with ``ordered``; None: ``$DELTAMATCH_KERNEL_DQ_SYNC``, else
+    :data:`DQ_SYNC_DEFAULT`): 11 FA3's count once read with no fence, 0 the count once written with fences, or one of
+    tools/device/cuda_dv_bench.py's controls (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's
+    count after the reads, 3 the launch order alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the
+    counters read relaxed, not acquired, 7 the counts without the waits, 8 the waits' reads without the counts, 9 no
+    fence at all, 10 its reads alone, 12 9's wait for the writes without its count). Where the adds are ordered (all
+    but 3, 7, 8, 10 and 12) each query tile's first stores its product, so the scratch needs no zeroing.
+    ``dq_acc``: the FP32 (B, H, N_pad, D) scratch to use (a new one when None), for a caller that reads the sums
+    before the epilogue's cast (tools/device/dq_stress.py); its 64-row blocks are in the kernel's order.
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     if sync is None:
-        setting = os.environ.get(DQ_SYNC_ENV) or "0"
+        setting = os.environ.get(DQ_SYNC_ENV) or str(DQ_SYNC_DEFAULT)
         if not setting.isdigit():
             raise ValueError(f"${DQ_SYNC_ENV} = {setting!r}: expected an integer 0 .. {DQ_SYNC_MAX} (DqSync)")
         sync = int(setting)
@@ -425,7 +436,7 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
         raise ValueError(f"sync = {sync} (or ${DQ_SYNC_ENV}): expected 0 .. {DQ_SYNC_MAX} (DqSync)")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs, ordered=ordered,
-                 section_heads=section_heads, sync=sync)
+                 section_heads=section_heads, sync=sync, dq_acc=dq_acc)
 
 
 L2_BYTES = 40 * 2**20
@@ -444,7 +455,8 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
-          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None, sync=0):
+          dtype, promote, variant, k8t=None, skc=None, irs=None, ordered=False, section_heads=None, sync=0,
+          dq_acc=None):
     """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
@@ -475,7 +487,13 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
             raise ValueError(f"q8 on {q8.device}, k8t on {k8t.device}: expected one device")
         k8t_ptr, skc_ptr = _operand_pointers([("k8t", k8t, (b, h_kv, d, n_pad))], [("skc", skc, (b, h_kv, d))])
         dq = torch.empty((b, n, h, d), dtype=dtype, device=device)
-        dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch
+        if dq_acc is None:
+            dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
+        elif dq_acc.shape != (b, h, n_pad, d) or dq_acc.dtype != torch.float32 or dq_acc.device != device:
+            raise ValueError(f"dq_acc {tuple(dq_acc.shape)} {dq_acc.dtype} on {dq_acc.device}: expected "
+                             f"{(b, h, n_pad, d)} torch.float32 on {device}")
+        elif not dq_acc.is_contiguous():
+            raise ValueError("dq_acc: expected a contiguous tensor")
         sem, heads = None, 0
         if ordered:
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)

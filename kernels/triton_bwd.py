@@ -475,16 +475,16 @@ def dq_atomic_requested() -> bool:
 
 
 DQ_ORDERED_SWITCH = "DELTAMATCH_KERNEL_DQ_ORDERED"
-"""``1``: ``matched_factored``'s CUDA backward forms dQ inside its dK/dV launch with the adds into each query tile in
-one order (``cuda_lib.dqdkdv_factored(ordered=True)``, FA3's deterministic mode): dQ bit-reproducible, one launch
-fewer; its dK and dV sum their query tiles in increasing order, so they are not Triton's bits (within FP32 round-off).
-Off by default: on the H200 it costs about what saving the dQ launch gains (kernels/NOTES.md, session 14), unless
-``cuda_lib.DQ_SYNC_ENV`` is 11 (FA3's count once read: 2.9% a step faster than the default, session 15; its order
-rests on the L2 applying adds in issue order). :data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
+"""``matched_factored``'s CUDA backward forms dQ inside its dK/dV launch with the adds into each query tile in one order
+(``cuda_lib.dqdkdv_factored(ordered=True)``, FA3's deterministic mode, ``cuda_lib.DQ_SYNC_DEFAULT``): dQ
+bit-reproducible, one launch fewer, 2.9% a step faster than the two launches on the H200 (sessions 15 and 16,
+kernels/NOTES.md). Its dK and dV sum their query tiles in increasing order, so they are within one bf16 rounding of
+Triton's, not its bits. Unset or ``1``: on; ``0``: dK/dV and then the dQ kernel (Triton's bits).
+:data:`DQ_ATOMIC_SWITCH` (any order) takes precedence."""
 
 
 def dq_ordered_requested() -> bool:
-    return bool(env_switch(DQ_ORDERED_SWITCH))
+    return env_switch(DQ_ORDERED_SWITCH) is not False
 
 
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"

@@ -225,6 +225,12 @@ enum DqSync : int {
   kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
   kRelaxed = 6, kCountOnly = 7, kReadOnly = 8, kBare = 9, kBareReadOnly = 10, kBareRead = 11, kBareWriteWait = 12
 };
+// Whether the ordered form's dq_sync orders the adds (each waits for its turn and then counts itself): then each query
+// tile's first add (turn 0) stores its product rather than adding it, and dq_acc needs no zeroing before the launch.
+__host__ __device__ constexpr bool stores_first(int sync) {
+  return sync != kOrderOnly && sync != kCountOnly && sync != kReadOnly && sync != kBareReadOnly &&
+         sync != kBareWriteWait;
+}
 
 // The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
 // j % 2 == r; per tile, once both consumers have written its dQ product (dq_full[r]), its 32 KB added into dq_acc,
@@ -266,9 +272,10 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
+    const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
+    const bool store = ORDERED && stores_first(p.dq_sync) && block == last;
     if (ordered && waits) {
       const auto t0 = DqClock::now();
-      const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
       const int turn = counts ? last - block : 0;
       spun += wait_turn(p.dq_sem + tile, turn) > 1;
       const unsigned waited = unsigned(DqClock::now() - t0);
@@ -278,7 +285,11 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
     const auto t1 = DqClock::now();
     mbar_wait(&x.dq_full[r], (j >> 1) & 1);
     const auto t2 = DqClock::now();
-    bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
+    if (store) {
+      bulk_store_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
+    } else {
+      bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
+    }
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty[r]);
     const auto t3 = DqClock::now();
@@ -722,7 +733,9 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   }
   if (dq) {
     const size_t bytes = size_t(p->b) * p->h * n_pad * kHeadDim * sizeof(float);
-    if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
+    if (p->dq_sem == nullptr || !dm::dkdv::stores_first(p->dq_sync)) {
+      if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
+    }
     if (p->dq_sem != nullptr) {
       const size_t counters = size_t(p->b) * p->h * (n_pad / kBlockM) * sizeof(int);
       if (cudaError_t err = cudaMemsetAsync(p->dq_sem, 0, counters, stream); err != cudaSuccess) return err;

@@ -64,6 +64,14 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src
                : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
+// The same bytes copied (not added) into global memory: the first of a tile's ordered adds, so that no memset of the
+// destination precedes the launch.
+__device__ __forceinline__ void bulk_store_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_addr(src)),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");

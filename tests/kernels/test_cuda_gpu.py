@@ -493,11 +493,18 @@ def test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff(dk_operands, n, causal
 def test_ordered_dq_is_bit_reproducible_however_the_launch_is_sectioned(dk_operands, n, causal, h, hk):
     """With ordered adds (decreasing key blocks per query tile) dQ has one set of bits: run after run, and whichever
     kv heads the launch interleaves (``section_heads``, 3 leaving a smaller last section: which CTAs run side by side
-    and wait on each other). 8192 queries on 2 × 8 heads make 1,024 CTAs, eight times what the H200 holds at once, so a
-    CTA waits on ones launched earlier, running or done (a launch order against the adds' order would hang here). The
-    unordered form is not required to differ, so only its closeness is checked (the test above)."""
+    and wait on each other), and whichever count the adds wait on (``sync`` 0, once an add's writes have completed;
+    11, the default, once its buffer has been read). 8192 queries on 2 × 8 heads make 1,024 CTAs, eight times what the
+    H200 holds at once, so a CTA waits on ones launched earlier, running or done (a launch order against the adds'
+    order would hang here). Each tile's first add stores rather than adds, so the FP32 scratch is not zeroed: one run
+    starts from a scratch of NaN, which any tile left unstored would carry into dQ. The unordered form is not required
+    to differ, so only its closeness is checked (the test above)."""
     ops = dk_operands(n, causal, h, hk)
-    runs = [cuda_dqdkdv(ops, ordered=True, section_heads=heads) for heads in (None, 1, 3, 1)]
+    s = ops["saved"]
+    b, h_q, n_pad, d = s["q8"].shape
+    nan_acc = torch.full((b, h_q, n_pad, d), float("nan"), device=s["q8"].device)
+    runs = [cuda_dqdkdv(ops, ordered=True, section_heads=heads, sync=sync, dq_acc=acc)
+            for heads, sync, acc in ((None, None, None), (1, 11, None), (3, 0, None), (1, 0, None), (None, 11, nan_acc))]
     torch.cuda.synchronize()
     first = runs[0]
     for dq, dk, dv in runs[1:]:

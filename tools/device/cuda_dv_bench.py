@@ -203,20 +203,20 @@ def dq_rows(ops, args, flop, do_bench):
 
 
 def dqdkdv_launcher(ops):
-    """``fused(variant, ordered, sections, sync)``: a closure launching ``cuda_lib.dqdkdv_factored`` on ``ops`` (causal,
-    with matched's δ and row scales), ``sections`` 0 for ``ordered_section_heads``'s choice; dq_clock.py and
-    dq_stress.py launch it too."""
+    """``fused(variant, ordered, sections, sync, dq_acc=None)``: a closure launching ``cuda_lib.dqdkdv_factored`` on
+    ``ops`` (causal, with matched's δ and row scales), ``sections`` 0 for ``ordered_section_heads``'s choice, its FP32
+    sums into ``dq_acc`` where given; dq_clock.py and dq_stress.py launch it too."""
     from deltamatch.kernels import cuda_lib
 
     s = ops["saved"]
     m = matched_operands(ops)
 
-    def fused(variant, ordered, sections, sync):
+    def fused(variant, ordered, sections, sync, dq_acc=None):
         return lambda: cuda_lib.dqdkdv_factored(
             s["q8"], s["k8"], s["v8"], ops["do8"], m["q8t_f"], ops["do8t_f"], ops["k8t_f"], s["sq"], s["sk"], s["sv"],
             ops["sdo"], m["sqc"], ops["sdoc"], ops["skc"], m["rs"], s["lse2"], m["delta_m"], ops["n"], True,
             ops["qk"], ops["scale"], variant=variant, irs=m["irs"], ordered=ordered,
-            section_heads=(sections or None) if ordered else None, sync=sync)
+            section_heads=(sections or None) if ordered else None, sync=sync, dq_acc=dq_acc)
 
     return fused
 
