@@ -315,6 +315,18 @@ def _warps(rows: int, head_dim: int) -> int:
     return 8 if rows * head_dim >= 128 * 128 else 4
 
 
+PER_CHANNEL_LAUNCHES = {128: dict(amax=(128, 4), cast=(64, 8))}
+"""(BLOCK_ROWS, num_warps) of the per-channel passes' two launches by head dim, where timed: at D = 128 the H200 sweep
+(``tools/device/kernel_sweep.py --per-channel-only``, session 16) found the amax fastest at 128 rows and 4 warps and
+the cast at 64 rows and 8 warps (V̂ᶜ, K̂ᶜ, dÔᶜ, Q̂'ᶜ: amax 0.047–0.057 ms against 0.062–0.069 at 128 rows and 8 warps,
+cast 0.072–0.085 against 0.093–0.111; the same bits, a block's rows only say which program casts them). Other head
+dims keep one launch shape for both, ``BLOCK_Q`` rows and ``_warps``, until timed."""
+
+
+def _per_channel_launch(d: int, launch: str) -> tuple[int, int]:
+    return PER_CHANNEL_LAUNCHES.get(d, {}).get(launch, (BLOCK_Q, _warps(BLOCK_Q, d)))
+
+
 def stored_layouts(layouts: str) -> str:
     """The layouts a pass asked for ``layouts`` writes: itself, or ``both`` under :data:`STORE_UNUSED_SWITCH`."""
     if layouts not in LAYOUTS:
@@ -438,8 +450,9 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     kernels/README.md). ``mean`` (B, H, D) FP32 is subtracted first (K's centring, the mean ``quantize_operand`` uses);
     ``row_scales`` (B, H, N_pad) FP32 multiplies each token next (Q' = s ⊙ Q, s the dŜ row scales).
 
-    A scale spans every token, so this is two launches over the same grid of 128-row blocks: the first folds each
-    block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and scales.
+    A scale spans every token, so this is two launches over blocks of rows (``PER_CHANNEL_LAUNCHES``): the first folds
+    each block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and
+    scales.
     Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` and
     ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values, folded by the
     block pass that read them (``channel_amax=``); the first launch is then skipped (not with ``row_scales``, which no
@@ -460,17 +473,18 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     folded = amax is not None
     if not folded:
         amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
-    flags = dict(HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=mean is not None, ROW_SCALED=row_scales is not None,
-                 num_warps=_warps(BLOCK_Q, d))
+    flags = dict(HEAD_DIM=d, CENTRE=mean is not None, ROW_SCALED=row_scales is not None)
     operands = (x, amax if mean is None else mean.contiguous(),  # amax stands in for an absent operand, never read
                 amax if row_scales is None else row_scales.contiguous())
     shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
-    grid = (n_pad // BLOCK_Q, b * h)
     if not folded:
-        _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags)
-    _per_channel_quant_pass_kernel[grid](*operands, amax, *_code_args(x8, x8t), scales, *shape, **flags,
-                                         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts),
-                                         FRAGMENT_ORDER=fragment_order)
+        rows, warps = _per_channel_launch(d, "amax")
+        _per_channel_amax_pass_kernel[(n_pad // rows, b * h)](*operands, amax, *shape, **flags, BLOCK_ROWS=rows,
+                                                              num_warps=warps)
+    rows, warps = _per_channel_launch(d, "cast")
+    _per_channel_quant_pass_kernel[(n_pad // rows, b * h)](
+        *operands, amax, *_code_args(x8, x8t), scales, *shape, **flags, BLOCK_ROWS=rows, num_warps=warps,
+        ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts), FRAGMENT_ORDER=fragment_order)
     return x8, x8t, scales
 
 

@@ -214,6 +214,127 @@ def _store_diagnostics(x, elems) -> dict:
     return rows
 
 
+PER_CHANNEL_CONFIGS = [(64, 4), (64, 8), (128, 4), (128, 16), (256, 4), (256, 8), (256, 16)]
+"""(BLOCK_ROWS, num_warps) of the per-channel passes timed by ``per_channel_rows`` (launched: 128 rows, 8 warps)."""
+
+
+def per_channel_rows(d=128, n=SEQ) -> list[dict]:
+    """The per-channel passes' two launches (``_per_channel_amax_pass_kernel``, ``_per_channel_quant_pass_kernel``) as
+    matched_factored runs them (channel-major codes only; K̂ᶜ centred and dÔᶜ in fragment order; V̂ᶜ natural; Q̂'ᶜ
+    row-scaled in fragment order) under each of ``PER_CHANNEL_CONFIGS``, each launch timed alone (do_bench median)
+    and its codes and scales compared bit for bit with those of the launch before session 16 (``BLOCK_Q`` rows,
+    ``_warps``; the first row of each case) (``bit_equal``)."""
+    from triton.testing import do_bench
+
+    from deltamatch.kernels.triton_quant import (BLOCK_Q, _per_channel_amax_pass_kernel,
+                                                 _per_channel_quant_pass_kernel, _warps, padded_len,
+                                                 round_fp32_in_kernels, store_flags)
+
+    h = 2048 // d
+    x = torch.randn(64 // h, n, h, d, device="cuda", dtype=torch.bfloat16)
+    b, n_pad = x.shape[0], padded_len(n)
+    mean = x.mean(dim=1, dtype=torch.float32)
+    row_scales = torch.rand(b, h, n_pad, device="cuda") + 0.5
+    cases = {"v": (None, None, False), "k centred": (mean, None, True), "dO": (None, None, True),
+             "q row-scaled": (None, row_scales, True)}
+    shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
+    rows = []
+    for name, (centre, scaled, fragment) in cases.items():
+        amax = torch.zeros((b, h, d), device="cuda")
+        stand_in = amax
+        operands = (x, stand_in if centre is None else centre, stand_in if scaled is None else scaled)
+        flags = dict(HEAD_DIM=d, CENTRE=centre is not None, ROW_SCALED=scaled is not None)
+        reference = None
+        for block_rows, warps in [(BLOCK_Q, _warps(BLOCK_Q, d))] + PER_CHANNEL_CONFIGS:
+            if n_pad % block_rows:
+                continue
+            grid = (n_pad // block_rows, b * h)
+            codes = torch.full((b, h, d, n_pad), 0xFF, device="cuda", dtype=torch.uint8).view(torch.float8_e4m3fn)
+            scales = torch.empty((b, h, d), device="cuda")
+
+            def amax_pass():
+                amax.zero_()
+                _per_channel_amax_pass_kernel[grid](*operands, amax, *shape, **flags, BLOCK_ROWS=block_rows,
+                                                    num_warps=warps)
+
+            def quant_pass():
+                _per_channel_quant_pass_kernel[grid](*operands, amax, codes, codes, scales, *shape, **flags,
+                                                     BLOCK_ROWS=block_rows, num_warps=warps,
+                                                     ROUND_FP32=round_fp32_in_kernels(),
+                                                     **store_flags(None, "channel"), FRAGMENT_ORDER=fragment)
+            try:
+                amax_pass()
+                quant_pass()
+                torch.cuda.synchronize()
+                out = (codes.view(torch.uint8).clone(), scales.clone())
+                reference = reference or out
+                equal = all(torch.equal(a, r) for a, r in zip(out, reference))
+                amax_ms = do_bench(amax_pass, warmup=25, rep=100, return_mode="median")
+                quant_ms = do_bench(quant_pass, warmup=25, rep=100, return_mode="median")
+            except Exception as exc:
+                print(f"per-channel {name} {block_rows} rows {warps} warps failed: {exc!r}"[:300], flush=True)
+                continue
+            rows.append(dict(head_dim=d, kernel="per_channel", config=dict(case=name, BLOCK_ROWS=block_rows,
+                                                                            num_warps=warps),
+                             amax_ms=amax_ms, quant_ms=quant_ms, bit_equal=equal))
+            print(f"D={d} per-channel {name:14s} {block_rows:3d} rows {warps:2d} warps: amax {amax_ms:.4f} ms, "
+                  f"cast {quant_ms:.4f} ms, bit-equal {equal}", flush=True)
+    return rows
+
+
+BLOCK_PASS_WARPS = (2, 4, 8, 16)
+"""num_warps timed by ``block_pass_rows`` (a block pass's rows are its scale's block: not a launch choice)."""
+
+
+def block_pass_rows(d=128, n=SEQ) -> list[dict]:
+    """matched_factored's block passes (token-major codes only: Q̂ over 128 rows, K̂ centred and V̂ over 64, dÔ over
+    128 without δ) under each of ``BLOCK_PASS_WARPS``, timed alone (do_bench median), codes and scales compared bit
+    for bit with the launched ``_warps`` (the first row of each case)."""
+    from triton.testing import do_bench
+
+    from deltamatch.kernels.triton_quant import (_quant_do_delta_pass_kernel, _quant_pass_kernel, _warps, code_buffers,
+                                                 padded_len, round_fp32_in_kernels, store_flags)
+
+    h = 2048 // d
+    x, o = (torch.randn(64 // h, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    b, n_pad = x.shape[0], padded_len(n)
+    mean = x.mean(dim=1, dtype=torch.float32)
+    shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
+    flags = dict(HEAD_DIM=d, ROUND_FP32=round_fp32_in_kernels(), **store_flags(None, "token"))
+    rows = []
+    for name, block_rows, centre in (("q", 128, False), ("k centred", 64, True), ("v", 64, False), ("dO", 128, None)):
+        x8, _ = code_buffers(x, "token")
+        scales = torch.empty((b, h, n_pad // block_rows), device="cuda")
+        grid = (n_pad // block_rows, b * h)
+        reference = None
+        for warps in (_warps(block_rows, d), *BLOCK_PASS_WARPS):
+            if centre is None:
+                def run():
+                    _quant_do_delta_pass_kernel[grid](x, o, x8, x8, scales, scales, *shape[:3], *shape[:3], *shape[3:],
+                                                      BLOCK_ROWS=block_rows, DELTA=0, amax_ptr=scales,
+                                                      num_warps=warps, **flags)
+            else:
+                def run():
+                    _quant_pass_kernel[grid](x, mean, x8, x8, scales, *shape, BLOCK_ROWS=block_rows, CENTRE=centre,
+                                             amax_ptr=scales, num_warps=warps, **flags)
+            try:
+                x8.view(torch.uint8).fill_(0xFF)
+                run()
+                torch.cuda.synchronize()
+                out = (x8.view(torch.uint8).clone(), scales.clone())
+                reference = reference or out
+                equal = all(torch.equal(a, r) for a, r in zip(out, reference))
+                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+            except Exception as exc:
+                print(f"block pass {name} {warps} warps failed: {exc!r}"[:300], flush=True)
+                continue
+            rows.append(dict(head_dim=d, kernel="block_pass", config=dict(case=name, BLOCK_ROWS=block_rows,
+                                                                           num_warps=warps), ms=ms, bit_equal=equal))
+            print(f"D={d} block pass {name:10s} {block_rows:3d} rows {warps:2d} warps: {ms:.4f} ms, bit-equal {equal}",
+                  flush=True)
+    return rows
+
+
 def _write_rows(path: str, rows: list[dict]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -226,7 +347,13 @@ def main():
     parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64, 256])
     parser.add_argument("--worker", type=str, default=None, help="i/n: compile every n-th variant, starting at i")
     parser.add_argument("--quant-only", action="store_true", help="time the quantisation passes only")
+    parser.add_argument("--per-channel-only", action="store_true",
+                        help="time the per-channel passes' launch configs (PER_CHANNEL_CONFIGS) and the block "
+                        "passes' warps (BLOCK_PASS_WARPS) only")
     args = parser.parse_args()
+    if args.per_channel_only:
+        _write_rows(os.path.join(args.out, "per_channel_sweep.jsonl"), per_channel_rows() + block_pass_rows())
+        return
     if args.quant_only:
         _write_rows(os.path.join(args.out, "quant_sweep.jsonl"), [r for d in args.head_dims for r in quant_rows(d)])
         return
