@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_fwd import ensure_allocator, env_switch, factored_acc_promote, tma_enabled
+from deltamatch.kernels.triton_fwd import (TMA_SWITCH, ensure_allocator, env_switch, factored_acc_promote,
+                                          tma_enabled)
 from deltamatch.kernels.triton_quant import (BLOCK_KV, fragment_token_order, quantize_per_channel,
                                              round_fp32_in_kernels, to_e4m3)
 
@@ -445,9 +446,12 @@ def backward_config(head_dim: int) -> dict:
 
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     at D = 128 and 256 two launches (dK: S, dP, dK; dV: S, dV) spill less and beat the fused dK/dV kernel despite
-    recomputing S once more; at D = 64 the fused one wins.
+    recomputing S once more; at D = 64 the fused one wins. The δ pass loads through pointers unless
+    ``DELTAMATCH_KERNEL_TMA=1``: at D = 128 its TMA descriptor loads cost matched_factored's δ pass 1.49 ms of kernel
+    time a step against 1.37 (CUPTI, session 16, kernels/NOTES.md; the same bits), where the forward gains from them.
     """
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
+    delta_tma = {"TMA": True} if env_switch(TMA_SWITCH) else {}
     if head_dim <= 64:
         dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True, **tma)
     elif head_dim <= 128:
@@ -458,9 +462,9 @@ def backward_config(head_dim: int) -> dict:
         dkdv["DQ_ATOMIC"] = True
     if head_dim <= 128:
         return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3, **tma),
-                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **tma))
+                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **delta_tma))
     return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **tma),
-                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **tma))
+                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **delta_tma))
 
 
 DQ_ATOMIC_SWITCH = "DELTAMATCH_KERNEL_DQ_ATOMIC"

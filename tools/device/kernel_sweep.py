@@ -26,7 +26,11 @@ SWEEP = {
     128: dict(fwd=[F(64, 4, 4, TMA=True), F(64, 4, 3, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True),
                    F(64, 4, 4, TMA=True, FACTORED=True, ACC_PROMOTE=64), F(64, 4, 3, TMA=True, FACTORED=True,
                                                                         ACC_PROMOTE=64),
-                   F(64, 4, 4, TMA=True, FACTORED=True)],
+                   F(64, 4, 4, TMA=True, FACTORED=True),
+                   # session 16: the factored forward (launched: 64 rows, 4 warps, 4 stages, promoted) at 128 rows
+                   F(128, 8, 3, TMA=True, FACTORED=True, ACC_PROMOTE=64),
+                   F(128, 8, 4, TMA=True, FACTORED=True, ACC_PROMOTE=64),
+                   F(64, 4, 5, TMA=True, FACTORED=True, ACC_PROMOTE=64)],
               dkdv=[KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True), KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True),
                     KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True, ACC_PROMOTE=64),
                     KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True, ACC_PROMOTE=64),
@@ -39,7 +43,11 @@ SWEEP = {
                                                                          ACC_PROMOTE=64),
                   F(64, 4, 3, TMA=True, FACTORED=True)],
               delta=[F(128, 8, 3), F(128, 8, 3, TMA=True), F(128, 8, 3, ROW_SCALES=True),
-                     F(128, 8, 3, TMA=True, ROW_SCALES=True)]),
+                     F(128, 8, 3, TMA=True, ROW_SCALES=True),
+                     # session 16: matched_factored's δ pass (row scales, launched as the line above) in other shapes
+                     F(128, 8, 2, TMA=True, ROW_SCALES=True), F(128, 8, 4, TMA=True, ROW_SCALES=True),
+                     F(128, 4, 3, TMA=True, ROW_SCALES=True), F(64, 4, 3, TMA=True, ROW_SCALES=True),
+                     F(64, 4, 4, TMA=True, ROW_SCALES=True), F(256, 8, 2, TMA=True, ROW_SCALES=True)]),
     256: dict(fwd=[F(64, 4, 2), F(64, 4, 2, PAIRED=True), F(64, 8, 2, PAIRED=True), F(64, 4, 2, TMA=True),
                    F(64, 4, 1, TMA=True), F(64, 8, 2, PAIRED=True, TMA=True)],
               dkdv=[KV(64, 8, 1, SPLIT=False), KV(64, 8, 1, SEPARATE=True), KV(64, 4, 1, SEPARATE=True),
@@ -48,8 +56,12 @@ SWEEP = {
 }
 
 
-def variants(d):
-    return [(kind, c) for kind, cs in SWEEP[d].items() for c in cs]
+def variants(d, kinds=None, factored_only=False):
+    """(kind, config) pairs of ``SWEEP[d]``: of ``kinds`` only where given, and of the factored layout only (its
+    forward, ``FACTORED``; its δ pass, ``ROW_SCALES``) with ``factored_only``, so that each kind's first row (the
+    one the others are compared with) is the launched factored config."""
+    return [(kind, c) for kind, cs in SWEEP[d].items() for c in cs if (kinds is None or kind in kinds)
+            and (not factored_only or c.get("FACTORED") or c.get("ROW_SCALES"))]
 
 
 def setup(d, n=SEQ, causal=True):
@@ -288,8 +300,9 @@ BLOCK_PASS_WARPS = (2, 4, 8, 16)
 
 def block_pass_rows(d=128, n=SEQ) -> list[dict]:
     """matched_factored's block passes (token-major codes only: Q̂ over 128 rows, K̂ centred and V̂ over 64, dÔ over
-    128 without δ) under each of ``BLOCK_PASS_WARPS``, timed alone (do_bench median), codes and scales compared bit
-    for bit with the launched ``_warps`` (the first row of each case)."""
+    128 without δ) under each of ``BLOCK_PASS_WARPS``, and K's, V's and dO's with the per-channel amax folded in
+    (``fold_amax``), timed alone (do_bench median), codes and scales compared bit for bit with the launched
+    ``_warps`` (the first row of each case)."""
     from triton.testing import do_bench
 
     from deltamatch.kernels.triton_quant import (_quant_do_delta_pass_kernel, _quant_pass_kernel, _warps, code_buffers,
@@ -307,16 +320,21 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
         scales = torch.empty((b, h, n_pad // block_rows), device="cuda")
         grid = (n_pad // block_rows, b * h)
         reference = None
-        for warps in (_warps(block_rows, d), *BLOCK_PASS_WARPS):
+        amax = torch.zeros((b, h, d), device="cuda")
+        launched = _warps(block_rows, d)
+        # the launched warps, each of BLOCK_PASS_WARPS, then the launched warps folding the per-channel amax (the
+        # atomic column max of DELTAMATCH_KERNEL_FOLD_AMAX=1; Q's pass never folds: Q̂'ᶜ is row-scaled)
+        for warps, fold in ((launched, False), *((w, False) for w in BLOCK_PASS_WARPS),
+                            *(((launched, True),) if name != "q" else ())):
             if centre is None:
                 def run():
                     _quant_do_delta_pass_kernel[grid](x, o, x8, x8, scales, scales, *shape[:3], *shape[:3], *shape[3:],
-                                                      BLOCK_ROWS=block_rows, DELTA=0, amax_ptr=scales,
-                                                      num_warps=warps, **flags)
+                                                      BLOCK_ROWS=block_rows, DELTA=0, amax_ptr=amax,
+                                                      CHANNEL_AMAX=fold, num_warps=warps, **flags)
             else:
                 def run():
                     _quant_pass_kernel[grid](x, mean, x8, x8, scales, *shape, BLOCK_ROWS=block_rows, CENTRE=centre,
-                                             amax_ptr=scales, num_warps=warps, **flags)
+                                             amax_ptr=amax, CHANNEL_AMAX=fold, num_warps=warps, **flags)
             try:
                 x8.view(torch.uint8).fill_(0xFF)
                 run()
@@ -329,9 +347,10 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
                 print(f"block pass {name} {warps} warps failed: {exc!r}"[:300], flush=True)
                 continue
             rows.append(dict(head_dim=d, kernel="block_pass", config=dict(case=name, BLOCK_ROWS=block_rows,
-                                                                           num_warps=warps), ms=ms, bit_equal=equal))
-            print(f"D={d} block pass {name:10s} {block_rows:3d} rows {warps:2d} warps: {ms:.4f} ms, bit-equal {equal}",
-                  flush=True)
+                                                                           num_warps=warps, fold_amax=fold),
+                             ms=ms, bit_equal=equal))
+            print(f"D={d} block pass {name:10s} {block_rows:3d} rows {warps:2d} warps{' + amax' if fold else ''}: "
+                  f"{ms:.4f} ms, bit-equal {equal}", flush=True)
     return rows
 
 
@@ -350,14 +369,18 @@ def main():
     parser.add_argument("--per-channel-only", action="store_true",
                         help="time the per-channel passes' launch configs (PER_CHANNEL_CONFIGS) and the block "
                         "passes' warps (BLOCK_PASS_WARPS) only")
+    parser.add_argument("--kinds", nargs="+", choices=sorted(MATMULS), help="time these kernels only")
+    parser.add_argument("--factored-only", action="store_true",
+                        help="only the factored layout's configs (FACTORED forward, ROW_SCALES δ pass)")
     args = parser.parse_args()
+    select = dict(kinds=args.kinds, factored_only=args.factored_only)
     if args.per_channel_only:
         _write_rows(os.path.join(args.out, "per_channel_sweep.jsonl"), per_channel_rows() + block_pass_rows())
         return
     if args.quant_only:
         _write_rows(os.path.join(args.out, "quant_sweep.jsonl"), [r for d in args.head_dims for r in quant_rows(d)])
         return
-    jobs = [(d, kind, cfg) for d in args.head_dims for kind, cfg in variants(d)]
+    jobs = [(d, kind, cfg) for d in args.head_dims for kind, cfg in variants(d, **select)]
     if args.worker:
         i, n = map(int, args.worker.split("/"))
         states = {}
@@ -370,8 +393,9 @@ def main():
         torch.cuda.synchronize()
         return
     n_workers = 8
+    forwarded = [*(["--kinds", *args.kinds] if args.kinds else []), *(["--factored-only"] if args.factored_only else [])]
     procs = [subprocess.Popen([sys.executable, __file__, "--out", args.out, "--worker", f"{i}/{n_workers}",
-                               "--head-dims", *map(str, args.head_dims)]) for i in range(n_workers)]
+                               "--head-dims", *map(str, args.head_dims), *forwarded]) for i in range(n_workers)]
     for p in procs:
         p.wait()
     from triton.testing import do_bench
@@ -381,7 +405,7 @@ def main():
         st = setup(d)
         fwd_flops = 4.0 * st["b"] * st["h"] * st["n"] ** 2 * d * 0.5
         first = {}
-        for kind, cfg in variants(d):
+        for kind, cfg in variants(d, **select):
             diff = float("nan")
             try:
                 run, result = launcher(kind, cfg, st)
@@ -399,7 +423,8 @@ def main():
                   flush=True)
         del st
         torch.cuda.empty_cache()
-        rows += quant_rows(d)
+        if not args.kinds:
+            rows += quant_rows(d)
     _write_rows(os.path.join(args.out, "kernel_sweep.jsonl"), rows)
     print("\nbest per kernel:")
     for d in args.head_dims:
