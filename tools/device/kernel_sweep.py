@@ -226,6 +226,25 @@ def _store_diagnostics(x, elems) -> dict:
     return rows
 
 
+def _bits_and_times(launches, outputs, reference, what):
+    """Run ``launches`` once in order, read ``outputs`` as bytes and compare them with ``reference`` (None: they become
+    it), then time each launch alone (do_bench median): (reference, bit_equal, [ms, ...]), or None, printed, where a
+    launch fails (a config that does not compile is a row of the sweep, not its end)."""
+    from triton.testing import do_bench
+
+    try:
+        for launch in launches:
+            launch()
+        torch.cuda.synchronize()
+        out = tuple(t.view(torch.uint8).clone() for t in outputs)
+        reference = reference or out
+        equal = all(torch.equal(a, r) for a, r in zip(out, reference))
+        return reference, equal, [do_bench(fn, warmup=25, rep=100, return_mode="median") for fn in launches]
+    except Exception as exc:
+        print(f"{what} failed: {exc!r}"[:300], flush=True)
+        return None
+
+
 PER_CHANNEL_CONFIGS = [(64, 4), (64, 8), (128, 4), (128, 16), (256, 4), (256, 8), (256, 16)]
 """(BLOCK_ROWS, num_warps) of the per-channel passes timed by ``per_channel_rows`` (launched: 128 rows, 8 warps)."""
 
@@ -236,8 +255,6 @@ def per_channel_rows(d=128, n=SEQ) -> list[dict]:
     row-scaled in fragment order) under each of ``PER_CHANNEL_CONFIGS``, each launch timed alone (do_bench median)
     and its codes and scales compared bit for bit with those of the launch before session 16 (``BLOCK_Q`` rows,
     ``_warps``; the first row of each case) (``bit_equal``)."""
-    from triton.testing import do_bench
-
     from deltamatch.kernels.triton_quant import (BLOCK_Q, _per_channel_amax_pass_kernel,
                                                  _per_channel_quant_pass_kernel, _warps, padded_len,
                                                  round_fp32_in_kernels, store_flags)
@@ -274,18 +291,11 @@ def per_channel_rows(d=128, n=SEQ) -> list[dict]:
                                                      BLOCK_ROWS=block_rows, num_warps=warps,
                                                      ROUND_FP32=round_fp32_in_kernels(),
                                                      **store_flags(None, "channel"), FRAGMENT_ORDER=fragment)
-            try:
-                amax_pass()
-                quant_pass()
-                torch.cuda.synchronize()
-                out = (codes.view(torch.uint8).clone(), scales.clone())
-                reference = reference or out
-                equal = all(torch.equal(a, r) for a, r in zip(out, reference))
-                amax_ms = do_bench(amax_pass, warmup=25, rep=100, return_mode="median")
-                quant_ms = do_bench(quant_pass, warmup=25, rep=100, return_mode="median")
-            except Exception as exc:
-                print(f"per-channel {name} {block_rows} rows {warps} warps failed: {exc!r}"[:300], flush=True)
+            timed = _bits_and_times((amax_pass, quant_pass), (codes, scales), reference,
+                                    f"per-channel {name} {block_rows} rows {warps} warps")
+            if timed is None:
                 continue
+            reference, equal, (amax_ms, quant_ms) = timed
             rows.append(dict(head_dim=d, kernel="per_channel", config=dict(case=name, BLOCK_ROWS=block_rows,
                                                                             num_warps=warps),
                              amax_ms=amax_ms, quant_ms=quant_ms, bit_equal=equal))
@@ -303,8 +313,6 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
     128 without δ) under each of ``BLOCK_PASS_WARPS``, and K's, V's and dO's with the per-channel amax folded in
     (``fold_amax``), timed alone (do_bench median), codes and scales compared bit for bit with the launched
     ``_warps`` (the first row of each case)."""
-    from triton.testing import do_bench
-
     from deltamatch.kernels.triton_quant import (_quant_do_delta_pass_kernel, _quant_pass_kernel, _warps, code_buffers,
                                                  padded_len, round_fp32_in_kernels, store_flags)
 
@@ -335,17 +343,11 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
                 def run():
                     _quant_pass_kernel[grid](x, mean, x8, x8, scales, *shape, BLOCK_ROWS=block_rows, CENTRE=centre,
                                              amax_ptr=amax, CHANNEL_AMAX=fold, num_warps=warps, **flags)
-            try:
-                x8.view(torch.uint8).fill_(0xFF)
-                run()
-                torch.cuda.synchronize()
-                out = (x8.view(torch.uint8).clone(), scales.clone())
-                reference = reference or out
-                equal = all(torch.equal(a, r) for a, r in zip(out, reference))
-                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
-            except Exception as exc:
-                print(f"block pass {name} {warps} warps failed: {exc!r}"[:300], flush=True)
+            x8.view(torch.uint8).fill_(0xFF)
+            timed = _bits_and_times((run,), (x8, scales), reference, f"block pass {name} {warps} warps")
+            if timed is None:
                 continue
+            reference, equal, (ms,) = timed
             rows.append(dict(head_dim=d, kernel="block_pass", config=dict(case=name, BLOCK_ROWS=block_rows,
                                                                            num_warps=warps, fold_amax=fold),
                              ms=ms, bit_equal=equal))
