@@ -427,6 +427,11 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
     if section_heads is not None and (not ordered or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
+    if dq_acc is not None and (tuple(dq_acc.shape) != tuple(q8.shape) or dq_acc.dtype != torch.float32
+                               or dq_acc.device != q8.device or not dq_acc.is_contiguous()):
+        raise ValueError(f"dq_acc: {dq_acc.dtype} {tuple(dq_acc.shape)} on {dq_acc.device}"
+                         f"{'' if dq_acc.is_contiguous() else ', not contiguous'}: expected a contiguous "
+                         f"torch.float32 {tuple(q8.shape)} (Q̂'s (B, H, N_pad, D)) on {q8.device}")
     if sync is None:
         setting = os.environ.get(DQ_SYNC_ENV) or str(DQ_SYNC_DEFAULT)
         if not setting.isdigit():
@@ -487,13 +492,8 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
             raise ValueError(f"q8 on {q8.device}, k8t on {k8t.device}: expected one device")
         k8t_ptr, skc_ptr = _operand_pointers([("k8t", k8t, (b, h_kv, d, n_pad))], [("skc", skc, (b, h_kv, d))])
         dq = torch.empty((b, n, h, d), dtype=dtype, device=device)
-        if dq_acc is None:
+        if dq_acc is None:  # (a caller's was checked by dqdkdv_factored)
             dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
-        elif dq_acc.shape != (b, h, n_pad, d) or dq_acc.dtype != torch.float32 or dq_acc.device != device:
-            raise ValueError(f"dq_acc {tuple(dq_acc.shape)} {dq_acc.dtype} on {dq_acc.device}: expected "
-                             f"{(b, h, n_pad, d)} torch.float32 on {device}")
-        elif not dq_acc.is_contiguous():
-            raise ValueError("dq_acc: expected a contiguous tensor")
         sem, heads = None, 0
         if ordered:
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)

@@ -304,3 +304,15 @@ def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
     with pytest.raises(ValueError, match=r"(sync = -?\d+ .*DELTAMATCH_KERNEL_DQ_SYNC|DELTAMATCH_KERNEL_DQ_SYNC = "
                                          r"'fast').*0 \.\. 12"):
         cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, sync=sync)
+
+
+@pytest.mark.parametrize("acc", ["shape", "dtype", "strides"])
+def test_a_wrong_dq_acc_is_refused_by_name(acc):
+    """dqdkdv_factored's ``dq_acc`` (the FP32 sums a caller reads, tools/device/dq_stress.py) must be Q̂'s (B, H, N_pad,
+    D) in FP32, contiguous, on its device: anything else is a ValueError naming it before any launch (no GPU)."""
+    q8 = torch.empty((1, 2, 128, 128), dtype=torch.uint8)
+    bad = {"shape": torch.empty((1, 2, 256, 128)), "dtype": torch.empty((1, 2, 128, 128), dtype=torch.float64),
+           "strides": torch.empty((1, 2, 128, 128)).transpose(2, 3)}[acc]
+    t = torch.empty(0)
+    with pytest.raises(ValueError, match=r"dq_acc: .*expected a contiguous torch.float32 \(1, 2, 128, 128\)"):
+        cuda_lib.dqdkdv_factored(q8, *[t] * 16, 100, True, 1.0, 1.0, dq_acc=bad)
