@@ -41,9 +41,14 @@ def test_the_default_covers_both_masks_and_every_quant_variant():
     variants = {(s.name, s.variant) for s in specs}
     for name in ("attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv", "attn_bwd_dq"):
         assert {(name, "causal"), (name, "non-causal")} <= variants
-        # launched through TMA at D = 128 (triton_fwd.tma_enabled), so the other loads are the pointer ones
-        assert {(name, "causal-pointers"), (name, "non-causal-pointers")} <= variants
-    assert all(s.constexprs.get("TMA") == (not s.variant.endswith("-pointers")) for s in specs if s.name.startswith("attn_"))
+        # launched through TMA at D = 128 (triton_fwd.tma_enabled), so the other loads are the pointer ones; the δ
+        # pass is launched through pointers (triton_bwd.backward_config), so its other loads are TMA's
+        other = "tma" if name == "attn_bwd_delta_matched" else "pointers"
+        assert {(name, f"causal-{other}"), (name, f"non-causal-{other}")} <= variants
+    for s in specs:
+        if s.name.startswith("attn_"):
+            launched_tma = s.name != "attn_bwd_delta_matched"
+            assert s.constexprs.get("TMA", False) == (launched_tma != s.variant.endswith(("-pointers", "-tma"))), s
     assert not any(s.variant.endswith(("-tma", "-pointers")) for s in check.kernel_specs(128))  # launched only
     assert {s.variant for s in check.attention_specs(64, True, load_variants=True)} == {"causal", "causal-tma"}
     assert {v for n, v in variants if n == "quant_pass"} == {"q", "k", "v"}
@@ -103,10 +108,13 @@ def test_every_matmul_is_an_fp8_wgmma_in_ttgir_ptx_and_sass(rows):
 def test_tma_loads_need_no_more_registers_or_stack_than_pointer_loads(rows):
     """Tiles loaded through TMA descriptors go to shared memory without passing through registers. With Triton 3.6 at
     D = 128, causal: forward 167 registers and no stack (pointers: 255 and 208 B), dK 24 B of stack (1,288), dV none
-    (1,032), dQ none (304). D = 128 launches TMA, so the pointer loads are the ``-pointers`` variants."""
+    (1,032), dQ none (304). D = 128 launches TMA, so the pointer loads are the ``-pointers`` variants; the δ pass is
+    launched through pointers (faster on the H200), so its TMA loads are ``-tma``."""
     kernels = {(r["name"], r["variant"]): r for r in rows if r["head_dim"] == 128}
     pairs = {name: (kernels[(name, "causal")], kernels[(name, "causal-pointers")])
              for name, v in kernels if v == "causal-pointers"}
+    pairs.update({name: (kernels[(name, "causal-tma")], kernels[(name, "causal")])
+                  for name, v in kernels if v == "causal-tma"})
     assert set(pairs) == {"attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv", "attn_bwd_dq"}
     for tma, plain in pairs.values():
         assert tma["spill_bytes"] <= plain["spill_bytes"] and tma["registers"] <= plain["registers"], (tma, plain)
