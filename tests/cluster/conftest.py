@@ -39,9 +39,12 @@ class Slurm:
         """Whether the command succeeds."""
         return subprocess.run(args, capture_output=True, text=True, env=self.env).returncode == 0
 
-    def sacct(self, job_id: str, fields: str = "JobID,State,NodeList,NNodes,NTasks,Elapsed") -> list[dict[str, str]]:
-        """All records (job, steps, earlier requeued runs with -D) of one job."""
-        out = self.run("sacct", "-D", "-n", "-P", "-j", job_id, f"--format={fields}")
+    def sacct(self, job_id: str, fields: str = "JobID,State,NodeList,NNodes,NTasks,Elapsed",
+              since: str | None = None) -> list[dict[str, str]]:
+        """All records (job, steps, earlier requeued runs with -D) of one job; with ``since`` (sacct's -S) only those
+        from then on: the accounting database outlives slurmctld's job numbering (tests/cluster/slurm.sh keeps it
+        across restarts), so an earlier session's job of the same id is listed too without it."""
+        out = self.run("sacct", "-D", "-n", "-P", "-j", job_id, f"--format={fields}", *(["-S", since] if since else []))
         keys = fields.split(",")
         return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line]
 

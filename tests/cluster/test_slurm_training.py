@@ -267,7 +267,7 @@ def test_two_node_training_resumes_after_requeue(runs, slurm):
     runs.assert_ok("requeue")
     _check_run(runs.work["requeue"], "requeue")
     # One job id, two runs in accounting; the training step ran as 2 tasks on n1 and n2, holding a GPU on each.
-    records = slurm.sacct(runs.requeued, "JobID,State,NodeList,NTasks,AllocTRES")
+    records = slurm.sacct(runs.requeued, "JobID,State,NodeList,NTasks,AllocTRES", since=runs.started)
     states = [r["State"] for r in records if r["JobID"] == runs.requeued]
     assert states[0] == "REQUEUED" and states[-1] == "COMPLETED", records
     assert any(r["NodeList"] == "n[1-2]" and r["NTasks"] == "2" and "gres/gpu=2" in r["AllocTRES"]
