@@ -210,7 +210,7 @@ struct DqClock {
 };
 #endif
 
-// How the ordered form's reducer orders its adds (dq_sync): kWritten, the default, counts an add once its writes have
+// How the ordered form's reducer orders its adds (dq_sync): kWritten counts an add once its writes have
 // completed (checked before the next tile's turn, while the consumers form it), a release with proxy fences between
 // the counter's generic accesses and the bulk-copy engine's; the others are cuda_dv_bench.py's controls, to see what
 // each step costs: the same without the proxy fences; FA3's (a release once the add has read its shared memory, no
@@ -220,7 +220,9 @@ struct DqClock {
 // wait, and its wait's read without the count (a turn always reached): each half alone, the adds in any order; then
 // kWritten with no fence at all (relaxed reads, no proxy fences, a relaxed count once written), that form's read
 // alone, FA3's count once read with no fence at all (kBareRead: as fast as the launch order alone, session 15; its
-// order rests on the L2 applying two adds in the order they were issued), and kBare's wait for the writes alone.
+// order rests on the L2 applying two adds in the order they were issued; what cuda_lib dispatches since session 16,
+// after 4,800 launches of tools/device/dq_stress.py gave one set of sums), and kBare's wait for the writes alone.
+// kWritten keeps the order the PTX memory model guarantees.
 enum DqSync : int {
   kWritten = 0, kWrittenNoFence = 1, kRead = 2, kOrderOnly = 3, kWrittenRelaxed = 4, kWrittenRelaxedPoll = 5,
   kRelaxed = 6, kCountOnly = 7, kReadOnly = 8, kBare = 9, kBareReadOnly = 10, kBareRead = 11, kBareWriteWait = 12

@@ -34,7 +34,8 @@ struct DkdvFactoredParams {
   // dq_factored.cu's epilogue. Without dq_sem the FP32 adds land in any order (not bit-reproducible).
   const uint8_t* k8t;   // K̂ᶜ codes channel-major (B, H_kv, D, N_pad), one scale per channel (dQ's B)
   const float* skc;     // (B, H_kv, D): K̂ᶜ's channel scales
-  float* dq_acc;        // (B, H, N_pad, D) FP32 scratch, or null (no dQ); its 64-row blocks in the kernel's order
+  float* dq_acc;        // (B, H, N_pad, D) FP32 scratch, or null (no dQ); its 64-row blocks in the kernel's order;
+                        // zeroed by the launch unless the adds are ordered (each tile's first add then stores)
   void* dq;             // (B, N, H, D) bf16 or fp16, element strides below, D contiguous
   int64_t dq_stride_b, dq_stride_n, dq_stride_h;
   // With dq_sem the adds into each 64-query tile land in one order, decreasing key blocks (FA3's deterministic mode),
@@ -43,7 +44,8 @@ struct DkdvFactoredParams {
   // blocks after its own before its add.
   int* dq_sem;          // (B, H, N_pad / 64) int32 scratch, or null; zeroed by the launch
   int dq_section_heads; // with dq_sem: >= 1
-  int dq_sync;          // with dq_sem, how an add is ordered (DqSync; 0 the default, the others a benchmark's controls)
+  int dq_sync;          // with dq_sem, how an add is ordered (DqSync: 11 what cuda_lib dispatches, 0 the memory
+                        // model's order, the others a benchmark's controls)
 };
 
 }  // extern "C"
