@@ -156,7 +156,11 @@ def run(cfg: BenchConfig, out_dir: str) -> pd.DataFrame:
     os.makedirs(out_dir, exist_ok=True)
     skipped = {m: r for m in cfg.methods if (r := _available(m)) is not None}
     cases = [(d, n, c) for d in cfg.head_dims for n in cfg.seq_lens for c in cfg.causal if c or d == 128]
-    rows = []
+    header = (f"# Kernel benchmark\n\ndate {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
+              f"commit {commit()}, GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; "
+              f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention"
+              + "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items()))
+    rows, df = [], pd.DataFrame()
     for d, n, causal in tqdm(cases, desc="shapes"):
         h = max(1, 2048 // d)
         b = max(1, cfg.batch_heads // h)
@@ -168,13 +172,9 @@ def run(cfg: BenchConfig, out_dir: str) -> pd.DataFrame:
             except Exception as exc:  # a baseline that cannot run this shape: record why, keep going
                 rows.append(dict(method=method, head_dim=d, seq_len=n, causal=causal, error=repr(exc)[:200]))
             torch.cuda.empty_cache()
-    df = pd.DataFrame(rows)
-    header = (f"# Kernel benchmark\n\ndate {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
-              f"commit {commit()}, GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-              f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention"
-              + "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items()))
-    _write(df, os.path.join(out_dir, "kernel_bench.csv"), header)
-    _write(df, os.path.join(out_dir, "kernel_bench.md"), header)
+        df = pd.DataFrame(rows)  # written after every shape: a run cut short keeps the shapes it timed
+        _write(df, os.path.join(out_dir, "kernel_bench.csv"), header)
+        _write(df, os.path.join(out_dir, "kernel_bench.md"), header)
     if cfg.memory:
         mem = []
         for n in cfg.memory_seq_lens:
