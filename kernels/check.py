@@ -140,8 +140,10 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
 
 def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     """``matched_factored``'s kernels as ``triton_attention`` launches them (variant ``<mask>-factored``): the forward,
-    the δ pass with dŜ's row scales, dK and dV as two launches and dQ, all ``FACTORED``; then the per-channel
-    quantisation passes (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), which have no mask and come with the causal ones."""
+    the δ pass with dŜ's row scales, dK and dV as two launches and dQ, all ``FACTORED``; then the quantisation passes,
+    which have no mask and come with the causal ones: the per-channel ones (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), K's
+    mean and centred amax (``column_stats``, variant ``k_mean``), and the passes that write both copies of K (centred,
+    fragment order), V and dO (``block_and_channel_pass``, variants ``k_both``, ``v_both``, ``do_both``)."""
     bwd = triton_bwd.factored_config(triton_bwd.backward_config(head_dim))
     configs = {"attn_fwd": triton_fwd.forward_config(head_dim, factored=True), "attn_bwd_dq": bwd["dq"],
                "attn_bwd_delta_matched": {**bwd["delta"], "ROW_SCALES": True}}
@@ -169,6 +171,23 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
         out.append(KernelSpec("per_channel_quant_pass", variant, triton_quant._per_channel_quant_pass_kernel,
                               {**pointers, **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"}, 0,
                               constexprs={**flags, "ROUND_FP32": False, "STORE_MODE": triton_quant.STORE_MODE},
+                              options=warps))
+    stats = dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.STATS_ROWS)
+    out.append(KernelSpec("column_stats", "k_mean", triton_quant._column_stats_kernel,
+                          {"x_ptr": "*bf16", "part_ptr": "*fp32"}, 0, constexprs=stats,
+                          options=dict(num_warps=triton_quant._warps(triton_quant.STATS_ROWS, head_dim))))
+    out.append(KernelSpec("column_stats_reduce", "k_mean", triton_quant._column_stats_reduce_kernel,
+                          _fp32("part_ptr", "mean_ptr", "amax_ptr"), 0,
+                          constexprs=dict(HEAD_DIM=head_dim, CHUNK=16), options=dict(num_warps=4)))
+    warps = dict(num_warps=triton_quant.BLOCK_AND_CHANNEL_WARPS[head_dim])
+    for variant, rows, centre, fragment in (("k_both", triton_quant.BLOCK_KV, True, True),
+                                            ("v_both", triton_quant.BLOCK_KV, False, False),
+                                            ("do_both", triton_quant.BLOCK_Q, False, True)):
+        out.append(KernelSpec("block_and_channel_pass", variant, triton_quant._block_and_channel_pass_kernel,
+                              {"x_ptr": "*bf16", **_fp32("mean_ptr", "amax_ptr", "sx_ptr", "sxc_ptr"),
+                               **_fp8("x8_ptr", "x8t_ptr")}, 0,
+                              constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False,
+                                              STORE_MODE=triton_quant.STORE_MODE, FRAGMENT_ORDER=fragment),
                               options=warps))
     return out
 

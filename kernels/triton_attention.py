@@ -18,8 +18,8 @@ import torch
 from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected, k_fragment_order
 from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, channel_amaxes, quantize_do_and_delta,
-                                             quantize_operand, quantize_per_channel, token_mean)
+from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, centring_stats, quantize_block_and_channel,
+                                             quantize_do_and_delta, quantize_operand, token_mean)
 from deltamatch.methods import implemented_by
 
 MODES = implemented_by("triton")
@@ -39,20 +39,16 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     cuda = mode == "matched_factored" and cuda_kernels_selected(q.shape[-1], q.dtype, what="forward")
     # K̂ᶜ goes to the CUDA dQ in its A fragments' key order (triton_bwd.attention_backward reorders it for Triton's)
     k_fragment = mode == "matched_factored" and k_fragment_order(q.shape[-1], k.dtype)
-    k_mean = token_mean(k)
-    # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
-    blocks = "token" if mode == "matched_factored" else "both"
-    # matched_factored's block passes of K and V also fold the per-channel amaxes its per-channel passes need
-    k_amax, v_amax = (channel_amaxes(k), channel_amaxes(v)) if mode == "matched_factored" else (None, None)
-    q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts=blocks)
-    k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts=blocks,
-                                   channel_amax=k_amax)
-    v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v", layouts=blocks, channel_amax=v_amax)
     factored = None
-    if mode == "matched_factored":  # PV against V̂ per channel; K̂ᶜ (centred, per channel) kept for dQ
-        _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel", amax=v_amax)
-        _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", amax=k_amax,
-                                              fragment_order=k_fragment)
+    if mode == "matched_factored":
+        # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major
+        # only; K and V give both their copies from one read each, K's mean and centred amax from one read before
+        q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts="token")
+        k_mean, k_amax = centring_stats(k)
+        k8, sk, k8t_c, sk_c = quantize_block_and_channel(k, BLOCK_KV, "k", mean=k_mean, amax=k_amax,
+                                                         fragment_order=k_fragment)
+        v8, sv, v8t_c, sv_c = quantize_block_and_channel(v, BLOCK_KV, "v")
+        k8t = v8t = None
         config = forward_config(q.shape[-1], factored=True)
         if cuda:
             from deltamatch.kernels import cuda_lib
@@ -65,6 +61,10 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
                                         config=config)
         factored = dict(q=q, k8t=k8t_c, skc=sk_c)
     else:
+        k_mean = token_mean(k)
+        q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
+        k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean)
+        v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
         o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
     saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
     return o, saved, factored
@@ -75,11 +75,17 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
     """Quantise dO (and form the stale / consistent δ), run the backward kernels: ``(dq, dk, dv)``. ``ds_stats``:
     the dS row-sum diagnostics of ``triton_bwd.attention_backward``."""
     do = do.contiguous()
-    layouts = "token" if mode == "matched_factored" else "both"  # its dV reads dÔ per channel (triton_bwd)
-    do_amax = channel_amaxes(do) if factored else None  # dÔᶜ's amax, folded by the dÔ pass
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts, channel_amax=do_amax)
+    if factored:  # dÔ block-scaled (dP) and per channel (dV) from one read; δ is the δ pass's
+        fragment = k_fragment_order(do.shape[-1], do.dtype)  # the order the CUDA dK/dV reads dÔᶜ in
+        do8, sdo, do8t_c, sdoc = quantize_block_and_channel(do, BLOCK_Q, "do", fragment_order=fragment)
+        n_pad = do8.shape[2]
+        delta = torch.empty(do8.shape[:2] + (n_pad,), device=do.device, dtype=torch.float32)
+        factored = dict(factored, do8t=do8t_c, sdoc=sdoc, do_fragment=fragment)
+        return attention_backward(saved, do8, None, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes,
+                                  dtypes, ds_stats=ds_stats, factored=factored)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode)
     return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,
-                              ds_stats=ds_stats, factored=dict(factored, do=do, do_amax=do_amax) if factored else None)
+                              ds_stats=ds_stats)
 
 
 class _TritonFP8Attention(torch.autograd.Function):

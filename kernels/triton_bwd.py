@@ -532,6 +532,11 @@ def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     return cuda_kernels_selected(head_dim, dtype)
 
 
+def _natural_order(x8t: torch.Tensor) -> torch.Tensor:
+    """Channel-major codes in ``fragment_token_order`` put back in token order (for Triton's kernels)."""
+    return x8t[..., torch.argsort(fragment_token_order(x8t.shape[-1], x8t.device))].contiguous()
+
+
 def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes):
     """dQ, dK and dV of ``matched_factored`` by the CUDA kernels, promoted as the configs' ``ACC_PROMOTE`` asks."""
     from deltamatch.kernels import cuda_lib
@@ -661,8 +666,10 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
     ``backward_config`` (the tuning sweep).
 
     ``mode="matched_factored"``: Delta-Matching in the factored scale layout (kernels/README.md). ``factored`` then
-    holds ``q`` (the public-layout queries, for Q' = s ⊙ Q), ``do`` (dO, for dÔ per channel) and the forward's K̂ᶜ
-    (``k8t`` token-major codes, ``skc`` channel scales); the δ pass also forms dŜ's row scales s.
+    holds ``q`` (the public-layout queries, for Q' = s ⊙ Q), the forward's K̂ᶜ (``k8t`` channel-major codes, ``skc``
+    channel scales), and dÔ per channel: either ``do`` (dO, quantised here) or ``do8t``, ``sdoc`` and
+    ``do_fragment`` (its codes, scales and whether they come in ``fragment_token_order``); the δ pass forms δ and
+    dŜ's row scales s.
     """
     device = saved["q8"].device
     cfg = config or backward_config(saved["q8"].shape[-1])
@@ -689,11 +696,17 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
         # the CUDA dK/dV kernel reads Q̂'ᶜ and dÔᶜ in its A fragments' token order (triton_quant.fragment_token_order)
         _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel", fragment_order=cuda)
-        _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", amax=factored.get("do_amax"),
-                                               fragment_order=cuda)
+        if "do8t" in factored:  # dÔᶜ made beside dÔ (triton_attention.fp8_backward), in the order it says
+            do8t_c, sdoc = factored["do8t"], factored["sdoc"]
+            if factored["do_fragment"] and not cuda:
+                do8t_c = _natural_order(do8t_c)
+            elif cuda and not factored["do_fragment"]:
+                do8t_c = do8t_c[..., fragment_token_order(do8t_c.shape[-1], do8t_c.device)].contiguous()
+        else:
+            _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", fragment_order=cuda)
         k8t = factored["k8t"]
         if not cuda and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # the forward ordered it for CUDA's dQ
-            k8t = k8t[..., torch.argsort(fragment_token_order(k8t.shape[-1], k8t.device))].contiguous()
+            k8t = _natural_order(k8t)
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=k8t, skc=factored["skc"])
         if cuda:
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)

@@ -109,7 +109,10 @@ def round_e4m3_fp32(x):
     y = a * inv_step  # exact: power-of-two scaling; y < 16
     y = (y + 8388608.0) - 8388608.0  # round half to even at integer resolution (FP32 RNE, 0 <= y < 2^23)
     r = y * step
-    return tl.where(x < 0, -r, r)
+    # the sign copied bit for bit: ``-r`` is ``0 - r`` in Triton, so a negative x that rounds to zero would give +0
+    # where the hardware cast (and PyTorch's) gives -0
+    sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -305,6 +308,88 @@ def _per_channel_quant_pass_kernel(
         tl.store(scale_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, scale)
 
 
+@triton.jit
+def _column_stats_kernel(
+    x_ptr, part_ptr,  # x (B, N, H, D); partials (B·H, NBLK, 3, D) fp32: Σx, max x, min x of each block's valid rows
+    stride_xb, stride_xn, stride_xh,
+    N, H, NBLK,
+    HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    """One block of rows' per-channel sum, max and min, written plainly (the reduction over blocks is the next
+    launch's, in a fixed order: no atomics, so the mean's bits do not depend on the order programs run in)."""
+    pid_r, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    valid = (rows < N)[:, None]
+    x = _load_rows(x_ptr, b, h, N, stride_xb, stride_xn, stride_xh, rows, HEAD_DIM)  # zero in rows >= N
+    offs_d = tl.arange(0, HEAD_DIM)
+    part = part_ptr + (bh.to(tl.int64) * NBLK + pid_r) * 3 * HEAD_DIM + offs_d
+    tl.store(part, tl.sum(x, 0))
+    tl.store(part + HEAD_DIM, tl.max(tl.where(valid, x, -float("inf")), 0))
+    tl.store(part + 2 * HEAD_DIM, tl.min(tl.where(valid, x, float("inf")), 0))
+
+
+@triton.jit
+def _column_stats_reduce_kernel(
+    part_ptr, mean_ptr, amax_ptr,  # partials as _column_stats_kernel's; mean and amax (B, H, D) fp32
+    N, NBLK,
+    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Fold a (batch, head)'s block partials in block order: mean = Σx / N, and the amax of the centred values
+    max(fl(max x − mean), fl(mean − min x)), which is max |fl(x − mean)| bit for bit: x ↦ fl(x − mean) does not
+    decrease, so its extremes are those of x, and negation is exact."""
+    bh = tl.program_id(0)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_c = tl.arange(0, CHUNK)
+    total = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    hi = tl.full([HEAD_DIM], -float("inf"), tl.float32)
+    lo = tl.full([HEAD_DIM], float("inf"), tl.float32)
+    for c0 in range(0, NBLK, CHUNK):
+        blk = c0 + offs_c
+        ptrs = part_ptr + (bh.to(tl.int64) * NBLK + blk)[:, None] * 3 * HEAD_DIM + offs_d[None, :]
+        inside = (blk < NBLK)[:, None]
+        total += tl.sum(tl.load(ptrs, mask=inside, other=0.0), 0)
+        hi = tl.maximum(hi, tl.max(tl.load(ptrs + HEAD_DIM, mask=inside, other=-float("inf")), 0))
+        lo = tl.minimum(lo, tl.min(tl.load(ptrs + 2 * HEAD_DIM, mask=inside, other=float("inf")), 0))
+    mean = tl.math.div_rn(total, tl.zeros([HEAD_DIM], dtype=tl.float32) + N)
+    tl.store(mean_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, mean)
+    tl.store(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, tl.maximum(hi - mean, mean - lo))
+
+
+@triton.jit
+def _block_and_channel_pass_kernel(
+    x_ptr, mean_ptr, amax_ptr,  # x (B, N, H, D); mean (B, H, D) when CENTRE; the per-channel amax (B, H, D)
+    x8_ptr, sx_ptr,  # block-scaled codes (B, H, N_pad, D), their scales (B, H, N_pad / BLOCK_ROWS)
+    x8t_ptr, sxc_ptr,  # per-channel codes (B, H, D, N_pad), their scales (B, H, D)
+    stride_xb, stride_xn, stride_xh,
+    N, N_PAD, H,
+    HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
+    STORE_MODE: tl.constexpr, FRAGMENT_ORDER: tl.constexpr = False,
+):
+    """One read of a block of rows, two casts: with the block's own scale to token-major codes (``_quant_pass_kernel``'s
+    bits) and with its channels' scales to channel-major codes (``_per_channel_quant_pass_kernel``'s). FRAGMENT_ORDER:
+    the rows are loaded in ``fragment_token_order``; the token-major store puts each row back at its token."""
+    pid_r, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    local = tl.arange(0, BLOCK_ROWS)
+    if FRAGMENT_ORDER:  # position 16G + 4q + j holds token 16G + 2q + (j & 1) + 8 (j >> 1)
+        local = (local & ~15) | (((local >> 2) & 3) << 1) | (local & 1) | (((local >> 1) & 1) << 3)
+    rows = pid_r * BLOCK_ROWS + local
+    x = _per_channel_block(x_ptr, mean_ptr, mean_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
+                           HEAD_DIM, CENTRE, False)  # zero in padded rows, as the block pass's
+    offs_d = tl.arange(0, HEAD_DIM)
+    scale = scale_from_amax(tl.max(tl.max(tl.abs(x), 1), 0))
+    codes = to_e4m3(tl.math.div_rn(x, scale), ROUND_FP32)
+    base = bh.to(tl.int64) * N_PAD * HEAD_DIM
+    tl.store(x8_ptr + base + rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], codes)
+    tl.store(sx_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
+    channel_scale = scale_from_amax(tl.load(amax_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d))  # [D]
+    channel_codes = to_e4m3(tl.math.div_rn(x, channel_scale[None, :]), ROUND_FP32)
+    _store_codes(x8t_ptr, x8t_ptr, channel_codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, 2)
+    if pid_r == 0:
+        tl.store(sxc_ptr + bh.to(tl.int64) * HEAD_DIM + offs_d, channel_scale)
+
+
 def _check_public(x: torch.Tensor, name: str) -> None:
     if x.dim() != 4 or x.stride(-1) != 1:
         raise ValueError(f"{name} must be (B, N, H, D) with a contiguous last dim, got {tuple(x.shape)} {x.stride()}")
@@ -486,6 +571,62 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
         *operands, amax, *_code_args(x8, x8t), scales, *shape, **flags, BLOCK_ROWS=rows, num_warps=warps,
         ROUND_FP32=round_fp32_in_kernels(), **store_flags(store_mode, layouts), FRAGMENT_ORDER=fragment_order)
     return x8, x8t, scales
+
+
+STATS_ROWS = 128
+"""Rows per program of ``centring_stats``'s partial sums (``BLOCK_Q``: every block of ``N_pad`` holds a valid row)."""
+BLOCK_AND_CHANNEL_WARPS = {64: 4, 128: 8, 256: 8}
+"""num_warps of ``quantize_block_and_channel`` by head dim (at D = 128, 8 as the per-channel cast's; until timed)."""
+
+
+def centring_stats(x: torch.Tensor, name: str = "k") -> tuple[torch.Tensor, torch.Tensor]:
+    """K's centring from one read: the FP32 token mean ``(B, H, D)`` of a public-layout ``(B, N, H, D)`` ``x`` and the
+    per-channel amax of the centred values, max over tokens of |fl(x − mean)|, ``(B, H, D)``: the amax
+    ``quantize_per_channel(x, mean=mean)`` forms in a launch of its own, bit for bit (``_column_stats_reduce_kernel``
+    says why). Two launches: per-block partial sums, maxima and minima, then their fold in block order, so the mean is
+    deterministic; its bits are the fold's, not ``token_mean``'s (torch's reduction order)."""
+    _check_public(x, name)
+    b, n, h, d = x.shape
+    nblk = triton.cdiv(n, STATS_ROWS)
+    part = torch.empty((b * h, nblk, 3, d), device=x.device, dtype=torch.float32)
+    mean, amax = (torch.empty((b, h, d), device=x.device, dtype=torch.float32) for _ in range(2))
+    _column_stats_kernel[(nblk, b * h)](x, part, x.stride(0), x.stride(1), x.stride(2), n, h, nblk,
+                                        HEAD_DIM=d, BLOCK_ROWS=STATS_ROWS, num_warps=_warps(STATS_ROWS, d))
+    _column_stats_reduce_kernel[(b * h,)](part, mean, amax, n, nblk, HEAD_DIM=d, CHUNK=16, num_warps=4)
+    return mean, amax
+
+
+def quantize_block_and_channel(x: torch.Tensor, block_rows: int, name: str = "x", *, mean: torch.Tensor | None = None,
+                               amax: torch.Tensor | None = None, fragment_order: bool = False,
+                               store_mode: int | None = None):
+    """Both of an operand's factored-layout copies from one read of x: ``(x8, sx, x8t_c, sxc)``, the block-scaled
+    token-major codes and scales of ``quantize_operand(x, block_rows, layouts="token", mean=mean)`` and the per-channel
+    channel-major codes and scales of ``quantize_per_channel(x, mean=mean, layouts="channel", amax=amax,
+    fragment_order=fragment_order)``, bit for bit. ``mean`` (B, H, D) FP32 centres x first (K's); ``amax`` is the
+    per-channel amax of the (centred) values (``centring_stats`` forms K's with its mean), else an amax launch of
+    ``quantize_per_channel``'s forms it. One program a scale block: ``block_rows`` (64 or 128) rows."""
+    _check_per_channel(x, name, mean, None)
+    _check_amax(amax, x, "amax")
+    if block_rows not in (BLOCK_KV, BLOCK_Q):
+        raise ValueError(f"block_rows {block_rows}: expected {BLOCK_KV} (K, V) or {BLOCK_Q} (Q, dO)")
+    b, n, h, d = x.shape
+    n_pad = padded_len(n)
+    x8, x8t = code_buffers(x, "both")
+    sx = torch.empty((b, h, n_pad // block_rows), device=x.device, dtype=torch.float32)
+    sxc = torch.empty((b, h, d), device=x.device, dtype=torch.float32)
+    shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
+    mean_arg = sxc if mean is None else mean.contiguous()  # sxc stands in for an absent mean, never read
+    if amax is None:
+        amax = torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
+        rows, warps = _per_channel_launch(d, "amax")
+        _per_channel_amax_pass_kernel[(n_pad // rows, b * h)](x, mean_arg, mean_arg, amax, *shape, HEAD_DIM=d,
+                                                              CENTRE=mean is not None, ROW_SCALED=False,
+                                                              BLOCK_ROWS=rows, num_warps=warps)
+    _block_and_channel_pass_kernel[(n_pad // block_rows, b * h)](
+        x, mean_arg, amax, x8, sx, x8t, sxc, *shape, HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=mean is not None,
+        ROUND_FP32=round_fp32_in_kernels(), STORE_MODE=store_flags(store_mode, "channel")["STORE_MODE"],
+        FRAGMENT_ORDER=fragment_order, num_warps=BLOCK_AND_CHANNEL_WARPS.get(d, _warps(block_rows, d)))
+    return x8, sx, x8t, sxc
 
 
 def quantize_per_channel_torch(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor | None = None,

@@ -3,7 +3,7 @@
 Compiling every kernel of every head dim takes minutes on a CI core, so the tests compile a representative subset
 (D = 128 in full: both masks, every quantisation variant and ``matched_factored``'s causal kernels; D = 64 causal and
 D = 256 non-causal attention kernels, and the stale dO pass at D = 256; the Q pass at D = 128 under every other
-code-store mode, to PTX) and ``dm-kernel-check`` compiles everything (94 kernels; 122 with ``--load-variants``, 175
+code-store mode, to PTX) and ``dm-kernel-check`` compiles everything (109 kernels; 137 with ``--load-variants``, 217
 with ``--store-variants``).
 """
 
@@ -17,7 +17,8 @@ from deltamatch.kernels import check
 # which of the spec's seven matmuls (kernels/README.md) each kernel computes
 MATMULS = {"attn_fwd": {1, 2}, "attn_bwd_dkdv": {3, 4, 5, 7}, "attn_bwd_dk": {3, 4, 7}, "attn_bwd_dv": {3, 5},
            "attn_bwd_dq": {3, 4, 6}, "attn_bwd_delta_matched": {3, 4}, "quant_pass": set(),
-           "quant_do_delta_pass": set(), "per_channel_amax_pass": set(), "per_channel_quant_pass": set()}
+           "quant_do_delta_pass": set(), "per_channel_amax_pass": set(), "per_channel_quant_pass": set(),
+           "column_stats": set(), "column_stats_reduce": set(), "block_and_channel_pass": set()}
 
 
 def _subset():
@@ -59,6 +60,10 @@ def test_the_default_covers_both_masks_and_every_quant_variant():
     assert next(s for s in specs if s.variant == "causal-factored" and s.name.endswith("delta_matched")).constexprs[
         "ROW_SCALES"]
     assert {v for n, v in variants if n.startswith("per_channel")} == {"v_channel", "k_channel", "q_channel"}
+    both = {s.variant: s.constexprs for s in specs if s.name == "block_and_channel_pass"}
+    assert set(both) == {"k_both", "v_both", "do_both"}
+    assert both["k_both"]["CENTRE"] and both["k_both"]["FRAGMENT_ORDER"] and both["k_both"]["BLOCK_ROWS"] == 64
+    assert not both["v_both"]["CENTRE"] and both["do_both"]["BLOCK_ROWS"] == 128
     k = next(s for s in check.kernel_specs(64) if s.variant == "k")
     assert k.constexprs["CENTRE"] and k.constexprs["BLOCK_ROWS"] == 64
 
@@ -67,7 +72,8 @@ def test_store_variants_cover_every_pass_that_stores_codes_under_every_other_mod
     from deltamatch.kernels.triton_quant import STORE_MODE, STORE_MODES
 
     launched = [s for s in check.kernel_specs(128) if "STORE_MODE" in s.constexprs]
-    assert {s.name for s in launched} == {"quant_pass", "quant_do_delta_pass", "per_channel_quant_pass"}
+    assert {s.name for s in launched} == {"quant_pass", "quant_do_delta_pass", "per_channel_quant_pass",
+                                          "block_and_channel_pass"}
     assert all(s.constexprs["STORE_MODE"] == STORE_MODE for s in launched)
     extra = check.kernel_specs(128, store_variants=True)[len(check.kernel_specs(128)):]
     assert len(extra) == len(launched) * (len(STORE_MODES) - 1)

@@ -216,3 +216,30 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
             assert out[1 - i] is None and torch.equal(bits(out[i]), bits(pointers[i])), (name, lay)
             for j in range(2, len(out)):  # scales (and δ)
                 assert same(out[j], pointers[j], j), (name, lay, j)
+
+
+@pytest.mark.parametrize("n", [1000, 8192])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_one_read_gives_both_factored_copies_of_the_two_passes(d, n):
+    """matched_factored's K, V and dO quantisation on the hardware's cast and layout conversions: K's mean and centred
+    amax from one read (``centring_stats``; the amax exactly max |fl(k − mean)|, the mean deterministic and within
+    FP32 summation order of PyTorch's), and ``quantize_block_and_channel``'s four outputs the bits of the block pass
+    and the per-channel pass it replaces, in natural and fragment token order, 64- and 128-row blocks."""
+    from deltamatch.kernels import triton_quant as tq
+
+    q, k, v, do = make(b=2, n=n, h=2, hk=2, d=d)
+    bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)  # noqa: E731
+    mean, amax = tq.centring_stats(k)
+    again = tq.centring_stats(k)
+    assert torch.equal(bits(mean), bits(again[0])) and torch.equal(bits(amax), bits(again[1]))
+    assert torch.allclose(mean, k.mean(dim=1, dtype=torch.float32), rtol=1e-5, atol=1e-6)
+    centred = k.float().transpose(1, 2) - mean[:, :, None]
+    assert torch.equal(bits(amax), bits(centred.abs().amax(dim=2)))
+    for name, x, rows, m, a in (("k", k, tq.BLOCK_KV, mean, amax), ("v", v, tq.BLOCK_KV, None, None),
+                                ("do", do, tq.BLOCK_Q, None, None)):
+        for fragment in (False, True):
+            both = tq.quantize_block_and_channel(x, rows, name, mean=m, amax=a, fragment_order=fragment)
+            x8, _, sx = tq.quantize_operand(x, rows, centre=m is not None, mean=m, layouts="token")
+            _, x8t, sxc = tq.quantize_per_channel(x, name, mean=m, layouts="channel", fragment_order=fragment)
+            for i, (got, want) in enumerate(zip(both, (x8, sx, x8t, sxc))):
+                assert torch.equal(bits(got), bits(want)), (name, fragment, i)

@@ -104,6 +104,7 @@ def _measure() -> dict:
                                           for a, b in zip(run(STORE_MODES["pointers"], "token"), pointers)]
         del os.environ[STORE_UNUSED_SWITCH]
     out["folded_amax"] = _folded_amax(gen)
+    out["block_and_channel"] = _block_and_channel(gen)
     out["fragment_order"] = _fragment_order(gen)
     return out
 
@@ -169,6 +170,44 @@ def _folded_amax(gen) -> dict:
     return out
 
 
+BLOCK_AND_CHANNEL_CASES = [  # (name, dtype, b, n, h, d, block rows, centred, fragment order)
+    ("k centred, fragment order", "bfloat16", 1, 70, 2, 128, 64, True, True),
+    ("k centred, natural order", "bfloat16", 2, 200, 2, 64, 64, True, False),
+    ("v", "float16", 2, 130, 2, 64, 64, False, False),
+    ("dO, fragment order", "bfloat16", 1, 130, 3, 64, 128, False, True),
+]
+
+
+def _block_and_channel(gen) -> dict:
+    """``centring_stats`` against PyTorch's mean and amax, and ``quantize_block_and_channel`` against the two passes it
+    replaces (``quantize_operand(layouts="token")``, ``quantize_per_channel(layouts="channel")``) given that mean."""
+    from deltamatch.kernels.triton_quant import (centring_stats, quantize_block_and_channel, quantize_operand,
+                                                 quantize_per_channel)
+
+    out = {}
+    for name, dtype, b, n, h, d, rows, centred, fragment in BLOCK_AND_CHANNEL_CASES:
+        x, _ = _case_input(dtype, b, n, h, d, False, False, gen)
+        mean = amax = None
+        m = {}
+        if centred:
+            mean, amax = centring_stats(x, "k")
+            torch_mean = x.mean(dim=1, dtype=torch.float32)
+            inner = x.float().transpose(1, 2) - mean[:, :, None]  # the centring of the passes, with this mean
+            m["mean_close"] = bool(torch.allclose(mean, torch_mean, rtol=1e-5, atol=1e-6))
+            m["mean_err"] = (mean - torch_mean).abs().max().item()
+            m["amax_exact"] = bool(torch.equal(_bits(amax), _bits(inner.abs().amax(dim=2))))
+        both = quantize_block_and_channel(x, rows, "x", mean=mean, amax=amax, fragment_order=fragment)
+        if centred:  # the same codes with the amax launch of quantize_per_channel's instead of centring_stats'
+            m["own_amax"] = [bool(torch.equal(_bits(a), _bits(c)))
+                             for a, c in zip(both, quantize_block_and_channel(x, rows, "x", mean=mean,
+                                                                              fragment_order=fragment))]
+        x8, _, sx = quantize_operand(x, rows, centre=centred, mean=mean, layouts="token")
+        _, x8t, sxc = quantize_per_channel(x, "x", mean=mean, layouts="channel", fragment_order=fragment)
+        m["equal"] = [bool(torch.equal(_bits(a), _bits(c))) for a, c in zip(both, (x8, sx, x8t, sxc))]
+        out[name] = m
+    return out
+
+
 @pytest.fixture(scope="module")
 def measured():
     return run_child(__file__, timeout=300)
@@ -224,6 +263,18 @@ def test_a_block_pass_folds_the_per_channel_amax_bit_for_bit(measured, name):
     assert measured["folded_amax"]["default_gives_none"]  # off unless DELTAMATCH_KERNEL_FOLD_AMAX=1
 
 
+@pytest.mark.parametrize("case", BLOCK_AND_CHANNEL_CASES, ids=[c[0] for c in BLOCK_AND_CHANNEL_CASES])
+def test_one_read_gives_both_factored_copies_bit_for_bit(measured, case):
+    """K's mean and centred amax from one read (the amax exactly max |fl(x − mean)|, the mean within FP32 summation
+    order of PyTorch's), and the block-scaled token-major and per-channel channel-major codes and scales of one pass
+    the bits of the two passes they replace, in both token orders, ragged N, 64- and 128-row blocks."""
+    m = measured["block_and_channel"][case[0]]
+    assert m["equal"] == [True] * 4, m
+    if case[7]:
+        assert m["mean_close"] and m["amax_exact"], m
+        assert m["own_amax"] == [True] * 4, m
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_fragment_order_permutes_the_channel_major_codes_and_nothing_else(measured, case):
     assert measured["fragment_order"][case[0]] == dict(permuted_natural=True, twin=True, scales=True, moved=True,
@@ -244,7 +295,8 @@ def test_fragment_token_order_is_the_accumulator_lanes_bytes_at_the_a_fragments_
 
 
 def test_bad_inputs_are_refused_by_name_before_any_launch():
-    from deltamatch.kernels.triton_quant import padded_len, quantize_operand, quantize_per_channel
+    from deltamatch.kernels.triton_quant import (centring_stats, padded_len, quantize_block_and_channel,
+                                                 quantize_operand, quantize_per_channel)
 
     x = torch.randn(1, 130, 2, 64, dtype=torch.bfloat16)
     mean = torch.zeros(1, 2, 64)
@@ -271,6 +323,12 @@ def test_bad_inputs_are_refused_by_name_before_any_launch():
         quantize_operand(x, 64, channel_amax=mean.double())
     with pytest.raises(ValueError, match=r"^fragment_order: a channel-major layout, so layouts='channel'"):
         quantize_per_channel(x, "v", fragment_order=True)
+    with pytest.raises(ValueError, match=r"^block_rows 32: expected 64 \(K, V\) or 128 \(Q, dO\)"):
+        quantize_block_and_channel(x, 32, "v")
+    with pytest.raises(ValueError, match=r"^amax must be a contiguous FP32 \(B, H, D\)"):
+        quantize_block_and_channel(x, 64, "v", amax=mean[:, :1])
+    with pytest.raises(ValueError, match=r"^k must be \(B, N, H, D\)"):
+        centring_stats(x[0])
 
 
 if __name__ == "__main__":
