@@ -356,6 +356,73 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
     return rows
 
 
+BOTH_PASS_WARPS = (4, 8, 16)
+"""num_warps timed by ``both_pass_rows`` (the launched ``triton_quant.BLOCK_AND_CHANNEL_WARPS`` first)."""
+STATS_CONFIGS = [(64, 4), (128, 4), (128, 8), (256, 8), (256, 16)]
+"""(BLOCK_ROWS, num_warps) of ``centring_stats``'s partial-sum launch timed by ``both_pass_rows``."""
+
+
+def both_pass_rows(d=128, n=SEQ) -> list[dict]:
+    """matched_factored's one-read passes, timed alone (do_bench median): ``quantize_block_and_channel``'s launch for
+    K (centred, fragment order), V and dO under each of ``BOTH_PASS_WARPS`` (the amax given), and K's mean and centred
+    amax (``centring_stats``: the partial-sum launch under each of ``STATS_CONFIGS``, then the fold); codes, scales,
+    mean and amax compared bit for bit with the launched config's (the first row of each case). Mean and amax are
+    compared as FP32 sums in another block order would differ: only configs with the launched rows are bit-equal."""
+    from deltamatch.kernels import triton_quant as tq
+
+    h = 2048 // d
+    x = torch.randn(64 // h, n, h, d, device="cuda", dtype=torch.bfloat16)
+    b, n_pad = x.shape[0], tq.padded_len(n)
+    mean, amax = tq.centring_stats(x)
+    plain_amax = x.float().abs().amax(dim=1).contiguous()
+    shape = (x.stride(0), x.stride(1), x.stride(2), n, n_pad, h)
+    rows = []
+    for name, block_rows, centre, fragment in (("k centred", 64, True, True), ("v", 64, False, False),
+                                                ("dO", 128, False, True)):
+        x8, x8t = tq.code_buffers(x, "both")
+        sx, sxc = torch.empty((b, h, n_pad // block_rows), device="cuda"), torch.empty((b, h, d), device="cuda")
+        reference = None
+        launched = tq.BLOCK_AND_CHANNEL_WARPS[d]
+        for warps in (launched, *BOTH_PASS_WARPS):
+            def run():
+                tq._block_and_channel_pass_kernel[(n_pad // block_rows, b * h)](
+                    x, mean, amax if centre else plain_amax, x8, sx, x8t, sxc, *shape, HEAD_DIM=d,
+                    BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=tq.round_fp32_in_kernels(),
+                    STORE_MODE=tq.STORE_MODE, FRAGMENT_ORDER=fragment, num_warps=warps)
+            for t in (x8, x8t):
+                t.view(torch.uint8).fill_(0xFF)
+            timed = _bits_and_times((run,), (x8, sx, x8t, sxc), reference, f"both {name} {warps} warps")
+            if timed is None:
+                continue
+            reference, equal, (ms,) = timed
+            rows.append(dict(head_dim=d, kernel="block_and_channel", config=dict(case=name, BLOCK_ROWS=block_rows,
+                                                                                  num_warps=warps), ms=ms,
+                             bit_equal=equal))
+            print(f"D={d} both {name:10s} {block_rows:3d} rows {warps:2d} warps: {ms:.4f} ms, bit-equal {equal}",
+                  flush=True)
+    reference = None
+    for block_rows, warps in [(tq.STATS_ROWS, tq._warps(tq.STATS_ROWS, d))] + STATS_CONFIGS:
+        nblk = (n + block_rows - 1) // block_rows
+        part = torch.empty((b * h, nblk, 3, d), device="cuda")
+        m, a = torch.empty_like(mean), torch.empty_like(mean)
+
+        def partial():
+            tq._column_stats_kernel[(nblk, b * h)](x, part, *shape[:3], n, h, nblk, HEAD_DIM=d, BLOCK_ROWS=block_rows,
+                                                   num_warps=warps)
+
+        def fold():
+            tq._column_stats_reduce_kernel[(b * h,)](part, m, a, n, nblk, HEAD_DIM=d, CHUNK=16, num_warps=4)
+        timed = _bits_and_times((partial, fold), (m, a), reference, f"centring stats {block_rows} rows {warps} warps")
+        if timed is None:
+            continue
+        reference, equal, (partial_ms, fold_ms) = timed
+        rows.append(dict(head_dim=d, kernel="centring_stats", config=dict(BLOCK_ROWS=block_rows, num_warps=warps),
+                         partial_ms=partial_ms, fold_ms=fold_ms, bit_equal=equal))
+        print(f"D={d} centring stats {block_rows:3d} rows {warps:2d} warps: partial {partial_ms:.4f} ms, fold "
+              f"{fold_ms:.4f} ms, bit-equal {equal}", flush=True)
+    return rows
+
+
 def _write_rows(path: str, rows: list[dict]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -374,8 +441,13 @@ def main():
     parser.add_argument("--kinds", nargs="+", choices=sorted(MATMULS), help="time these kernels only")
     parser.add_argument("--factored-only", action="store_true",
                         help="only the factored layout's configs (FACTORED forward, ROW_SCALES δ pass)")
+    parser.add_argument("--both-only", action="store_true",
+                        help="time matched_factored's one-read passes only (BOTH_PASS_WARPS, STATS_CONFIGS)")
     args = parser.parse_args()
     select = dict(kinds=args.kinds, factored_only=args.factored_only)
+    if args.both_only:
+        _write_rows(os.path.join(args.out, "both_sweep.jsonl"), [r for d in args.head_dims for r in both_pass_rows(d)])
+        return
     if args.per_channel_only:
         _write_rows(os.path.join(args.out, "per_channel_sweep.jsonl"), per_channel_rows() + block_pass_rows())
         return
