@@ -11,7 +11,9 @@ Scales follow kernels/README.md: one FP32 scale per ``BLOCK_ROWS`` tokens × D (
 head) first. The dO pass also forms the row-wise δ of the ``stale`` (Σ dO·O) and ``consistent`` (Σ dÔ·O) methods,
 since it holds both dO and its dequantised codes. The factored layout's per-channel pass (``quantize_per_channel``)
 takes one scale per channel over every token instead, so it needs the whole (batch, head) before any cast: one launch
-gathers the amax, a second reads x again and casts.
+gathers the amax, a second reads x again and casts. matched_factored's K, V and dO need both a block-scaled and a
+per-channel copy; ``quantize_block_and_channel`` writes both from one read, and ``centring_stats`` forms K's mean and
+its centred per-channel amax from one read before it.
 
 Triton's interpreter casts FP32 to FP8 by truncation, so with ``ROUND_FP32`` the kernels first round to the E4M3 grid
 in FP32 arithmetic (``round_e4m3_fp32``), after which any cast is exact. On the GPU the hardware cast (``cvt.rn``) is
@@ -75,10 +77,6 @@ per-channel V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ channel-major), and a pass that writ
 module docstring): on the H200 the Q pass takes 0.083 ms with the token-major store alone against 0.218 with both."""
 STORE_UNUSED_SWITCH = "DELTAMATCH_KERNEL_STORE_UNUSED"
 """``1``: every pass writes both layouts, as before ``LAYOUTS`` (the A/B of kernels/NOTES.md)."""
-FOLD_AMAX_SWITCH = "DELTAMATCH_KERNEL_FOLD_AMAX"
-"""``1``: matched_factored's block passes of K, V and dO fold the per-channel amaxes (``channel_amaxes``) and their
-per-channel passes skip the amax launch. Off by default: on the H200 (session 11, kernels/NOTES.md) the three amax
-launches saved 0.17 ms but the block passes with the atomic max took 0.21 ms more."""
 
 
 def env_switch(name: str) -> bool | None:
@@ -203,17 +201,15 @@ def _quant_pass_kernel(
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, amax_ptr=None, CHANNEL_AMAX: tl.constexpr = False,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    x, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
+    _, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
                                    HEAD_DIM, CENTRE, ROUND_FP32)
     _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
-    if CHANNEL_AMAX:  # the per-channel pass's amax of the same (centred, zero-padded) values: saves it a read of x
-        _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM)
 
 
 @triton.jit
@@ -223,10 +219,9 @@ def _quant_do_delta_pass_kernel(
     stride_db, stride_dn, stride_dh, stride_ob, stride_on, stride_oh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, DELTA: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, amax_ptr=None, CHANNEL_AMAX: tl.constexpr = False,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
-    """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik);
-    CHANNEL_AMAX: fold dO's per-channel max |dO| into ``amax_ptr`` too."""
+    """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik)."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -234,8 +229,6 @@ def _quant_do_delta_pass_kernel(
                                     HEAD_DIM, False, ROUND_FP32)
     _store_codes(do8_ptr, do8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
-    if CHANNEL_AMAX:
-        _fold_channel_amax(amax_ptr, bh, do, HEAD_DIM)
     if DELTA != 0:
         offs_d = tl.arange(0, HEAD_DIM)
         o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -453,16 +446,6 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
     return x.mean(dim=1, dtype=torch.float32).contiguous()
 
 
-def channel_amaxes(x: torch.Tensor) -> torch.Tensor | None:
-    """A zeroed FP32 (B, H, D) amax for a block pass to fold ``x``'s per-channel max |x| into (``channel_amax=`` of
-    ``quantize_operand`` and ``quantize_do_and_delta``), to hand to ``quantize_per_channel(amax=...)`` of the same
-    values; None (each per-channel pass runs its own amax launch) unless :data:`FOLD_AMAX_SWITCH` is 1."""
-    if not env_switch(FOLD_AMAX_SWITCH):
-        return None
-    b, _, h, d = x.shape
-    return torch.zeros((b, h, d), device=x.device, dtype=torch.float32)
-
-
 def _check_amax(amax: torch.Tensor | None, x: torch.Tensor, what: str) -> None:
     b, _, h, d = x.shape
     if amax is not None and (amax.shape != (b, h, d) or amax.dtype != torch.float32 or not amax.is_contiguous()
@@ -472,17 +455,13 @@ def _check_amax(amax: torch.Tensor | None, x: torch.Tensor, what: str) -> None:
 
 
 def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x",
-                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both",
-                     channel_amax: torch.Tensor | None = None):
+                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both"):
     """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean
     (``mean``, when the caller has it already: ``token_mean(x)``).
 
     ``name`` is the operand's name in errors (``q``, ``k``, ``v``); ``store_mode`` overrides ``STORE_MODE`` (every
-    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out.
-    ``channel_amax`` (``channel_amaxes(x)``, zeroed): the pass also folds the per-channel max |x − mean| into it, the
-    amax ``quantize_per_channel(x, mean=mean, amax=...)`` then needs instead of reading x once more."""
+    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out."""
     _check_public(x, name)
-    _check_amax(channel_amax, x, "channel_amax")
     b, n, h, d = x.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
@@ -497,9 +476,7 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
     _quant_pass_kernel[grid](
         x, mean, *_code_args(x8, x8t), scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode, layouts), CHANNEL_AMAX=channel_amax is not None,
-        amax_ptr=scales if channel_amax is None else channel_amax,  # a stand-in, never read, for an absent amax
-        num_warps=_warps(block_rows, d),
+        **store_flags(store_mode, layouts), num_warps=_warps(block_rows, d),
     )
     return x8, x8t, scales
 
@@ -539,9 +516,8 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     each block's per-channel max |x| into an FP32 amax by atomic max, the second reads x again and writes codes and
     scales.
     Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` and
-    ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values, folded by the
-    block pass that read them (``channel_amax=``); the first launch is then skipped (not with ``row_scales``, which no
-    block pass applies). ``fragment_order`` (``layouts="channel"`` only): the channel-major codes in
+    ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values (K's from
+    ``centring_stats``); the first launch is then skipped (not with ``row_scales``: nothing else forms that amax). ``fragment_order`` (``layouts="channel"`` only): the channel-major codes in
     ``fragment_token_order``, the layout the CUDA dK/dV and dQ kernels read (``STORE_UNUSED_SWITCH`` does not add the
     token-major copy to such a pass: its rows would come in that order too)."""
     _check_per_channel(x, name, mean, row_scales)
@@ -549,7 +525,7 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     if fragment_order and layouts != "channel":
         raise ValueError(f"fragment_order: a channel-major layout, so layouts='channel' (got {layouts!r})")
     if amax is not None and row_scales is not None:
-        raise ValueError("amax: no block pass folds the row-scaled values; pass row_scales without amax")
+        raise ValueError("amax: nothing forms the row-scaled values' amax; pass row_scales without amax")
     b, n, h, d = x.shape
     n_pad = padded_len(n)
     layouts = layouts if fragment_order else stored_layouts(layouts)  # a permuted token-major copy would be garbage
@@ -654,13 +630,12 @@ DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 
 def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store_mode: int | None = None,
-                          layouts: str = "both", channel_amax: torch.Tensor | None = None):
+                          layouts: str = "both"):
     """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for the methods whose
-    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode``, ``layouts`` and
-    ``channel_amax`` as ``quantize_operand``'s."""
+    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode`` and ``layouts`` as
+    ``quantize_operand``'s."""
     _check_public(do, "do")
     _check_public(o, "o")
-    _check_amax(channel_amax, do, "channel_amax")
     b, n, h, d = do.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
@@ -671,8 +646,6 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store
         do, o, *_code_args(do8, do8t), scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[get_method(mode).delta], ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode, layouts), CHANNEL_AMAX=channel_amax is not None,
-        amax_ptr=scales if channel_amax is None else channel_amax,  # a stand-in, never read, for an absent amax
-        num_warps=_warps(BLOCK_Q, d),
+        **store_flags(store_mode, layouts), num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta

@@ -103,7 +103,6 @@ def _measure() -> dict:
         out["layouts"][name]["switch"] = [a is not None and bool(torch.equal(_bits(a), _bits(b)))
                                           for a, b in zip(run(STORE_MODES["pointers"], "token"), pointers)]
         del os.environ[STORE_UNUSED_SWITCH]
-    out["folded_amax"] = _folded_amax(gen)
     out["block_and_channel"] = _block_and_channel(gen)
     out["fragment_order"] = _fragment_order(gen)
     return out
@@ -130,43 +129,6 @@ def _fragment_order(gen) -> dict:
                          scales=bool(torch.equal(_bits(ours_scales), _bits(scales))),
                          moved=not torch.equal(_bits(ours), _bits(natural)),
                          switch=switched[0] is None and bool(torch.equal(_bits(switched[1]), _bits(ours))))
-    return out
-
-
-def _folded_amax(gen) -> dict:
-    """The per-channel amax folded into a block pass (``channel_amax=``, under the switch that turns it on) against the
-    per-channel pass's own: the block pass's codes and scales unchanged, the per-channel pass's with the folded amax
-    the bits of its two-launch form; off by default."""
-    from deltamatch.kernels.triton_quant import (FOLD_AMAX_SWITCH, channel_amaxes, quantize_do_and_delta,
-                                                 quantize_operand, quantize_per_channel)
-
-    k, _ = _case_input("bfloat16", 1, 70, 2, 128, False, False, gen)
-    v, _ = _case_input("float16", 2, 130, 2, 64, False, False, gen)
-    do, _ = _case_input("bfloat16", 1, 130, 3, 64, False, False, gen)
-    o = torch.randn(do.shape, generator=gen).to(torch.bfloat16)
-    k_mean = k.mean(dim=1, dtype=torch.float32)
-    passes = {  # name: (block pass given an amax or None, the per-channel pass given an amax or None)
-        "k centred": (lambda a: quantize_operand(k, 64, centre=True, mean=k_mean, layouts="token", channel_amax=a),
-                      lambda a: quantize_per_channel(k, "k", mean=k_mean, layouts="channel", amax=a)),
-        "v": (lambda a: quantize_operand(v, 64, layouts="token", channel_amax=a),
-              lambda a: quantize_per_channel(v, "v", layouts="channel", amax=a)),
-        "dO": (lambda a: quantize_do_and_delta(do, o, "matched_factored", layouts="token", channel_amax=a)[:3],
-               lambda a: quantize_per_channel(do, "do", layouts="channel", amax=a)),
-    }
-    out = {"default_gives_none": channel_amaxes(k) is None}
-    os.environ[FOLD_AMAX_SWITCH] = "1"
-    for name, (block, per_channel) in passes.items():
-        x = {"k centred": k, "v": v, "dO": do}[name]
-        amax = channel_amaxes(x)
-        folded_block, plain_block = block(amax), block(None)
-        folded, plain = per_channel(amax), per_channel(None)
-        out[name] = dict(
-            block_unchanged=[a is None and b is None or bool(torch.equal(_bits(a), _bits(b)))
-                             for a, b in zip(folded_block, plain_block)],
-            per_channel_equal=[a is None and b is None or bool(torch.equal(_bits(a), _bits(b)))
-                               for a, b in zip(folded, plain)],
-            amax_positive=bool((amax.amax(dim=-1) > 0).all()))
-    del os.environ[FOLD_AMAX_SWITCH]
     return out
 
 
@@ -254,15 +216,6 @@ def test_a_pass_asked_for_one_layout_stores_its_bits_and_leaves_the_other_out(me
         assert lays["switch"] == [True, True, *rest], (name, lays)
 
 
-@pytest.mark.parametrize("name", ["k centred", "v", "dO"])
-def test_a_block_pass_folds_the_per_channel_amax_bit_for_bit(measured, name):
-    m = measured["folded_amax"][name]
-    assert all(m["block_unchanged"]) and len(m["block_unchanged"]) == 3, m
-    assert all(m["per_channel_equal"]) and len(m["per_channel_equal"]) == 3, m
-    assert m["amax_positive"], m
-    assert measured["folded_amax"]["default_gives_none"]  # off unless DELTAMATCH_KERNEL_FOLD_AMAX=1
-
-
 @pytest.mark.parametrize("case", BLOCK_AND_CHANNEL_CASES, ids=[c[0] for c in BLOCK_AND_CHANNEL_CASES])
 def test_one_read_gives_both_factored_copies_bit_for_bit(measured, case):
     """K's mean and centred amax from one read (the amax exactly max |fl(x − mean)|, the mean within FP32 summation
@@ -317,10 +270,8 @@ def test_bad_inputs_are_refused_by_name_before_any_launch():
         quantize_per_channel(x, "q", layouts="rows")
     with pytest.raises(ValueError, match=r"^amax must be a contiguous FP32 \(B, H, D\)"):
         quantize_per_channel(x, "v", amax=mean[:, :1])
-    with pytest.raises(ValueError, match=r"^amax: no block pass folds the row-scaled values"):
+    with pytest.raises(ValueError, match=r"^amax: nothing forms the row-scaled values' amax"):
         quantize_per_channel(x, "q", row_scales=rows, amax=mean)
-    with pytest.raises(ValueError, match=r"^channel_amax must be a contiguous FP32 \(B, H, D\)"):
-        quantize_operand(x, 64, channel_amax=mean.double())
     with pytest.raises(ValueError, match=r"^fragment_order: a channel-major layout, so layouts='channel'"):
         quantize_per_channel(x, "v", fragment_order=True)
     with pytest.raises(ValueError, match=r"^block_rows 32: expected 64 \(K, V\) or 128 \(Q, dO\)"):

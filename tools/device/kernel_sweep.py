@@ -309,10 +309,9 @@ BLOCK_PASS_WARPS = (2, 4, 8, 16)
 
 
 def block_pass_rows(d=128, n=SEQ) -> list[dict]:
-    """matched_factored's block passes (token-major codes only: Q̂ over 128 rows, K̂ centred and V̂ over 64, dÔ over
-    128 without δ) under each of ``BLOCK_PASS_WARPS``, and K's, V's and dO's with the per-channel amax folded in
-    (``fold_amax``), timed alone (do_bench median), codes and scales compared bit for bit with the launched
-    ``_warps`` (the first row of each case)."""
+    """The block passes (token-major codes only: Q̂ over 128 rows, K̂ centred and V̂ over 64, dÔ over 128 without δ)
+    under each of ``BLOCK_PASS_WARPS``, timed alone (do_bench median), codes and scales compared bit for bit with the
+    launched ``_warps`` (the first row of each case)."""
     from deltamatch.kernels.triton_quant import (_quant_do_delta_pass_kernel, _quant_pass_kernel, _warps, code_buffers,
                                                  padded_len, round_fp32_in_kernels, store_flags)
 
@@ -328,30 +327,24 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
         scales = torch.empty((b, h, n_pad // block_rows), device="cuda")
         grid = (n_pad // block_rows, b * h)
         reference = None
-        amax = torch.zeros((b, h, d), device="cuda")
-        launched = _warps(block_rows, d)
-        # the launched warps, each of BLOCK_PASS_WARPS, then the launched warps folding the per-channel amax (the
-        # atomic column max of DELTAMATCH_KERNEL_FOLD_AMAX=1; Q's pass never folds: Q̂'ᶜ is row-scaled)
-        for warps, fold in ((launched, False), *((w, False) for w in BLOCK_PASS_WARPS),
-                            *(((launched, True),) if name != "q" else ())):
+        for warps in (_warps(block_rows, d), *BLOCK_PASS_WARPS):
             if centre is None:
                 def run():
                     _quant_do_delta_pass_kernel[grid](x, o, x8, x8, scales, scales, *shape[:3], *shape[:3], *shape[3:],
-                                                      BLOCK_ROWS=block_rows, DELTA=0, amax_ptr=amax,
-                                                      CHANNEL_AMAX=fold, num_warps=warps, **flags)
+                                                      BLOCK_ROWS=block_rows, DELTA=0, num_warps=warps, **flags)
             else:
                 def run():
                     _quant_pass_kernel[grid](x, mean, x8, x8, scales, *shape, BLOCK_ROWS=block_rows, CENTRE=centre,
-                                             amax_ptr=amax, CHANNEL_AMAX=fold, num_warps=warps, **flags)
+                                             num_warps=warps, **flags)
             x8.view(torch.uint8).fill_(0xFF)
             timed = _bits_and_times((run,), (x8, scales), reference, f"block pass {name} {warps} warps")
             if timed is None:
                 continue
             reference, equal, (ms,) = timed
             rows.append(dict(head_dim=d, kernel="block_pass", config=dict(case=name, BLOCK_ROWS=block_rows,
-                                                                           num_warps=warps, fold_amax=fold),
+                                                                           num_warps=warps),
                              ms=ms, bit_equal=equal))
-            print(f"D={d} block pass {name:10s} {block_rows:3d} rows {warps:2d} warps{' + amax' if fold else ''}: "
+            print(f"D={d} block pass {name:10s} {block_rows:3d} rows {warps:2d} warps: "
                   f"{ms:.4f} ms, bit-equal {equal}", flush=True)
     return rows
 
