@@ -517,7 +517,8 @@ def quantize_per_channel(x: torch.Tensor, name: str = "x", *, mean: torch.Tensor
     scales.
     Bit-identical to ``quantize_per_channel_torch``, the PyTorch twin the tests compare against. ``store_mode`` and
     ``layouts`` as ``quantize_operand``'s. ``amax``: the complete per-channel amax of these values (K's from
-    ``centring_stats``); the first launch is then skipped (not with ``row_scales``: nothing else forms that amax). ``fragment_order`` (``layouts="channel"`` only): the channel-major codes in
+    ``centring_stats``); the first launch is then skipped (not with ``row_scales``: nothing else forms that amax).
+    ``fragment_order`` (``layouts="channel"`` only): the channel-major codes in
     ``fragment_token_order``, the layout the CUDA dK/dV and dQ kernels read (``STORE_UNUSED_SWITCH`` does not add the
     token-major copy to such a pass: its rows would come in that order too)."""
     _check_per_channel(x, name, mean, row_scales)
