@@ -46,9 +46,10 @@ def _tile_scale_rows(x_abs_rowmax, ROWS: tl.constexpr):
 @triton.jit
 def _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_base, skv_base, offs_m, start_n, N,
                     qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                    CAUSAL: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0):
-    """Matmuls 3 and 4 for one [BLOCK_M, BLOCK_N] tile: P (FP32, from lse) and dP̂, as both row-wise passes see them.
-    With TMA, ``k8_ptr``/``v8_ptr`` are descriptors of (B·H_kv, N_pad, D) views and ``bh_kv`` picks the head."""
+                    CAUSAL: tl.constexpr, TMA: tl.constexpr = False, bh_kv=0, RAW_DP: tl.constexpr = False):
+    """Matmuls 3 and 4 for one [BLOCK_M, BLOCK_N] tile: P (FP32, from lse) and dP̂, as both row-wise passes see them,
+    and the tile's K̂ scale. With TMA, ``k8_ptr``/``v8_ptr`` are descriptors of (B·H_kv, N_pad, D) views and ``bh_kv``
+    picks the head. RAW_DP: dÔ V̂ᵀ without its scales, and the tile's V̂ scale in the K̂ scale's place."""
     cols = start_n + tl.arange(0, BLOCK_N)
     if TMA:
         k = k8_ptr.load([bh_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
@@ -67,6 +68,8 @@ def _recompute_p_dp(q, do, s_q, s_do, lse, k8_ptr, v8_ptr, sk_ptr, sv_ptr, kv_ba
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None])
         p = tl.where(visible, p, 0.0)
+    if RAW_DP:
+        return p, tl.dot(do, tl.trans(v)), s_v  # matmul 4, its scales left to the caller
     dp = tl.dot(do, tl.trans(v)) * (s_do * s_v)  # matmul 4
     return p, dp, s_k
 
@@ -110,18 +113,40 @@ def _key_ranges(pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: 
 
 
 @triton.jit
+def _delta_terms(delta, pdp_max, p_max, p, dp, s_v, ROW_SCALES: tl.constexpr, SCALE_AFTER_SUM: tl.constexpr):
+    """One tile's share of δ (and of the row-scale maxima): ``dp`` is dP̂, or with SCALE_AFTER_SUM dÔ V̂ᵀ unscaled and
+    ``s_v`` its tile's V̂ scale (s_dO is applied once, after the last tile)."""
+    if SCALE_AFTER_SUM:
+        pdp = p * dp
+        delta += tl.sum(pdp, 1) * s_v
+        if ROW_SCALES:
+            pdp_max = tl.maximum(pdp_max, tl.max(tl.abs(pdp), 1) * s_v)
+    else:
+        delta += tl.sum(p * dp, 1)
+        if ROW_SCALES:
+            pdp_max = tl.maximum(pdp_max, tl.max(p * tl.abs(dp), 1))
+    if ROW_SCALES:
+        p_max = tl.maximum(p_max, tl.max(p, 1))
+    return delta, pdp_max, p_max
+
+
+@triton.jit
 def _attn_bwd_delta_matched_kernel(
     q8_ptr, k8_ptr, v8_ptr, do8_ptr,  # codes (.., N_pad, D)
     sq_ptr, sk_ptr, sv_ptr, sdo_ptr, lse_ptr, delta_ptr,
     rs_ptr, irs_ptr,  # ROW_SCALES only: dŜ's row scales s and 1 / s (B, H, N_pad) fp32
     qk_scale, N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    TMA: tl.constexpr = False, ROW_SCALES: tl.constexpr = False,
+    TMA: tl.constexpr = False, ROW_SCALES: tl.constexpr = False, SCALE_AFTER_SUM: tl.constexpr = False,
 ):
     """δ_i = Σ_j P_ij dP̂_ij per query row; with ROW_SCALES also the factored layout's dŜ row scale
     s_i = (max_j P_ij |dP̂_ij| + |δ_i| max_j P_ij) / 448, a bound on max_j |dS_ij| within 2× of it (kernels/README.md)
     that this pass can form because it needs δ only at the end, and 1 / s_i (the ``1.0 / s`` of the dK launch, which
-    the CUDA dK/dV kernel reads instead of dividing per tile)."""
+    the CUDA dK/dV kernel reads instead of dividing per tile).
+
+    SCALE_AFTER_SUM: dP̂'s scales (s_dO per row block, s_V per key tile: constant along the row sum) multiply each
+    tile's row sum and row max of P ⊙ (dÔ V̂ᵀ) instead of every element, two multiplies fewer per element; δ and the
+    row scales differ from the default's by FP32 rounding (the scales are applied after the sum and the max)."""
     tl.static_assert(BLOCK_N == 64, "K̂/V̂ scales are per 64 keys")
     tl.static_assert(128 % BLOCK_M == 0 and BLOCK_M % BLOCK_N == 0, "blocks nest in the scale blocks")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -138,19 +163,18 @@ def _attn_bwd_delta_matched_kernel(
     k_src, v_src = _kv_sources(k8_ptr, v8_ptr, tl.num_programs(1) // GROUP, N_PAD, HEAD_DIM, BLOCK_N, TMA)
     full_end, hi = _key_ranges(pid_m, N, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full_end, BLOCK_N):
-        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
-                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, bh_kv)
-        delta += tl.sum(p * dp, 1)
-        if ROW_SCALES:
-            pdp_max = tl.maximum(pdp_max, tl.max(p * tl.abs(dp), 1))
-            p_max = tl.maximum(p_max, tl.max(p, 1))
+        p, dp, s_v = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
+                                     start_n, N, qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, TMA, bh_kv,
+                                     SCALE_AFTER_SUM)
+        delta, pdp_max, p_max = _delta_terms(delta, pdp_max, p_max, p, dp, s_v, ROW_SCALES, SCALE_AFTER_SUM)
     for start_n in range(full_end, hi, BLOCK_N):
-        p, dp, _ = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
-                                   start_n, N, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, bh_kv)
-        delta += tl.sum(p * dp, 1)
-        if ROW_SCALES:
-            pdp_max = tl.maximum(pdp_max, tl.max(p * tl.abs(dp), 1))
-            p_max = tl.maximum(p_max, tl.max(p, 1))
+        p, dp, s_v = _recompute_p_dp(q, do, s_q, s_do, lse, k_src, v_src, sk_ptr, sv_ptr, kv_base, skv_base, offs_m,
+                                     start_n, N, qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, TMA, bh_kv,
+                                     SCALE_AFTER_SUM)
+        delta, pdp_max, p_max = _delta_terms(delta, pdp_max, p_max, p, dp, s_v, ROW_SCALES, SCALE_AFTER_SUM)
+    if SCALE_AFTER_SUM:
+        delta = delta * s_do
+        pdp_max = pdp_max * s_do
     tl.store(delta_ptr + bh.to(tl.int64) * N_PAD + offs_m, delta)
     if ROW_SCALES:
         bound = pdp_max + tl.abs(delta) * p_max
