@@ -18,8 +18,9 @@ import torch
 from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected, k_fragment_order
 from deltamatch.kernels.triton_fwd import attention_forward, forward_config
-from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, centring_stats, quantize_block_and_channel,
-                                             quantize_do_and_delta, quantize_operand, token_mean)
+from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, ONE_READ_SWITCH, centring_stats, env_switch,
+                                             quantize_block_and_channel, quantize_do_and_delta, quantize_operand,
+                                             quantize_per_channel, token_mean)
 from deltamatch.methods import implemented_by
 
 MODES = implemented_by("triton")
@@ -41,14 +42,20 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     k_fragment = mode == "matched_factored" and k_fragment_order(q.shape[-1], k.dtype)
     factored = None
     if mode == "matched_factored":
-        # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major
-        # only; K and V give both their copies from one read each, K's mean and centred amax from one read before
+        # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
         q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts="token")
-        k_mean, k_amax = centring_stats(k)
-        k8, sk, k8t_c, sk_c = quantize_block_and_channel(k, BLOCK_KV, "k", mean=k_mean, amax=k_amax,
-                                                         fragment_order=k_fragment)
-        v8, sv, v8t_c, sv_c = quantize_block_and_channel(v, BLOCK_KV, "v")
         k8t = v8t = None
+        if env_switch(ONE_READ_SWITCH):  # both copies of K and of V from one read each (slower on the H200)
+            k_mean, k_amax = centring_stats(k)
+            k8, sk, k8t_c, sk_c = quantize_block_and_channel(k, BLOCK_KV, "k", mean=k_mean, amax=k_amax,
+                                                             fragment_order=k_fragment)
+            v8, sv, v8t_c, sv_c = quantize_block_and_channel(v, BLOCK_KV, "v")
+        else:
+            k_mean = token_mean(k)
+            k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts="token")
+            v8, _, sv = quantize_operand(v, BLOCK_KV, name="v", layouts="token")
+            _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel")
+            _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", fragment_order=k_fragment)
         config = forward_config(q.shape[-1], factored=True)
         if cuda:
             from deltamatch.kernels import cuda_lib
@@ -75,17 +82,17 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
     """Quantise dO (and form the stale / consistent δ), run the backward kernels: ``(dq, dk, dv)``. ``ds_stats``:
     the dS row-sum diagnostics of ``triton_bwd.attention_backward``."""
     do = do.contiguous()
-    if factored:  # dÔ block-scaled (dP) and per channel (dV) from one read; δ is the δ pass's
+    if factored and env_switch(ONE_READ_SWITCH):  # dÔ block-scaled (dP) and per channel (dV) from one read
         fragment = k_fragment_order(do.shape[-1], do.dtype)  # the order the CUDA dK/dV reads dÔᶜ in
         do8, sdo, do8t_c, sdoc = quantize_block_and_channel(do, BLOCK_Q, "do", fragment_order=fragment)
-        n_pad = do8.shape[2]
-        delta = torch.empty(do8.shape[:2] + (n_pad,), device=do.device, dtype=torch.float32)
+        delta = torch.empty(do8.shape[:3], device=do.device, dtype=torch.float32)  # the δ pass's
         factored = dict(factored, do8t=do8t_c, sdoc=sdoc, do_fragment=fragment)
         return attention_backward(saved, do8, None, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes,
                                   dtypes, ds_stats=ds_stats, factored=factored)
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode)
+    layouts = "token" if mode == "matched_factored" else "both"  # its dV reads dÔ per channel (triton_bwd)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts)
     return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,
-                              ds_stats=ds_stats)
+                              ds_stats=ds_stats, factored=dict(factored, do=do) if factored else None)
 
 
 class _TritonFP8Attention(torch.autograd.Function):

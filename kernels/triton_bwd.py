@@ -473,6 +473,8 @@ def backward_config(head_dim: int) -> dict:
     recomputing S once more; at D = 64 the fused one wins. The δ pass loads through pointers unless
     ``DELTAMATCH_KERNEL_TMA=1``: at D = 128 its TMA descriptor loads cost matched_factored's δ pass 1.49 ms of kernel
     time a step against 1.37 (CUPTI, session 16, kernels/NOTES.md; the same bits), where the forward gains from them.
+    At D = 128 the δ pass applies dP̂'s scales after each tile's row sum (``SCALE_AFTER_SUM``: two multiplies fewer an
+    element, 124 → 95 registers; δ and the row scales move by FP32 rounding).
     """
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
     delta_tma = {"TMA": True} if env_switch(TMA_SWITCH) else {}
@@ -485,8 +487,10 @@ def backward_config(head_dim: int) -> dict:
     if dq_atomic_requested() and dkdv["BLOCK_N"] == 64:  # dQ by atomics in the dK launch (64 x 64 dŜ tiles)
         dkdv["DQ_ATOMIC"] = True
     if head_dim <= 128:
+        # D = 128: dP̂'s scales on each tile's row sum (SCALE_AFTER_SUM), 1.47 → 1.41 ms on the H200 (session 17)
+        after_sum = {"SCALE_AFTER_SUM": True} if head_dim == 128 else {}
         return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3, **tma),
-                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **delta_tma))
+                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **delta_tma, **after_sum))
     return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **tma),
                 delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **delta_tma))
 

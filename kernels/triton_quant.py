@@ -13,7 +13,7 @@ since it holds both dO and its dequantised codes. The factored layout's per-chan
 takes one scale per channel over every token instead, so it needs the whole (batch, head) before any cast: one launch
 gathers the amax, a second reads x again and casts. matched_factored's K, V and dO need both a block-scaled and a
 per-channel copy; ``quantize_block_and_channel`` writes both from one read, and ``centring_stats`` forms K's mean and
-its centred per-channel amax from one read before it.
+its centred per-channel amax from one read before it (``ONE_READ_SWITCH``: slower on the H200 as Triton lays them out).
 
 Triton's interpreter casts FP32 to FP8 by truncation, so with ``ROUND_FP32`` the kernels first round to the E4M3 grid
 in FP32 arithmetic (``round_e4m3_fp32``), after which any cast is exact. On the GPU the hardware cast (``cvt.rn``) is
@@ -77,6 +77,11 @@ per-channel V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ channel-major), and a pass that writ
 module docstring): on the H200 the Q pass takes 0.083 ms with the token-major store alone against 0.218 with both."""
 STORE_UNUSED_SWITCH = "DELTAMATCH_KERNEL_STORE_UNUSED"
 """``1``: every pass writes both layouts, as before ``LAYOUTS`` (the A/B of kernels/NOTES.md)."""
+ONE_READ_SWITCH = "DELTAMATCH_KERNEL_ONE_READ"
+"""``1``: matched_factored quantises K, V and dO with ``quantize_block_and_channel`` (both copies from one read) and
+forms K's mean and centred amax with ``centring_stats``. Off by default: on the H200 (session 17, kernels/NOTES.md)
+these launches took 9.27 ms of kernel time a step against 9.04 for the passes they replace (the one-read pass
+0.14–0.24 ms against 0.07–0.08 for each of the two it replaces; the column sums, maxima and minima 0.13)."""
 
 
 def env_switch(name: str) -> bool | None:

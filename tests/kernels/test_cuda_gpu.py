@@ -212,14 +212,14 @@ def factored_dv_operands(q, k, v, do, causal):
     """What matched_factored's dV launch reads, made by the project's own passes: the factored forward's codes, scales
     and lse2, and dÔ per channel (``triton_quant.quantize_per_channel``)."""
     from deltamatch.kernels.triton_attention import fp8_forward
-    from deltamatch.kernels.triton_quant import centring_stats, quantize_do_and_delta, quantize_per_channel
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel, token_mean
 
     scale = q.shape[-1] ** -0.5
     o, saved, forward_factored = fp8_forward(q, k, v, causal, "matched_factored", scale)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, "matched_factored")
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's dÔᶜ
-    _, k8t_c, _ = quantize_per_channel(k, "k", mean=centring_stats(k)[0], layouts="channel")  # natural: Triton's dQ
+    _, k8t_c, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel")  # natural, for Triton's dQ
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
                 scale=scale, qk_scale=scale * math.log2(math.e), n=q.shape[1], causal=causal, k_shape=k.shape,
                 dtype=k.dtype, q_shape=q.shape, k8t_c=k8t_c, k8t_f=forward_factored["k8t"],
@@ -234,8 +234,10 @@ def factored_dk_operands(ops, q):
 
     delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
     cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
+    # the CUDA δ pass scales each dP̂ element as Triton's did before SCALE_AFTER_SUM (its bits are those)
     irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, ops["causal"],
-                                           ops["qk_scale"], ops["n"], cfg["delta"], row_scales=rs)
+                                           ops["qk_scale"], ops["n"], {**cfg["delta"], "SCALE_AFTER_SUM": False},
+                                           row_scales=rs)
     _, q8t_c, sqc = quantize_per_channel(q, "q", row_scales=rs)
     _, q8t_f, _ = quantize_per_channel(q, "q", row_scales=rs, layouts="channel", fragment_order=True)
     return dict(ops, delta_m=delta, rs=rs, irs=irs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc)

@@ -141,6 +141,7 @@ def _factored_outliers(gen) -> list[dict]:
     from deltamatch.kernels.measures import relative_error
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
     rows = []
     for causal, n, h, h_kv, d in ((True, 130, 4, 2, 128), (False, 70, 2, 1, 64)):
@@ -148,14 +149,20 @@ def _factored_outliers(gen) -> list[dict]:
         for x, channel, factor in ((q, 5, 8.0), (k, 9, 8.0), (v, 3, 30.0), (do, 3, 20.0)):
             x[:, :, 0, channel] *= factor
         outs = {}
-        for name, fn in (("kernel", lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")),
+        outs_fn = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
+        for name, fn in (("kernel", outs_fn),
                          ("reference", lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored")),
                          ("exact", lambda a, b, c: attention_exact(a, b, c, causal))):
             dtype = torch.float64 if name == "exact" else torch.bfloat16
             outs[name] = [t.double() for t in _grads_of(fn, q, k, v, do, dtype)]
+        os.environ[ONE_READ_SWITCH] = "1"  # K, V and dO's two copies from one read each, K's mean from its own pass
+        outs["one_read"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
+        del os.environ[ONE_READ_SWITCH]
         rows.append({part: dict(kernel_vs_reference=relative_error(outs["kernel"][i], outs["reference"][i]),
+                                one_read_vs_reference=relative_error(outs["one_read"][i], outs["reference"][i]),
                                 reference_vs_exact=relative_error(outs["reference"][i], outs["exact"][i]),
-                                finite=bool(torch.isfinite(outs["kernel"][i]).all()))
+                                finite=bool(torch.isfinite(outs["kernel"][i]).all()
+                                            and torch.isfinite(outs["one_read"][i]).all()))
                      for i, part in enumerate(("o", "dq", "dk", "dv"))})
     return rows
 
@@ -231,6 +238,7 @@ def test_factored_layout_matches_its_reference_simulation_with_outlier_channels(
         for part, m in row.items():
             assert m["finite"], (part, m)
             assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)
+            assert m["one_read_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)  # DELTAMATCH_KERNEL_ONE_READ
             assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
 
 

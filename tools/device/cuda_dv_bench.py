@@ -22,7 +22,7 @@ import torch
 def operands(b, h, n, d, causal):
     """Random bf16 inputs through the factored forward and the dÔ passes, as matched_factored's backward sees them."""
     from deltamatch.kernels.triton_attention import fp8_forward
-    from deltamatch.kernels.triton_quant import centring_stats, quantize_do_and_delta, quantize_per_channel
+    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_per_channel, token_mean
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
@@ -32,7 +32,7 @@ def operands(b, h, n, d, causal):
     _, do8t_c, sdoc = quantize_per_channel(do, "do")
     _, do8t_f, _ = quantize_per_channel(do, "do", layouts="channel", fragment_order=True)  # the CUDA dK/dV's
     # K̂ᶜ: natural for Triton's dQ, in fragment order for CUDA's (what the forward writes where CUDA's runs)
-    k_mean = centring_stats(k)[0]  # the forward's mean
+    k_mean = token_mean(k)
     _, k8t_c, _ = quantize_per_channel(k, "k", mean=k_mean, layouts="channel")
     _, k8t_f, _ = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", fragment_order=True)
     return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
