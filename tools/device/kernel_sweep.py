@@ -430,7 +430,7 @@ def main():
     parser.add_argument("--quant-only", action="store_true", help="time the quantisation passes only")
     parser.add_argument("--per-channel-only", action="store_true",
                         help="time the per-channel passes' launch configs (PER_CHANNEL_CONFIGS) and the block "
-                        "passes' warps (BLOCK_PASS_WARPS) only")
+                        "passes' warps (BLOCK_PASS_WARPS) only, at each of --head-dims")
     parser.add_argument("--kinds", nargs="+", choices=sorted(MATMULS), help="time these kernels only")
     parser.add_argument("--factored-only", action="store_true",
                         help="only the factored layout's configs (FACTORED forward, ROW_SCALES δ pass)")
@@ -442,7 +442,8 @@ def main():
         _write_rows(os.path.join(args.out, "both_sweep.jsonl"), [r for d in args.head_dims for r in both_pass_rows(d)])
         return
     if args.per_channel_only:
-        _write_rows(os.path.join(args.out, "per_channel_sweep.jsonl"), per_channel_rows() + block_pass_rows())
+        _write_rows(os.path.join(args.out, "per_channel_sweep.jsonl"),
+                    [r for d in args.head_dims for r in per_channel_rows(d) + block_pass_rows(d)])
         return
     if args.quant_only:
         _write_rows(os.path.join(args.out, "quant_sweep.jsonl"), [r for d in args.head_dims for r in quant_rows(d)])
