@@ -37,7 +37,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from deltamatch.kernels import triton_bwd, triton_fwd, triton_quant
+from deltamatch.kernels import cuda_lib, triton_bwd, triton_fwd, triton_quant
 from deltamatch.atomic import write_text
 from deltamatch.config import load_with_flags
 from deltamatch.kernels.hardware import hardware
@@ -163,15 +163,21 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
         return out
     for variant, centre, row_scaled in (("v_channel", False, False), ("k_channel", True, False),
                                         ("q_channel", False, True)):
+        # as launched: each launch's (rows, warps), the channel-major codes only, in the CUDA kernels' token order
+        # where they run (K̂ᶜ for dQ, Q̂'ᶜ and dÔᶜ, which this variant's form shares, for dK/dV)
         pointers = {"x_ptr": "*bf16", "mean_ptr": "*fp32", "row_scale_ptr": "*fp32", "amax_ptr": "*fp32"}
-        flags = dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, CENTRE=centre, ROW_SCALED=row_scaled)
-        warps = dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))
+        flags = dict(HEAD_DIM=head_dim, CENTRE=centre, ROW_SCALED=row_scaled)
+        rows, warps = triton_quant._per_channel_launch(head_dim, "amax")
         out.append(KernelSpec("per_channel_amax_pass", variant, triton_quant._per_channel_amax_pass_kernel, pointers,
-                              0, constexprs=flags, options=warps))
+                              0, constexprs={**flags, "BLOCK_ROWS": rows}, options=dict(num_warps=warps)))
+        rows, warps = triton_quant._per_channel_launch(head_dim, "cast")
+        fragment = variant != "v_channel" and head_dim == cuda_lib.DV_HEAD_DIM
         out.append(KernelSpec("per_channel_quant_pass", variant, triton_quant._per_channel_quant_pass_kernel,
                               {**pointers, **_fp8("x8_ptr", "x8t_ptr"), "scale_ptr": "*fp32"}, 0,
-                              constexprs={**flags, "ROUND_FP32": False, "STORE_MODE": triton_quant.STORE_MODE},
-                              options=warps))
+                              constexprs={**flags, "BLOCK_ROWS": rows, "ROUND_FP32": False,
+                                          "STORE_MODE": triton_quant.STORE_MODE, "STORES": 2,
+                                          "FRAGMENT_ORDER": fragment},
+                              options=dict(num_warps=warps)))
     stats = dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.STATS_ROWS)
     out.append(KernelSpec("column_stats", "k_mean", triton_quant._column_stats_kernel,
                           {"x_ptr": "*bf16", "part_ptr": "*fp32"}, 0, constexprs=stats,
