@@ -261,6 +261,16 @@ def _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride
 
 
 @triton.jit
+def _block_rows(pid_r, BLOCK_ROWS: tl.constexpr, FRAGMENT_ORDER: tl.constexpr):
+    """The tokens of row block ``pid_r`` in the order a program loads them: natural, or ``fragment_token_order``
+    (position 16G + 4q + j holds token 16G + 2q + (j & 1) + 8 (j >> 1))."""
+    local = tl.arange(0, BLOCK_ROWS)
+    if FRAGMENT_ORDER:
+        local = (local & ~15) | (((local >> 2) & 3) << 1) | (local & 1) | (((local >> 1) & 1) << 3)
+    return pid_r * BLOCK_ROWS + local
+
+
+@triton.jit
 def _per_channel_amax_pass_kernel(
     x_ptr, mean_ptr, row_scale_ptr,  # x (B, N, H, D); mean (B, H, D) when CENTRE; row scales (B, H, N_pad)
     amax_ptr,  # (B, H, D) fp32, zero on entry
@@ -292,10 +302,7 @@ def _per_channel_quant_pass_kernel(
     tl.static_assert(not FRAGMENT_ORDER or STORES == 2, "the fragment order is a channel-major layout")
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    local = tl.arange(0, BLOCK_ROWS)
-    if FRAGMENT_ORDER:  # position 16G + 4q + j holds token 16G + 2q + (j & 1) + 8 (j >> 1)
-        local = (local & ~15) | (((local >> 2) & 3) << 1) | (local & 1) | (((local >> 1) & 1) << 3)
-    rows = pid_r * BLOCK_ROWS + local
+    rows = _block_rows(pid_r, BLOCK_ROWS, FRAGMENT_ORDER)
     x = _per_channel_block(x_ptr, mean_ptr, row_scale_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
                            HEAD_DIM, CENTRE, ROW_SCALED)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -369,10 +376,7 @@ def _block_and_channel_pass_kernel(
     the rows are loaded in ``fragment_token_order``; the token-major store puts each row back at its token."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
-    local = tl.arange(0, BLOCK_ROWS)
-    if FRAGMENT_ORDER:  # position 16G + 4q + j holds token 16G + 2q + (j & 1) + 8 (j >> 1)
-        local = (local & ~15) | (((local >> 2) & 3) << 1) | (local & 1) | (((local >> 1) & 1) << 3)
-    rows = pid_r * BLOCK_ROWS + local
+    rows = _block_rows(pid_r, BLOCK_ROWS, FRAGMENT_ORDER)
     x = _per_channel_block(x_ptr, mean_ptr, mean_ptr, b, h, H, N, N_PAD, stride_xb, stride_xn, stride_xh, rows,
                            HEAD_DIM, CENTRE, False)  # zero in padded rows, as the block pass's
     offs_d = tl.arange(0, HEAD_DIM)
