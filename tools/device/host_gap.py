@@ -1,0 +1,66 @@
+"""Where a fwd+bwd step's time beyond its kernels goes: the host's launch cost against the GPU's step (one device call).
+
+    python3 tools/device/host_gap.py [METHOD ...]      (default matched_factored sdpa_cudnn_bf16; causal, D = 128,
+                                                        N = 8192, B·H = 64, the bench's step)
+
+For each method, three numbers per step, each the median of five rounds of ``STEPS`` steps:
+- ``host_ms``: the Python/launch time of a step with the GPU held busy by ``torch.cuda._sleep`` first, so no launch
+  waits on the device (the host's cost alone; a step cannot run faster than this);
+- ``gpu_ms``: CUDA events around ``STEPS`` back-to-back steps (no cache flush between them, so a little below
+  ``do_bench``'s figure);
+- ``bench_ms``: ``triton.testing.do_bench``'s median, as ``deltamatch.kernels.bench`` measures it.
+Where ``host_ms`` approaches ``gpu_ms`` the step is launch-bound and a CUDA graph or fewer launches would show; where
+it is far below, the gaps between kernels are the device's own (launch latency, dependent small kernels).
+"""
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+STEPS = 20
+
+
+def measure(method: str) -> dict:
+    from triton.testing import do_bench
+
+    from deltamatch.kernels.bench import _attention, _inputs
+
+    fn = _attention(method, True)
+    (q, k, v), do = _inputs(4, 8192, 16, 128)
+
+    def step():
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    host, gpu = [], []
+    for _ in range(5):
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning on the device: the launches below queue behind it
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            step()
+        host.append((time.perf_counter() - t0) * 1e3 / STEPS)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(STEPS):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end) / STEPS)
+    bench = do_bench(step, warmup=100, rep=500, return_mode="median")
+    return dict(method=method, host_ms=round(statistics.median(host), 4), gpu_ms=round(statistics.median(gpu), 4),
+                bench_ms=round(bench, 4))
+
+
+def main(argv: list[str]) -> None:
+    for method in argv or ["matched_factored", "sdpa_cudnn_bf16"]:
+        print(json.dumps(measure(method)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
