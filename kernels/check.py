@@ -156,8 +156,9 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
         cfg = configs.get(spec.name, bwd["dkdv"])
         options = {k: cfg[k] for k in ("num_warps", "num_stages")}
         constexprs = {**spec.constexprs, **{k: v for k, v in cfg.items() if k not in options}}
-        for name, matmuls, flags in parts:  # single key tiles (never PAIRED), masked and unmasked loops: 2 copies
-            out.append(dataclasses.replace(spec, name=name, variant=variant, matmuls=matmuls, copies=2,
+        for name, matmuls, flags in parts:  # masked and unmasked loops: 2 copies, and the key-tile pairs' 2 more
+            out.append(dataclasses.replace(spec, name=name, variant=variant, matmuls=matmuls,
+                                           copies=4 if constexprs.get("PAIRED") else 2,
                                            constexprs={**constexprs, **flags}, options=options))
     if not causal:
         return out

@@ -473,11 +473,12 @@ def backward_config(head_dim: int) -> dict:
     recomputing S once more; at D = 64 the fused one wins. The δ pass loads through pointers unless
     ``DELTAMATCH_KERNEL_TMA=1``: at D = 128 its TMA descriptor loads cost matched_factored's δ pass 1.49 ms of kernel
     time a step against 1.37 (CUPTI, session 16, kernels/NOTES.md; the same bits), where the forward gains from them.
-    At D = 128 the δ pass applies dP̂'s scales after each tile's row sum (``SCALE_AFTER_SUM``: two multiplies fewer an
-    element, 124 → 95 registers; δ and the row scales move by FP32 rounding).
+    The δ pass applies dP̂'s scales after each tile's row sum (``SCALE_AFTER_SUM``: two multiplies fewer an element,
+    124 → 95 registers at D = 128; δ and the row scales move by FP32 rounding): on the H200 1.47 → 1.41 ms at D = 128
+    (session 17), 1.117 → 1.077 at D = 64 and 2.904 → 2.832 at D = 256 (session 18, ``tools/device/delta_bench.py``).
     """
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
-    delta_tma = {"TMA": True} if env_switch(TMA_SWITCH) else {}
+    delta_opts = dict(SCALE_AFTER_SUM=True, **({"TMA": True} if env_switch(TMA_SWITCH) else {}))
     if head_dim <= 64:
         dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=1, SPLIT=True, **tma)
     elif head_dim <= 128:
@@ -487,12 +488,10 @@ def backward_config(head_dim: int) -> dict:
     if dq_atomic_requested() and dkdv["BLOCK_N"] == 64:  # dQ by atomics in the dK launch (64 x 64 dŜ tiles)
         dkdv["DQ_ATOMIC"] = True
     if head_dim <= 128:
-        # D = 128: dP̂'s scales on each tile's row sum (SCALE_AFTER_SUM), 1.47 → 1.41 ms on the H200 (session 17)
-        after_sum = {"SCALE_AFTER_SUM": True} if head_dim == 128 else {}
         return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3, **tma),
-                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **delta_tma, **after_sum))
+                    delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **delta_opts))
     return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **tma),
-                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **delta_tma))
+                delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **delta_opts))
 
 
 DQ_ATOMIC_SWITCH = "DELTAMATCH_KERNEL_DQ_ATOMIC"

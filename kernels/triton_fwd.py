@@ -98,9 +98,14 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
 @triton.jit
 def _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, qk_scale, N_PAD, lo, hi,
                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_FP32: tl.constexpr,
-                    TMA: tl.constexpr = False):
+                    TMA: tl.constexpr = False, FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None):
     """Unmasked key tiles two at a time: one running-max update and one rescale of acc per 128 keys, while each
-    64-key group keeps its own P̂ and V̂ scales (two dots, each promoted with its own scales)."""
+    64-key group keeps its own P̂ and V̂ scales (two dots, each promoted with its own scales).
+
+    FACTORED: P̂ of both tiles at the fixed scale 1/448 against V̂ per channel, so the two dots chain in the tensor
+    core's accumulator; with ``ACC_PROMOTE`` set the pair's 128-deep product is added into ``acc`` in FP32 once (the
+    promotion interval DeepSeek-V3 uses, §3.3.2, where the single-tile loop promotes every 64 keys), without it the
+    dots accumulate into ``acc`` itself."""
     for start_n in range(lo, hi, 2 * BLOCK_N):
         k_a = _load_k(k_base, start_n, HEAD_DIM, BLOCK_N, TMA)  # [BLOCK_N, D]
         k_b = _load_k(k_base, start_n + BLOCK_N, HEAD_DIM, BLOCK_N, TMA)
@@ -113,16 +118,24 @@ def _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
         p_a = tl.math.exp2(s_a - m_new[:, None])
         p_b = tl.math.exp2(s_b - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p_a, 1) + tl.sum(p_b, 1)
-        sp_a = tl.math.exp2(m_a - m_new) * (1.0 / 448.0)  # > 0: unmasked rows see every key of the tile
-        sp_b = tl.math.exp2(m_b - m_new) * (1.0 / 448.0)
-        p8_a = to_e4m3(p_a * (1.0 / sp_a)[:, None], ROUND_FP32)
-        p8_b = to_e4m3(p_b * (1.0 / sp_b)[:, None], ROUND_FP32)
         vt_a = _load_vt(vt_base, start_n, N_PAD, HEAD_DIM, BLOCK_N, TMA)  # [D, BLOCK_N]
         vt_b = _load_vt(vt_base, start_n + BLOCK_N, N_PAD, HEAD_DIM, BLOCK_N, TMA)
-        sv_a = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
-        sv_b = tl.load(sv_ptr + skv_base + start_n // BLOCK_N + 1)
-        acc = (acc * alpha[:, None] + tl.dot(p8_a, tl.trans(vt_a)) * (sp_a * sv_a)[:, None]
-               + tl.dot(p8_b, tl.trans(vt_b)) * (sp_b * sv_b)[:, None])
+        if FACTORED:
+            p8_a = to_e4m3(p_a * 448.0, ROUND_FP32)
+            p8_b = to_e4m3(p_b * 448.0, ROUND_FP32)
+            if ACC_PROMOTE is None:
+                acc = tl.dot(p8_b, tl.trans(vt_b), tl.dot(p8_a, tl.trans(vt_a), acc * alpha[:, None]))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p8_b, tl.trans(vt_b), tl.dot(p8_a, tl.trans(vt_a)))
+        else:
+            sp_a = tl.math.exp2(m_a - m_new) * (1.0 / 448.0)  # > 0: unmasked rows see every key of the tile
+            sp_b = tl.math.exp2(m_b - m_new) * (1.0 / 448.0)
+            p8_a = to_e4m3(p_a * (1.0 / sp_a)[:, None], ROUND_FP32)
+            p8_b = to_e4m3(p_b * (1.0 / sp_b)[:, None], ROUND_FP32)
+            sv_a = tl.load(sv_ptr + skv_base + start_n // BLOCK_N)
+            sv_b = tl.load(sv_ptr + skv_base + start_n // BLOCK_N + 1)
+            acc = (acc * alpha[:, None] + tl.dot(p8_a, tl.trans(vt_a)) * (sp_a * sv_a)[:, None]
+                   + tl.dot(p8_b, tl.trans(vt_b)) * (sp_b * sv_b)[:, None])
         m_i = m_new
     return acc, l_i, m_i
 
@@ -140,7 +153,6 @@ def _attn_fwd_kernel(
     FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None,
 ):
     tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
-    tl.static_assert(not (PAIRED and FACTORED), "the factored layout runs the single-tile loop")
     tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
     tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal starts on a key-tile boundary")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
@@ -178,10 +190,11 @@ def _attn_fwd_kernel(
     if PAIRED:
         pair_end = (full_end // (2 * BLOCK_N)) * (2 * BLOCK_N)
         acc, l_i, m_i = _attn_fwd_pairs(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, qk_scale,
-                                        N_PAD, 0, pair_end, HEAD_DIM, BLOCK_N, ROUND_FP32, TMA)
+                                        N_PAD, 0, pair_end, HEAD_DIM, BLOCK_N, ROUND_FP32, TMA, FACTORED,
+                                        ACC_PROMOTE)
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, pair_end, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32, TMA)
+                                        ROUND_FP32, TMA, FACTORED, ACC_PROMOTE)
     else:
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
@@ -226,6 +239,11 @@ def factored_acc_promote() -> int | None:
     return None if env_switch(ACC_PROMOTE_SWITCH) is False else FACTORED_ACC_PROMOTE
 
 
+FACTORED_PAIRED_SWITCH = "DELTAMATCH_KERNEL_FWD_PAIRED"
+"""``1``: the factored forward takes its unmasked key tiles two at a time (one running-max update and one rescale of
+``acc`` per 128 keys; the pair's two FP8 products summed in the tensor core and promoted into FP32 once, every 128
+keys instead of 64). Unset or ``0``: single tiles (an A/B switch until the H200 has timed it)."""
+
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
 everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5)."""
@@ -243,11 +261,14 @@ def forward_config(head_dim: int, factored: bool = False) -> dict:
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
     ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128 (:func:`tma_enabled`).
-    ``factored``: the factored scale layout's forward (``FACTORED``, single key tiles).
+    ``factored``: the factored scale layout's forward (``FACTORED``; single key tiles, or pairs under
+    :data:`FACTORED_PAIRED_SWITCH`).
     """
     if factored:
-        return {**forward_config(head_dim), "PAIRED": False, "FACTORED": True,
-                "ACC_PROMOTE": factored_acc_promote()}
+        base = {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": factored_acc_promote()}
+        if env_switch(FACTORED_PAIRED_SWITCH):  # a stage holds two key tiles: half the stages, the same shared memory
+            base.update(PAIRED=True, num_stages=max(1, base["num_stages"] // 2))
+        return base
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if head_dim <= 64:
         return dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=4, PAIRED=True, **tma)

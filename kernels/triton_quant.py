@@ -398,16 +398,24 @@ def _check_public(x: torch.Tensor, name: str) -> None:
 
 
 def _warps(rows: int, head_dim: int) -> int:
-    """Four warps spill on blocks of 128 × 128 and larger (one FP32 block, and O for δ, live in registers)."""
+    """Four warps spill on blocks of 128 × 128 and larger (one FP32 block, and O for δ, live in registers). At D = 256
+    sixteen: the H200 sweep (session 18, ``kernel_sweep.py --per-channel-only --head-dims 256``) timed the block passes
+    at 16 warps against 8 at Q̂ 0.227 → 0.176 ms, dÔ 0.226 → 0.176, K̂ 0.163 → 0.155, V̂ 0.155 → 0.149 (same bits)."""
+    if head_dim >= 256 and rows * head_dim >= 64 * 256:
+        return 16
     return 8 if rows * head_dim >= 128 * 128 else 4
 
 
-PER_CHANNEL_LAUNCHES = {128: dict(amax=(128, 4), cast=(64, 8))}
-"""(BLOCK_ROWS, num_warps) of the per-channel passes' two launches by head dim, where timed: at D = 128 the H200 sweep
-(``tools/device/kernel_sweep.py --per-channel-only``, session 16) found the amax fastest at 128 rows and 4 warps and
-the cast at 64 rows and 8 warps (V̂ᶜ, K̂ᶜ, dÔᶜ, Q̂'ᶜ: amax 0.047–0.057 ms against 0.062–0.069 at 128 rows and 8 warps,
-cast 0.072–0.085 against 0.093–0.111; the same bits, a block's rows only say which program casts them). Other head
-dims keep one launch shape for both, ``BLOCK_Q`` rows and ``_warps``, until timed."""
+PER_CHANNEL_LAUNCHES = {64: dict(amax=(128, 4), cast=(64, 4)), 128: dict(amax=(128, 4), cast=(64, 8)),
+                        256: dict(amax=(128, 4), cast=(64, 8))}
+"""(BLOCK_ROWS, num_warps) of the per-channel passes' two launches by head dim, timed on the H200
+(``tools/device/kernel_sweep.py --per-channel-only``; the same bits, a block's rows only say which program casts them).
+D = 128 (session 16): the amax fastest at 128 rows and 4 warps, the cast at 64 rows and 8 warps (V̂ᶜ, K̂ᶜ, dÔᶜ, Q̂'ᶜ:
+amax 0.047–0.057 ms against 0.062–0.069 at 128 rows and 8 warps, cast 0.072–0.085 against 0.093–0.111). D = 64 and
+256 (session 18, against the one shape they had, 128 rows at 4 and 8 warps): D = 64 cast 0.044–0.054 → 0.040–0.047 at
+64 rows and 4 warps (the amax's launch was already the fastest, 0.030–0.035); D = 256 amax 0.121–0.134 → 0.092–0.106 at
+128 rows and 4 warps (256 rows at 4 warps timed 0.091 for V and dO but 1.09 for centred K), cast 0.247–0.281 →
+0.168–0.203 at 64 rows and 8 warps."""
 
 
 def _per_channel_launch(d: int, launch: str) -> tuple[int, int]:

@@ -128,11 +128,15 @@ def test_matched_row_sums_at_fp32_roundoff(causal):
         assert res["consistent"][kernel] > 30 * res["matched"][kernel], res
 
 
-@pytest.mark.parametrize("mode", ["matched", "matched_factored"])
-def test_8k_tokens_match_the_reference_simulation(mode):
+@pytest.mark.parametrize("mode,paired", [("matched", "0"), ("matched_factored", "0"), ("matched_factored", "1")])
+def test_8k_tokens_match_the_reference_simulation(mode, paired, monkeypatch):
     """At N = 8192 the factored layout's dots accumulate over 8K keys (PV, dQ) or queries (dK, dV) in place; Hopper's
     FP8 wgmma adds products at reduced precision, so the kernels promote every 64-deep tile into FP32
-    (``triton_fwd.FACTORED_ACC_PROMOTE``). Kernel and reference must stay as close as at N = 1000."""
+    (``triton_fwd.FACTORED_ACC_PROMOTE``), or every 128 keys in the forward's key-tile pairs
+    (``DELTAMATCH_KERNEL_FWD_PAIRED=1``). Kernel and reference must stay as close as at N = 1000."""
+    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH
+
+    monkeypatch.setenv(FACTORED_PAIRED_SWITCH, paired)
     q, k, v, do = make(b=1, n=8192, h=2, hk=1, d=128, seed=5)
     ours = run(triton_fn(True, mode), q, k, v, do)
     ref = run(lambda a, b, c: attention_reference(a, b, c, True, mode), q, k, v, do)

@@ -141,6 +141,7 @@ def _factored_outliers(gen) -> list[dict]:
     from deltamatch.kernels.measures import relative_error
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH
     from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
     rows = []
@@ -158,12 +159,18 @@ def _factored_outliers(gen) -> list[dict]:
         os.environ[ONE_READ_SWITCH] = "1"  # K, V and dO's two copies from one read each, K's mean from its own pass
         outs["one_read"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
         del os.environ[ONE_READ_SWITCH]
-        rows.append({part: dict(kernel_vs_reference=relative_error(outs["kernel"][i], outs["reference"][i]),
-                                one_read_vs_reference=relative_error(outs["one_read"][i], outs["reference"][i]),
-                                reference_vs_exact=relative_error(outs["reference"][i], outs["exact"][i]),
-                                finite=bool(torch.isfinite(outs["kernel"][i]).all()
-                                            and torch.isfinite(outs["one_read"][i]).all()))
-                     for i, part in enumerate(("o", "dq", "dk", "dv"))})
+        os.environ[FACTORED_PAIRED_SWITCH] = "1"  # the forward's unmasked key tiles two at a time
+        outs["paired"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
+        del os.environ[FACTORED_PAIRED_SWITCH]
+        row = {part: dict(kernel_vs_reference=relative_error(outs["kernel"][i], outs["reference"][i]),
+                          one_read_vs_reference=relative_error(outs["one_read"][i], outs["reference"][i]),
+                          paired_vs_reference=relative_error(outs["paired"][i], outs["reference"][i]),
+                          reference_vs_exact=relative_error(outs["reference"][i], outs["exact"][i]),
+                          finite=all(bool(torch.isfinite(outs[name][i]).all()) for name in ("kernel", "one_read",
+                                                                                             "paired")))
+               for i, part in enumerate(("o", "dq", "dk", "dv"))}
+        row["o"]["paired_differs"] = not torch.equal(outs["paired"][0], outs["kernel"][0])
+        rows.append(row)
     return rows
 
 
@@ -239,7 +246,9 @@ def test_factored_layout_matches_its_reference_simulation_with_outlier_channels(
             assert m["finite"], (part, m)
             assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)
             assert m["one_read_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)  # DELTAMATCH_KERNEL_ONE_READ
+            assert m["paired_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)  # DELTAMATCH_KERNEL_FWD_PAIRED
             assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
+    assert measured["factored"][0]["o"]["paired_differs"]  # causal, N = 130: row block 2's first 128 keys are a pair
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
@@ -275,6 +284,19 @@ def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_override
     with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_TMA='yes'"):
         forward_config(128)
 
+
+
+def test_the_factored_forward_pairs_key_tiles_only_under_its_switch(monkeypatch):
+    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH, forward_config
+
+    monkeypatch.delenv(FACTORED_PAIRED_SWITCH, raising=False)
+    assert [forward_config(d, factored=True)["PAIRED"] for d in (64, 128, 256)] == [False] * 3
+    assert forward_config(64)["PAIRED"]  # the paper layout's D = 64 forward pairs them regardless
+    monkeypatch.setenv(FACTORED_PAIRED_SWITCH, "1")
+    assert [forward_config(d, factored=True)["PAIRED"] for d in (64, 128, 256)] == [True] * 3
+    monkeypatch.setenv(FACTORED_PAIRED_SWITCH, "on")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_FWD_PAIRED='on'"):
+        forward_config(128, factored=True)
 
 
 def test_factored_dots_promote_every_tile_unless_the_switch_says_0(monkeypatch):
