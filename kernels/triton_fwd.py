@@ -47,8 +47,10 @@ def _load_vt(vt_base, start_n, N_PAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.conste
 def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m, qk_scale, N, N_PAD,
                     lo, hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, TMA: tl.constexpr = False,
-                    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None):
+                    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None,
+                    SCALE_KEYS: tl.constexpr = BLOCK_KV):
     """Online softmax over the key tiles [lo, hi); only MASKED tiles (the diagonal, the ragged end) pay for a mask.
+    ``SCALE_KEYS`` keys share a K̂ scale (64); a tile is one such group, or two in the factored layout's wide tiles.
 
     FACTORED (the factored scale layout, kernels/README.md): P relative to the running max (<= 1) is cast at the
     fixed scale 1/448 and V̂ has one scale per channel, so no scale varies along PV's contraction and the wgmma
@@ -60,10 +62,12 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k = _load_k(k_base, start_n, HEAD_DIM, BLOCK_N, TMA)  # [BLOCK_N, D]
-        s_k = tl.load(sk_ptr + skv_base + start_n // BLOCK_N)
         # matmul 1: S = Q̂ K̂ᵀ, promoted to FP32 with both block scales
         raw = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N]
-        c = s_q * s_k * qk_scale
+        if BLOCK_N == SCALE_KEYS:
+            c = s_q * tl.load(sk_ptr + skv_base + start_n // SCALE_KEYS) * qk_scale
+        else:  # a wide tile (factored only): one K̂ scale per 64-key group, a scale per column
+            c = (s_q * tl.load(sk_ptr + skv_base + cols // SCALE_KEYS) * qk_scale)[None, :]
         s = raw * c
         if MASKED:
             visible = cols[None, :] < N
@@ -71,10 +75,12 @@ def _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_
                 visible = visible & (cols[None, :] <= offs_m[:, None])
             s = tl.where(visible, s, float("-inf"))
             m_tile = tl.max(s, 1)
-        else:
+        elif BLOCK_N == SCALE_KEYS:
             # the max of the scaled S is the scaled max of S, bit for bit: x -> fl(c·x) is non-decreasing for c > 0
             # (the scales and softmax_scale are positive), so one multiply per row where BLOCK_N were
             m_tile = tl.max(raw, 1) * c
+        else:
+            m_tile = tl.max(s, 1)
         m_new = tl.maximum(m_i, m_tile)  # finite: key 0 is visible to every row in the first tile
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
@@ -150,11 +156,12 @@ def _attn_fwd_kernel(
     N, N_PAD, H, GROUP,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, ROUND_FP32: tl.constexpr, PAIRED: tl.constexpr = False, TMA: tl.constexpr = False,
-    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None,
+    FACTORED: tl.constexpr = False, ACC_PROMOTE: tl.constexpr = None, SCALE_KEYS: tl.constexpr = BLOCK_KV,
 ):
-    tl.static_assert(BLOCK_N == 64, "P̂ and K̂/V̂ scales are per 64-key group")
+    tl.static_assert(BLOCK_N == SCALE_KEYS or (FACTORED and not PAIRED and BLOCK_N == 2 * SCALE_KEYS),
+                     "P̂ and V̂ scales are per 64-key group (the factored layout's single tiles may take 128 keys)")
     tl.static_assert(128 % BLOCK_M == 0, "a query block must lie inside one Q̂ scale block")
-    tl.static_assert(BLOCK_M % BLOCK_N == 0, "the causal diagonal starts on a key-tile boundary")
+    tl.static_assert(BLOCK_M % SCALE_KEYS == 0, "the causal diagonal starts on a 64-key boundary")
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     bh_kv = b * (H // GROUP) + h // GROUP
@@ -176,7 +183,7 @@ def _attn_fwd_kernel(
         k_base = k8_ptr + bh_kv.to(tl.int64) * N_PAD * HEAD_DIM
         vt_base = v8t_ptr + bh_kv.to(tl.int64) * HEAD_DIM * N_PAD
     s_q = tl.load(sq_ptr + bh.to(tl.int64) * (N_PAD // 128) + (pid_m * BLOCK_M) // 128)
-    skv_base = bh_kv.to(tl.int64) * (N_PAD // BLOCK_N)
+    skv_base = bh_kv.to(tl.int64) * (N_PAD // SCALE_KEYS)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -185,7 +192,9 @@ def _attn_fwd_kernel(
     full_end = (N // BLOCK_N) * BLOCK_N
     hi = N
     if CAUSAL:
-        full_end = tl.minimum(full_end, pid_m * BLOCK_M)
+        # a wide tile (128 keys over 64 rows) straddling the diagonal goes to the masked loop; the masked loop's last
+        # tile may then lie partly beyond hi, its keys all masked, and never beyond N_pad (a multiple of 128)
+        full_end = (tl.minimum(full_end, pid_m * BLOCK_M) // BLOCK_N) * BLOCK_N
         hi = (pid_m + 1) * BLOCK_M  # <= N_pad; keys >= N are masked
     if PAIRED:
         pair_end = (full_end // (2 * BLOCK_N)) * (2 * BLOCK_N)
@@ -194,14 +203,14 @@ def _attn_fwd_kernel(
                                         ACC_PROMOTE)
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, pair_end, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32, TMA, FACTORED, ACC_PROMOTE)
+                                        ROUND_FP32, TMA, FACTORED, ACC_PROMOTE, SCALE_KEYS)
     else:
         acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                         qk_scale, N, N_PAD, 0, full_end, HEAD_DIM, BLOCK_N, False, CAUSAL,
-                                        ROUND_FP32, TMA, FACTORED, ACC_PROMOTE)
+                                        ROUND_FP32, TMA, FACTORED, ACC_PROMOTE, SCALE_KEYS)
     acc, l_i, m_i = _attn_fwd_tiles(acc, l_i, m_i, q, s_q, k_base, vt_base, sk_ptr, sv_ptr, skv_base, offs_m,
                                     qk_scale, N, N_PAD, full_end, hi, HEAD_DIM, BLOCK_N, True, CAUSAL, ROUND_FP32,
-                                    TMA, FACTORED, ACC_PROMOTE)
+                                    TMA, FACTORED, ACC_PROMOTE, SCALE_KEYS)
 
     if FACTORED:  # P̂'s fixed scale and V̂'s channel scales, once per output element
         s_vc = tl.load(sv_ptr + bh_kv.to(tl.int64) * HEAD_DIM + offs_d)
@@ -244,6 +253,13 @@ FACTORED_PAIRED_SWITCH = "DELTAMATCH_KERNEL_FWD_PAIRED"
 ``acc`` per 128 keys; the pair's two FP8 products summed in the tensor core and promoted into FP32 once, every 128
 keys instead of 64). Unset or ``0``: single tiles (an A/B switch until the H200 has timed it)."""
 
+FACTORED_WIDE_SWITCH = "DELTAMATCH_KERNEL_FWD_WIDE"
+"""``1``: the factored forward's key tiles are 128 keys wide (``BLOCK_N=128``; one S dot of 64 × 128, one PV dot
+128 deep, one running-max update and one rescale of ``acc`` per 128 keys, K̂'s two 64-key scales as a column vector);
+the dots still promote every 64 keys (``ACC_PROMOTE``), so only the online softmax's grouping moves P̂'s bits. Unlike
+:data:`FACTORED_PAIRED_SWITCH` nothing is chained: one dot of each kind a tile. Unset or ``0``: 64-key tiles (an A/B
+switch until the H200 has timed it). The pairs take precedence."""
+
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
 everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5)."""
@@ -261,13 +277,15 @@ def forward_config(head_dim: int, factored: bool = False) -> dict:
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
     ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128 (:func:`tma_enabled`).
-    ``factored``: the factored scale layout's forward (``FACTORED``; single key tiles, or pairs under
-    :data:`FACTORED_PAIRED_SWITCH`).
+    ``factored``: the factored scale layout's forward (``FACTORED``; single key tiles, pairs under
+    :data:`FACTORED_PAIRED_SWITCH`, 128-key tiles under :data:`FACTORED_WIDE_SWITCH`).
     """
     if factored:
         base = {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": factored_acc_promote()}
         if env_switch(FACTORED_PAIRED_SWITCH):  # a stage holds two key tiles: half the stages, the same shared memory
             base.update(PAIRED=True, num_stages=max(1, base["num_stages"] // 2))
+        elif env_switch(FACTORED_WIDE_SWITCH):  # 128-key tiles: a stage holds twice the bytes, so half the stages
+            base.update(BLOCK_N=2 * BLOCK_KV, num_stages=max(1, base["num_stages"] // 2))
         return base
     tma = {"TMA": True} if tma_enabled(head_dim) else {}
     if head_dim <= 64:

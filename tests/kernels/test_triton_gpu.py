@@ -128,15 +128,19 @@ def test_matched_row_sums_at_fp32_roundoff(causal):
         assert res["consistent"][kernel] > 30 * res["matched"][kernel], res
 
 
-@pytest.mark.parametrize("mode,paired", [("matched", "0"), ("matched_factored", "0"), ("matched_factored", "1")])
-def test_8k_tokens_match_the_reference_simulation(mode, paired, monkeypatch):
+@pytest.mark.parametrize("mode,switch", [("matched", None), ("matched_factored", None),
+                                         ("matched_factored", "DELTAMATCH_KERNEL_FWD_PAIRED"),
+                                         ("matched_factored", "DELTAMATCH_KERNEL_FWD_WIDE")])
+def test_8k_tokens_match_the_reference_simulation(mode, switch, monkeypatch):
     """At N = 8192 the factored layout's dots accumulate over 8K keys (PV, dQ) or queries (dK, dV) in place; Hopper's
     FP8 wgmma adds products at reduced precision, so the kernels promote every 64-deep tile into FP32
     (``triton_fwd.FACTORED_ACC_PROMOTE``), or every 128 keys in the forward's key-tile pairs
-    (``DELTAMATCH_KERNEL_FWD_PAIRED=1``). Kernel and reference must stay as close as at N = 1000."""
-    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH
+    (``DELTAMATCH_KERNEL_FWD_PAIRED=1``); the forward's 128-key tiles (``DELTAMATCH_KERNEL_FWD_WIDE=1``) still
+    promote every 64. Kernel and reference must stay as close as at N = 1000."""
+    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH, FACTORED_WIDE_SWITCH
 
-    monkeypatch.setenv(FACTORED_PAIRED_SWITCH, paired)
+    for name in (FACTORED_PAIRED_SWITCH, FACTORED_WIDE_SWITCH):
+        monkeypatch.setenv(name, "1" if name == switch else "0")
     q, k, v, do = make(b=1, n=8192, h=2, hk=1, d=128, seed=5)
     ours = run(triton_fn(True, mode), q, k, v, do)
     ref = run(lambda a, b, c: attention_reference(a, b, c, True, mode), q, k, v, do)
@@ -144,6 +148,61 @@ def test_8k_tokens_match_the_reference_simulation(mode, paired, monkeypatch):
     for part, x, r, e in zip(("o", "dq", "dk", "dv"), ours, ref, exact):
         to_ref, ref_to_exact = relative_error(x, r), relative_error(r, e)
         assert to_ref < 0.25 * ref_to_exact, f"{part}: kernel-ref {to_ref:.2e} ref-fp64 {ref_to_exact:.2e}"
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [True, False])
+def test_wide_key_tiles_against_reference_and_fp64(causal, d, monkeypatch):
+    """The factored forward's 128-key tiles (``DELTAMATCH_KERNEL_FWD_WIDE=1``) at every head dim, GQA, ragged N: as
+    close to the reference simulation as the 64-key tiles, and not their bits (the switch took effect)."""
+    from deltamatch.kernels.triton_fwd import FACTORED_WIDE_SWITCH
+
+    q, k, v, do = make(d=d, n=1000 if d < 256 else 333)
+    monkeypatch.setenv(FACTORED_WIDE_SWITCH, "0")
+    narrow = run(triton_fn(causal, "matched_factored"), q, k, v, do)
+    monkeypatch.setenv(FACTORED_WIDE_SWITCH, "1")
+    ours = run(triton_fn(causal, "matched_factored"), q, k, v, do)
+    ref = run(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = run(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    assert not torch.equal(ours[0], narrow[0])
+    for part, x, r, e in zip(("o", "dq", "dk", "dv"), ours, ref, exact):
+        assert torch.isfinite(x).all(), part
+        to_ref, ref_to_exact = relative_error(x, r), relative_error(r, e)
+        assert to_ref < 0.25 * ref_to_exact, f"{part}: kernel-ref {to_ref:.2e} ref-fp64 {ref_to_exact:.2e}"
+
+
+@pytest.mark.parametrize("mode", ["stale", "matched_factored"])
+def test_a_step_captured_in_a_cuda_graph_replays_eagers_bits(mode):
+    """fwd + bwd captured whole into one CUDA graph (what a training step does to shed the host's launch cost, the
+    limit at short N) and replayed on new inputs copied into its static tensors gives the eager step's bits there:
+    no launch reads a host value, a pointer or a scratch buffer fixed at capture."""
+    q, k, v, do = make(n=1000)
+    static = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    static_do = do.clone()
+    fn = triton_fn(True, mode)
+
+    def step():
+        o = fn(*static)
+        return (o, *torch.autograd.grad(o, static, static_do))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream: Triton compiles, the allocator settles
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    q2, k2, v2, do2 = make(n=1000, seed=7)
+    for dst, src in zip((*static, static_do), (q2, k2, v2, do2)):
+        with torch.no_grad():
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = step()
+    for part, x, e in zip(("o", "dq", "dk", "dv"), outs, eager):
+        assert torch.equal(x, e), part
 
 
 def test_long_sequence_against_fp64():

@@ -141,7 +141,7 @@ def _factored_outliers(gen) -> list[dict]:
     from deltamatch.kernels.measures import relative_error
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
-    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH
+    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH, FACTORED_WIDE_SWITCH
     from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
     rows = []
@@ -162,14 +162,19 @@ def _factored_outliers(gen) -> list[dict]:
         os.environ[FACTORED_PAIRED_SWITCH] = "1"  # the forward's unmasked key tiles two at a time
         outs["paired"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
         del os.environ[FACTORED_PAIRED_SWITCH]
+        os.environ[FACTORED_WIDE_SWITCH] = "1"  # the forward's key tiles 128 keys wide
+        outs["wide"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
+        del os.environ[FACTORED_WIDE_SWITCH]
         row = {part: dict(kernel_vs_reference=relative_error(outs["kernel"][i], outs["reference"][i]),
                           one_read_vs_reference=relative_error(outs["one_read"][i], outs["reference"][i]),
                           paired_vs_reference=relative_error(outs["paired"][i], outs["reference"][i]),
+                          wide_vs_reference=relative_error(outs["wide"][i], outs["reference"][i]),
                           reference_vs_exact=relative_error(outs["reference"][i], outs["exact"][i]),
-                          finite=all(bool(torch.isfinite(outs[name][i]).all()) for name in ("kernel", "one_read",
-                                                                                             "paired")))
+                          finite=all(bool(torch.isfinite(outs[name][i]).all())
+                                     for name in ("kernel", "one_read", "paired", "wide")))
                for i, part in enumerate(("o", "dq", "dk", "dv"))}
         row["o"]["paired_differs"] = not torch.equal(outs["paired"][0], outs["kernel"][0])
+        row["o"]["wide_differs"] = not torch.equal(outs["wide"][0], outs["kernel"][0])
         rows.append(row)
     return rows
 
@@ -247,8 +252,11 @@ def test_factored_layout_matches_its_reference_simulation_with_outlier_channels(
             assert m["kernel_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)
             assert m["one_read_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)  # DELTAMATCH_KERNEL_ONE_READ
             assert m["paired_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)  # DELTAMATCH_KERNEL_FWD_PAIRED
+            assert m["wide_vs_reference"] < 0.25 * m["reference_vs_exact"], (part, m)  # DELTAMATCH_KERNEL_FWD_WIDE
             assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
     assert measured["factored"][0]["o"]["paired_differs"]  # causal, N = 130: row block 2's first 128 keys are a pair
+    # and one wide tile; row block 1's diagonal a masked wide tile, as is every row block's at N = 70
+    assert all(row["o"]["wide_differs"] for row in measured["factored"])
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
@@ -296,6 +304,28 @@ def test_the_factored_forward_pairs_key_tiles_only_under_its_switch(monkeypatch)
     assert [forward_config(d, factored=True)["PAIRED"] for d in (64, 128, 256)] == [True] * 3
     monkeypatch.setenv(FACTORED_PAIRED_SWITCH, "on")
     with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_FWD_PAIRED='on'"):
+        forward_config(128, factored=True)
+
+
+def test_the_factored_forward_widens_its_key_tiles_only_under_its_switch(monkeypatch):
+    """128-key tiles at half the stages (the same shared memory a stage), for the factored forward alone; the
+    paper layout's scales are per 64 keys, so its tiles stay 64 wide, and the pairs take precedence."""
+    from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH, FACTORED_WIDE_SWITCH, forward_config
+
+    monkeypatch.delenv(FACTORED_PAIRED_SWITCH, raising=False)
+    monkeypatch.delenv(FACTORED_WIDE_SWITCH, raising=False)
+    narrow = [forward_config(d, factored=True) for d in (64, 128, 256)]
+    assert [c["BLOCK_N"] for c in narrow] == [64] * 3
+    monkeypatch.setenv(FACTORED_WIDE_SWITCH, "1")
+    wide = [forward_config(d, factored=True) for d in (64, 128, 256)]
+    assert [c["BLOCK_N"] for c in wide] == [128] * 3
+    assert [c["num_stages"] for c in wide] == [max(1, c["num_stages"] // 2) for c in narrow]
+    assert [forward_config(d)["BLOCK_N"] for d in (64, 128, 256)] == [64] * 3
+    monkeypatch.setenv(FACTORED_PAIRED_SWITCH, "1")
+    assert forward_config(128, factored=True)["BLOCK_N"] == 64 and forward_config(128, factored=True)["PAIRED"]
+    monkeypatch.setenv(FACTORED_WIDE_SWITCH, "2")
+    monkeypatch.delenv(FACTORED_PAIRED_SWITCH)
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_FWD_WIDE='2'"):
         forward_config(128, factored=True)
 
 

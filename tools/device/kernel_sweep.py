@@ -16,6 +16,10 @@ import torch
 SEQ = 8192
 F = lambda bm, w, s, **kw: dict(BLOCK_M=bm, BLOCK_N=64, num_warps=w, num_stages=s, **kw)  # noqa: E731
 KV = lambda bn, w, s, **kw: dict(BLOCK_M=64, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)  # noqa: E731
+# the factored forward's 128-key tiles (DELTAMATCH_KERNEL_FWD_WIDE), promoted every ``p`` keys; their bits differ from
+# the 64-key tiles' (the online softmax's max moves per 128 keys), so rel_diff_to_first is not 0 there (FP8 noise)
+W = lambda bm, w, s, p: dict(BLOCK_M=bm, BLOCK_N=128, num_warps=w, num_stages=s, TMA=True, FACTORED=True,  # noqa: E731
+                             ACC_PROMOTE=p)
 SWEEP = {
     64: dict(fwd=[F(64, 4, 4), F(128, 8, 3), F(64, 4, 4, PAIRED=True), F(128, 8, 3, PAIRED=True),
                   F(64, 4, 4, PAIRED=True, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True), F(128, 8, 3, TMA=True)],
@@ -30,7 +34,9 @@ SWEEP = {
                    # session 16: the factored forward (launched: 64 rows, 4 warps, 4 stages, promoted) at 128 rows
                    F(128, 8, 3, TMA=True, FACTORED=True, ACC_PROMOTE=64),
                    F(128, 8, 4, TMA=True, FACTORED=True, ACC_PROMOTE=64),
-                   F(64, 4, 5, TMA=True, FACTORED=True, ACC_PROMOTE=64)],
+                   F(64, 4, 5, TMA=True, FACTORED=True, ACC_PROMOTE=64),
+                   # session 19: 128-key tiles
+                   W(64, 4, 2, 64), W(64, 4, 3, 64), W(64, 4, 2, 128), W(128, 8, 2, 64), W(128, 8, 2, 128)],
               dkdv=[KV(64, 4, 2, SEPARATE=True, SPLIT=True, TMA=True), KV(64, 4, 3, SEPARATE=True, SPLIT=True, TMA=True),
                     KV(64, 4, 2, SPLIT=True, TMA=True, FACTORED=True, ACC_PROMOTE=64),
                     KV(64, 4, 3, SPLIT=True, TMA=True, FACTORED=True, ACC_PROMOTE=64),
