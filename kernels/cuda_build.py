@@ -117,6 +117,10 @@ KERNELS = (
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})
       for promoted in ("promoted", "unpromoted")),
+    # the factored forward over 128-key tiles (fwd_wide.cu): S (4 SS m64n128k32) and O += P̂ V̂ᶜ (4 RS m64n128k32),
+    # the first tile's S before the loop in both forms, and in the pipelined one the last tile's P̂ V̂ᶜ after it
+    *(CudaKernel(f"dm_fwd_wide_w4_{promoted}", {_qgmma(128): 12}) for promoted in ("promoted", "unpromoted")),
+    *(CudaKernel(f"dm_fwd_wide_w4p_{promoted}", {_qgmma(128): 16}) for promoted in ("promoted", "unpromoted")),
 )
 
 

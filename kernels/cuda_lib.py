@@ -77,6 +77,7 @@ SIGNATURES = {
     "dm_dq_factored_params_size": ((), _I),
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
+    "dm_fwd_wide": ((_P, _I, _I, _I, _P), _I),
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
 }
@@ -109,6 +110,11 @@ FWD_VARIANTS = ("ws4", "ws4p")
 """The factored forward's forms, in ``dm_fwd_factored``'s numbering (``kernels/cuda/fwd_factored.cu``): a producer
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
+
+FWD_WIDE_VARIANTS = ("w4", "w4p")
+"""The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
+warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
+before this tile's P̂ V̂ᶜ and runs the next softmax beside it. Not Triton's bits."""
 
 
 class DvFactoredParams(ctypes.Structure):
@@ -577,6 +583,35 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
     _call(_library(), "dm_fwd_factored", ctypes.byref(params), int(promote), FWD_VARIANTS.index(variant),
+          *_launch_args(o))
+    return o, lse2
+
+
+def fwd_wide(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
+             svc: torch.Tensor, out_shape: tuple[int, int, int, int], causal: bool, qk_scale: float,
+             dtype: torch.dtype = torch.bfloat16, promote: bool = True,
+             variant: str = "w4p") -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (B, N, H, D), lse2 (B, H, N_pad)) of ``matched_factored``'s forward over 128-key tiles
+    (``kernels/cuda/fwd_wide.cu``), from ``fwd_factored``'s operands but for ``v8t``: V̂ᶜ channel-major with its tokens
+    in ``triton_quant.fragment_token_order`` (``quantize_per_channel(..., fragment_order=True)``), so that P̂'s
+    accumulator bytes are the product's A fragments. ``promote``: each tile's P̂ V̂ᶜ (128 keys) added into O in FP32,
+    else accumulated by the wgmma. lse2 is written for every query of each 128-query block. ``variant``: one of
+    ``FWD_WIDE_VARIANTS``."""
+    if variant not in FWD_WIDE_VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {FWD_WIDE_VARIANTS}")
+    n = out_shape[1]
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward")
+    if tuple(out_shape) != (b, n, h, d):
+        raise ValueError(f"out_shape {tuple(out_shape)}: expected (B, N, H, D) = {(b, n, h, d)}")
+    pointers = _operand_pointers(
+        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8t", v8t, (b, h_kv, d, n_pad))],
+        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("svc", svc, (b, h_kv, d))])
+    device = q8.device
+    o = torch.empty(out_shape, dtype=dtype, device=device)
+    lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
+    params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
+                               h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
+    _call(_library(), "dm_fwd_wide", ctypes.byref(params), int(promote), FWD_WIDE_VARIANTS.index(variant),
           *_launch_args(o))
     return o, lse2
 

@@ -260,6 +260,22 @@ the dots still promote every 64 keys (``ACC_PROMOTE``), so only the online softm
 :data:`FACTORED_PAIRED_SWITCH` nothing is chained: one dot of each kind a tile. Unset or ``0``: 64-key tiles (an A/B
 switch until the H200 has timed it). The pairs take precedence."""
 
+CUDA_FWD_SWITCH = "DELTAMATCH_KERNEL_CUDA_FWD"
+"""A variant of ``cuda_lib.FWD_WIDE_VARIANTS`` (``w4``, ``w4p``): ``matched_factored``'s forward through the CUDA kernel
+over 128-key tiles (``kernels/cuda/fwd_wide.cu``; an error where it cannot run), V̂ᶜ written in its fragment order.
+Unset: the default forward (:data:`triton_bwd.CUDA_SWITCH` says which). An A/B switch until the H200 has timed it."""
+
+
+def cuda_forward_variant() -> str | None:
+    """The variant :data:`CUDA_FWD_SWITCH` names, or None; a bad value is an error that names the switch."""
+    from deltamatch.kernels.cuda_lib import FWD_WIDE_VARIANTS
+
+    value = os.environ.get(CUDA_FWD_SWITCH, "")
+    if value and value not in FWD_WIDE_VARIANTS:
+        raise ValueError(f"{CUDA_FWD_SWITCH}={value!r}: expected one of {FWD_WIDE_VARIANTS} (or unset)")
+    return value or None
+
+
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
 everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5)."""

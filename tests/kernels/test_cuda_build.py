@@ -170,6 +170,9 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, 0, 0, None) == 1
     forward.n_pad = 128
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, len(cuda_lib.FWD_VARIANTS), 0, None) == 1
+    assert opened.dm_fwd_wide(ctypes.byref(forward), 1, len(cuda_lib.FWD_WIDE_VARIANTS), 0, None) == 1
+    forward.n_pad = 64
+    assert opened.dm_fwd_wide(ctypes.byref(forward), 1, 0, 0, None) == 1
     assert opened.dm_delta_factored_params_size() == ctypes.sizeof(cuda_lib.DeltaFactoredParams)
     delta = cuda_lib.DeltaFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
     assert opened.dm_delta_factored(ctypes.byref(delta), 0, 0, None) == 1

@@ -624,6 +624,54 @@ def test_factored_forward_is_tritons_bit_for_bit(forward_operands, n, causal, pr
             f"{relative_error(ours, theirs):.2e}, first at {where}")
 
 
+def _fwd_bwd(fn, q, k, v, do, dtype=None):
+    ins = [(t if dtype is None else t.to(dtype)).detach().clone().requires_grad_() for t in (q, k, v)]
+    o = fn(*ins)
+    o.backward(do.to(o.dtype))
+    return [o.detach(), *(t.grad for t in ins)]
+
+
+# causal and not; a CTA with one query (129), a ragged second half (1000, GQA 4 on 2), the 8K reference length
+@pytest.mark.parametrize("variant", cuda_lib.FWD_WIDE_VARIANTS)
+@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, True, 4, 2), (1000, False, 4, 2),
+                                                (8192, True, 2, 1)])
+def test_wide_forward_against_reference_and_fp64(n, causal, h, h_kv, variant, monkeypatch):
+    """matched_factored with its forward over 128-key tiles (``DELTAMATCH_KERNEL_CUDA_FWD``): O, and dQ, dK, dV from
+    its lse2, within a quarter of the reference simulation's own distance to FP64 from the reference, and no further
+    from FP64 than the reference (+15%), as test_triton_gpu.test_against_reference_and_fp64 asks of Triton's."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_fwd import CUDA_FWD_SWITCH
+
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=11)
+    monkeypatch.setenv(CUDA_FWD_SWITCH, variant)
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    monkeypatch.delenv(CUDA_FWD_SWITCH)
+    narrow = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    assert not torch.equal(ours[0], narrow[0])  # the switch took effect
+    for part, x, r, e in zip(("o", "dq", "dk", "dv"), ours, ref, exact):
+        assert torch.isfinite(x).all(), part
+        to_ref, to_exact, ref_to_exact = relative_error(x, r), relative_error(x, e), relative_error(r, e)
+        msg = f"{part}: kernel-ref {to_ref:.2e} kernel-fp64 {to_exact:.2e} ref-fp64 {ref_to_exact:.2e}"
+        assert to_ref < 0.25 * ref_to_exact, msg
+        assert to_exact < 1.15 * ref_to_exact + 1e-3, msg
+
+
+def test_wide_forward_is_deterministic_and_refuses_a_bad_variant(forward_operands):
+    from deltamatch.kernels.triton_quant import fragment_token_order
+
+    ops = forward_operands(1000, 4, 2)
+    v8t = ops["v8t"][..., fragment_token_order(ops["v8t"].shape[-1], "cuda")].contiguous()
+    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), True,
+            128**-0.5 * math.log2(math.e))
+    first, again = cuda_lib.fwd_wide(*args), cuda_lib.fwd_wide(*args)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    with pytest.raises(ValueError, match=r"variant 'ws4p'"):
+        cuda_lib.fwd_wide(*args, variant="ws4p")
+
+
 def test_factored_forward_refuses_what_it_is_not_built_for(forward_operands):
     ops = forward_operands(130, 2, 2)
     with pytest.raises(ValueError, match=r"out_shape \(2, 130, 3, 128\): expected \(B, N, H, D\) = \(2, 130, 2"):

@@ -1,0 +1,341 @@
+// The factored forward (matched_factored, kernels/README.md) over 128-key tiles: FlashAttention-3's tile width for FP8
+// where fwd_factored.cu keeps Triton's 64 keys and its bits. D = 128, causal or not, any GQA group. Not Triton's bits:
+// the online softmax moves its max once per 128 keys, and the PV product is promoted into FP32 once per tile (128 keys,
+// DeepSeek-V3's interval) or not at all; the tests hold it to the reference simulation as tightly as Triton's kernels.
+//
+// One CTA per 128 queries and query head, three warpgroups:
+//   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread loads Q̂ of the 128 queries once,
+//     then per key tile K̂ (128 rows, 128-byte swizzle) and V̂ᶜᵀ (two boxes of D channels x 64 keys, 64-byte swizzle)
+//     into a ring of kStages stages;
+//   - two consumer warpgroups (setmaxnreg 240), one per 64-query half. Both read every tile: with 128-query CTAs and
+//     128-key tiles the halves' schedules agree (the causal diagonal is one masked tile), so there is no walk to merge.
+// Per key tile a consumer forms S = Q̂ K̂ᵀ (4 SS m64n128k32), the online softmax (a column's scale (s_q·s_k)·qk_scale,
+// K̂'s scale per 64 keys; masked tiles: −inf where a key is ≥ N or, causal, right of the query), P̂ = e4m3(P·448) as A
+// fragments without a shuffle (V̂ᶜ comes in triton_quant.fragment_token_order: the accumulator's bytes are the
+// fragment's), and O = fma(O, α, P̂ V̂ᶜ) (4 RS m64n128k32 into a zeroed partial) or, unpromoted, O·α and the wgmma
+// accumulates into O. PIPELINED: S of the next tile is issued before P̂ V̂ᶜ of this one and the next softmax runs
+// beside that product (FlashAttention-3's intra-warpgroup overlap). The epilogue writes (O · (s_Vᶜ[d] / 448)) / l for
+// queries < N and lse2 = m + log2(l) for every query of the CTA.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "factored.cuh"
+#include "fwd_factored.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace fwd_wide {
+
+using namespace factored;
+
+constexpr int kKeys = 128;                  // keys per tile
+constexpr int kSteps = kKeys / 32;          // k = 32 steps of P̂ V̂ᶜ over a tile
+constexpr int kStages = 4;
+constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂ᶜᵀ
+using KTile = KMajor128<Swizzle::k128B>;    // K̂ [128 keys, D], Q̂ [64 queries, D]
+
+struct __align__(1024) Smem {
+  uint8_t q[kConsumers][kBlockM * kHeadDim];
+  uint8_t k[kStages][kKeys * kHeadDim];
+  uint8_t vt[kStages][2][kHeadDim * kBlockN];  // two 64-key boxes of V̂ᶜᵀ
+  uint64_t full[kStages], empty[kStages], rows_full;
+};
+constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
+
+struct Maps {
+  CUtensorMap q;   // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+  CUtensorMap k;   // the same, boxes of 128 rows
+  CUtensorMap vt;  // V̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
+};
+
+// The key tiles of a CTA of 128 queries from start_cta: [0, full_end) unmasked, then [full_end, hi) masked (the
+// causal diagonal, or the ragged end), 128 keys a tile; a tile never reaches past N_pad (a multiple of 128).
+struct Tiles {
+  int unmasked, count;
+  __device__ Tiles(int start_cta, int n, bool causal) {
+    int full_end = (n / kKeys) * kKeys, hi = n;
+    if (causal) {
+      full_end = min(full_end, start_cta);
+      hi = start_cta + kCtaRows;
+    }
+    unmasked = full_end / kKeys;
+    count = unmasked + (hi > full_end ? (hi - full_end + kKeys - 1) / kKeys : 0);
+  }
+};
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+
+// One tile's online-softmax step for this thread's two rows: S (st, raw products) becomes P · 448; m and l move on;
+// α of each row in `alpha`. `scale[h]`: the scale of columns 64h .. 64h + 63 (K̂'s two 64-key scale blocks).
+template <bool MASKED>
+__device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             const int (&row)[2], const float (&scale)[2], int start_n, int n,
+                                             bool causal) {
+  const int q = threadIdx.x % 4;
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int r = v / 2;
+      float s = __fmul_rn(scale[i / 8], st[4 * i + v]);
+      if constexpr (MASKED) {
+        const int key = start_n + 8 * i + 2 * q + v % 2;
+        if (!(key < n && (!causal || key <= row[r]))) s = -INFINITY;
+      }
+      st[4 * i + v] = s;
+      tile_max[r] = fmaxf(tile_max[r], s);
+    }
+  }
+  float m_new[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m_new[r] = fmaxf(m[r], quad_max(tile_max[r]));  // finite: every row sees a key of its first tile
+    alpha[r] = ex2_approx_ftz(__fsub_rn(m[r], m_new[r]));
+    m[r] = m_new[r];
+  }
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float p = ex2_approx_ftz(__fsub_rn(st[4 * i + v], m_new[v / 2]));
+      sum[v / 2] = __fadd_rn(sum[v / 2], p);
+      st[4 * i + v] = __fmul_rn(p, 448.0f);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], quad_sum(sum[r]));
+}
+
+// e4m3(st) as the A fragments of P̂ V̂ᶜ over the tile's 128 keys: with V̂ᶜ's keys in fragment_token_order, lane q's
+// four accumulator bytes of a 16-column group are its fragment's k = 4q .. 4q + 3 as they stand.
+__device__ __forceinline__ void to_fragments(const float (&st)[kKeys / 2], uint32_t (&frag)[kSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int v0 = 8 * (2 * kk + r / 2) + 2 * (r % 2);
+      frag[kk][r] = cvt_e4m3x4(st[v0], st[v0 + 1], st[v0 + 4], st[v0 + 5]);
+    }
+  }
+}
+
+// S = Q̂ K̂ᵀ of one tile (4 SS m64n128k32), one wgmma group.
+__device__ __forceinline__ void issue_s(float (&st)[kKeys / 2], const uint8_t* q8, const uint8_t* k) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KTile::kSteps; ++kk) {
+    WgmmaE4M3<kKeys>::ss(st, KTile::desc(q8, kk), KTile::desc(k, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// P̂ V̂ᶜ over the tile's 128 keys (4 RS m64n128k32), one wgmma group: into `part` from zero (PROMOTE), or after O · α
+// into O itself.
+template <bool PROMOTE>
+__device__ __forceinline__ void issue_pv(float (&acc)[kHeadDim / 2], float (&part)[PROMOTE ? kHeadDim / 2 : 1],
+                                         uint32_t (&frag)[kSteps][4], const float (&alpha)[2],
+                                         const uint8_t (&vt)[2][kHeadDim * kBlockN]) {
+  if constexpr (!PROMOTE) {
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = __fmul_rn(acc[i], alpha[(i / 2) % 2]);
+  }
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) fence_operands(frag[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const uint64_t desc = ChannelTile::desc(vt[kk / 2], kk % 2);
+    if constexpr (PROMOTE) {
+      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], desc, kk > 0);
+    } else {
+      WgmmaE4M3<kHeadDim>::rs(acc, frag[kk], desc, 1);
+    }
+  }
+  wgmma_commit();
+}
+
+template <bool PROMOTE>
+__device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&part)[PROMOTE ? kHeadDim / 2 : 1],
+                                          const float (&alpha)[2]) {
+  if constexpr (PROMOTE) {
+    fence_operands(part);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = fmaf(acc[i], alpha[(i / 2) % 2], part[i]);
+  } else {
+    fence_operands(acc);
+  }
+}
+
+template <bool PROMOTE, bool PIPELINED>
+__device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
+                                        int start_cta) {
+  const bool releaser = threadIdx.x % 32 == 0;
+  const auto [warp, g, q] = lane();
+  const int start_m = start_cta + kBlockM * half;
+  const int row[2] = {start_m + 16 * warp + g, start_m + 16 * warp + g + 8};
+  const float s_q = p.sq[bh * (p.n_pad / 128) + start_cta / 128];
+  const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
+  const Tiles tiles(start_cta, p.n, p.causal);
+  const uint8_t* q8 = s.q[half];
+  float acc[kHeadDim / 2] = {};
+  float part[PROMOTE ? kHeadDim / 2 : 1];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
+  float st[kKeys / 2];
+  uint32_t frag[kSteps][4];
+  auto scales = [&](int j, float (&c)[2]) {
+    c[0] = __fmul_rn(__fmul_rn(s_q, sk[2 * j]), p.qk_scale);
+    c[1] = __fmul_rn(__fmul_rn(s_q, sk[2 * j + 1]), p.qk_scale);
+  };
+  auto softmax = [&](int j, float (&a)[2]) {
+    float c[2];
+    scales(j, c);
+    if (j < tiles.unmasked) {
+      softmax_tile<false>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
+    } else {
+      softmax_tile<true>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
+    }
+  };
+  auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
+  auto release = [&](int j) {
+    if (releaser) mbar_arrive(&s.empty[j % kStages]);
+  };
+  mbar_wait(&s.rows_full, 0);
+  if (tiles.count > 0) {
+    wait_full(0);
+    issue_s(st, q8, s.k[0]);
+    wgmma_wait<0>();
+    fence_operands(st);
+    softmax(0, alpha);
+    to_fragments(st, frag);
+    if constexpr (PIPELINED) {
+      // every wgmma group is issued and waited for unconditionally in the loop body (a conditional issue makes ptxas
+      // serialise them all): the first tile's S before the loop, the last tile's P̂ V̂ᶜ after it
+      float next_alpha[2];
+#pragma unroll 1
+      for (int j = 1; j < tiles.count; ++j) {
+        wait_full(j);
+        issue_s(st, q8, s.k[j % kStages]);
+        issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(j - 1) % kStages]);
+        wgmma_wait<1>();  // S of tile j; the product of tile j − 1 may still run
+        fence_operands(st);
+        softmax(j, next_alpha);
+        wgmma_wait<0>();
+        release(j - 1);
+        finish_pv<PROMOTE>(acc, part, alpha);
+        to_fragments(st, frag);  // P̂'s registers are free only now: the product read them until it completed
+        alpha[0] = next_alpha[0], alpha[1] = next_alpha[1];
+      }
+      issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(tiles.count - 1) % kStages]);
+      wgmma_wait<0>();
+      release(tiles.count - 1);
+      finish_pv<PROMOTE>(acc, part, alpha);
+    } else {
+#pragma unroll 1
+      for (int j = 0;; ++j) {
+        issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[j % kStages]);
+        wgmma_wait<0>();
+        release(j);
+        finish_pv<PROMOTE>(acc, part, alpha);
+        if (j + 1 == tiles.count) break;
+        wait_full(j + 1);
+        issue_s(st, q8, s.k[(j + 1) % kStages]);
+        wgmma_wait<0>();
+        fence_operands(st);
+        softmax(j + 1, alpha);
+        to_fragments(st, frag);
+      }
+    }
+  }
+  const float* svc = p.svc + bh_kv * kHeadDim;
+  const float inv448 = __int_as_float(0x3B124925);  // 1/448 in FP32
+  store_rows(acc, [&](float x, int r, int col) { return div_full(__fmul_rn(x, __fmul_rn(svc[col], inv448)), l[r]); },
+             p.o, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
+  if (q == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) p.lse2[bh * p.n_pad + row[r]] = __fadd_rn(m[r], log2f(l[r]));
+  }
+}
+
+template <bool PROMOTE, bool PIPELINED>
+__device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
+  Smem& s = aligned_smem<Smem>(raw);
+  const int start_cta = blockIdx.x * kCtaRows;
+  if (threadIdx.x == 0) {
+    init_stage_barriers<kStages>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+    const int row = int(int64_t(blockIdx.y) * p.n_pad + start_cta);
+    mbar_arrive_expect_tx(&s.rows_full, kCtaRows * kHeadDim);
+#pragma unroll
+    for (int i = 0; i < kConsumers; ++i) tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
+  }
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const Tiles tiles(start_cta, p.n, p.causal);
+      const int kv_row = int(bh_kv * p.n_pad), channel_row = int(bh_kv * kHeadDim);
+      for (int j = 0; j < tiles.count; ++j) {
+        const int st = j % kStages, start = kKeys * j;
+        if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&s.full[st], kTileBytes);
+        tma_load_2d(s.k[st], &maps.k, 0, kv_row + start, &s.full[st]);
+        tma_load_2d(s.vt[st][0], &maps.vt, start, channel_row, &s.full[st]);
+        tma_load_2d(s.vt[st][1], &maps.vt, start + kBlockN, channel_row, &s.full[st]);
+      }
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  consume<PROMOTE, PIPELINED>(s, p, role - 1, bh, bh_kv, start_cta);
+}
+
+}  // namespace fwd_wide
+}  // namespace dm
+
+#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED)                                                 \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
+      NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps) {              \
+    extern __shared__ uint8_t smem[];                                                               \
+    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED>(smem, p, maps);                                     \
+  }
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true)
+#undef DM_FWD_WIDE_KERNEL
+
+// variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p)
+// (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order.
+extern "C" int dm_fwd_wide(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p) || variant < 0 || variant > 1) {
+    return cudaErrorInvalidValue;
+  }
+  using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps);
+  const Kernel kernels[2][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
+                                {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted}};
+  const Kernel kernel = kernels[variant][promote ? 1 : 0];
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), dm::fwd_wide::kSmemBytes, device);
+      err != cudaSuccess) {
+    return err;
+  }
+  dm::fwd_wide::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.k, p->k8, kv_rows, dm::fwd_wide::kKeys) ||
+      !encode_channels(&maps.vt, p->v8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, dm::fwd_wide::kSmemBytes, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
