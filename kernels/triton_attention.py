@@ -17,7 +17,7 @@ import torch
 
 from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected, k_fragment_order
-from deltamatch.kernels.triton_fwd import CUDA_FWD_SWITCH, attention_forward, cuda_forward_variant, forward_config
+from deltamatch.kernels.triton_fwd import attention_forward, cuda_forward_variant, forward_config
 from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, ONE_READ_SWITCH, centring_stats, env_switch,
                                              quantize_block_and_channel, quantize_do_and_delta, quantize_operand,
                                              quantize_per_channel, token_mean)
@@ -37,17 +37,7 @@ FACTORED_SAVED = ("q", "k8t", "skc")
 def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
     """Quantise and run the forward kernel: ``(o, saved, factored)`` — ``saved`` the tensors of ``SAVED``,
     ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None)."""
-    wide = cuda_forward_variant() if mode == "matched_factored" else None
-    if wide:
-        from deltamatch.kernels import cuda_lib
-
-        _, reason = cuda_lib.load()
-        reason = reason or (f"head dim {q.shape[-1]}: built for D = {cuda_lib.DV_HEAD_DIM} only"
-                            if q.shape[-1] != cuda_lib.DV_HEAD_DIM else None)
-        if not reason and env_switch(ONE_READ_SWITCH):
-            reason = f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
-        if reason:
-            raise RuntimeError(f"{CUDA_FWD_SWITCH}={wide} but the CUDA forward cannot run: {reason}")
+    wide = cuda_forward_variant(q.shape[-1], q.dtype) if mode == "matched_factored" else None
     cuda = mode == "matched_factored" and cuda_kernels_selected(q.shape[-1], q.dtype, what="forward")
     # K̂ᶜ goes to the CUDA dQ in its A fragments' key order (triton_bwd.attention_backward reorders it for Triton's)
     k_fragment = mode == "matched_factored" and k_fragment_order(q.shape[-1], k.dtype)
@@ -70,6 +60,8 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
             _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", fragment_order=k_fragment)
         config = forward_config(q.shape[-1], factored=True)
         if wide:
+            from deltamatch.kernels import cuda_lib
+
             o, lse2 = cuda_lib.fwd_wide(q8, k8, v8t_c, sq, sk, sv_c, tuple(q.shape), causal,
                                         softmax_scale * math.log2(math.e), dtype=q.dtype,
                                         promote=config.get("ACC_PROMOTE") is not None, variant=wide)

@@ -523,7 +523,9 @@ CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
 and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the
 CUDA kernels (an error where they cannot run), ``0`` through Triton's launches, unset: CUDA where the library loads
 (built by ``dm-cuda-build``, an sm90 GPU) at D = 128 with the default launch config, for the kernels the H200 timed
-faster than Triton's (``CUDA_DEFAULT``), Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py)."""
+faster than Triton's (``CUDA_DEFAULT``), Triton elsewhere. The two give the same bits (tests/kernels/test_cuda_gpu.py).
+The forward's default is another CUDA kernel, over 128-key tiles and not Triton's bits (``triton_fwd.CUDA_FWD_SWITCH``);
+this switch set either way puts the forward back on the kernels above."""
 CUDA_DEFAULT = {"backward": True, "forward": False, "δ pass": False}
 """Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's dK, dV, dQ (1.7× and 1.13× Triton's,
 session 11), not the forward's nor the δ pass's (2.20 ms against 1.96 and 1.62 against 1.49 in session 11:

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from deltamatch.kernels.triton_quant import BLOCK_KV, BLOCK_Q, env_switch, round_fp32_in_kernels, to_e4m3  # noqa: F401
+from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
 
 @triton.jit
@@ -261,19 +262,37 @@ the dots still promote every 64 keys (``ACC_PROMOTE``), so only the online softm
 switch until the H200 has timed it). The pairs take precedence."""
 
 CUDA_FWD_SWITCH = "DELTAMATCH_KERNEL_CUDA_FWD"
-"""A variant of ``cuda_lib.FWD_WIDE_VARIANTS`` (``w4``, ``w4p``): ``matched_factored``'s forward through the CUDA kernel
-over 128-key tiles (``kernels/cuda/fwd_wide.cu``; an error where it cannot run), V̂ᶜ written in its fragment order.
-Unset: the default forward (:data:`triton_bwd.CUDA_SWITCH` says which). An A/B switch until the H200 has timed it."""
+"""``matched_factored``'s forward through the CUDA kernel over 128-key tiles (``kernels/cuda/fwd_wide.cu``, V̂ᶜ written
+in its fragment order): a variant of ``cuda_lib.FWD_WIDE_VARIANTS`` (``w4``, ``w4p``) runs it (an error where it
+cannot run); ``0``: the forward :data:`triton_bwd.CUDA_SWITCH` picks (Triton's, or with that switch at ``1`` the CUDA
+kernel with Triton's bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128, bf16 or fp16, and
+``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's forward elsewhere."""
+CUDA_FWD_DEFAULT = "w4"
+"""The forward where :data:`CUDA_FWD_SWITCH` is unset: on the H200 (session 19) 1.815 ms a step at the reference
+shape against Triton's 1.960 (``w4p``, the next tile's S beside this tile's product, 1.856–1.861)."""
 
 
-def cuda_forward_variant() -> str | None:
-    """The variant :data:`CUDA_FWD_SWITCH` names, or None; a bad value is an error that names the switch."""
-    from deltamatch.kernels.cuda_lib import FWD_WIDE_VARIANTS
+def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:
+    """The variant of the CUDA forward over 128-key tiles that runs (:data:`CUDA_FWD_SWITCH`), or None; a bad value,
+    or a variant asked for where it cannot run, is an error that names the switch."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_bwd import CUDA_SWITCH
 
     value = os.environ.get(CUDA_FWD_SWITCH, "")
-    if value and value not in FWD_WIDE_VARIANTS:
-        raise ValueError(f"{CUDA_FWD_SWITCH}={value!r}: expected one of {FWD_WIDE_VARIANTS} (or unset)")
-    return value or None
+    if value == "0" or (not value and env_switch(CUDA_SWITCH) is not None):
+        return None
+    if value and value not in cuda_lib.FWD_WIDE_VARIANTS:
+        raise ValueError(f"{CUDA_FWD_SWITCH}={value!r}: expected one of {cuda_lib.FWD_WIDE_VARIANTS} or 0 (or unset)")
+    _, reason = cuda_lib.load()
+    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
+        reason = f"head dim {head_dim}: built for D = {cuda_lib.DV_HEAD_DIM} only"
+    if not reason and dtype not in (torch.bfloat16, torch.float16):
+        reason = f"dtype {dtype}: the CUDA forward writes bf16 or fp16"
+    if not reason and env_switch(ONE_READ_SWITCH):
+        reason = f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
+    if reason and value:
+        raise RuntimeError(f"{CUDA_FWD_SWITCH}={value} but the CUDA forward cannot run: {reason}")
+    return None if reason else value or CUDA_FWD_DEFAULT
 
 
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"

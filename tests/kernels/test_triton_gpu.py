@@ -141,6 +141,8 @@ def test_8k_tokens_match_the_reference_simulation(mode, switch, monkeypatch):
 
     for name in (FACTORED_PAIRED_SWITCH, FACTORED_WIDE_SWITCH):
         monkeypatch.setenv(name, "1" if name == switch else "0")
+    if switch:  # Triton's forward, whose key tiles the switch groups (unset: the default forward, CUDA's on sm90)
+        monkeypatch.setenv("DELTAMATCH_KERNEL_CUDA_FWD", "0")
     q, k, v, do = make(b=1, n=8192, h=2, hk=1, d=128, seed=5)
     ours = run(triton_fn(True, mode), q, k, v, do)
     ref = run(lambda a, b, c: attention_reference(a, b, c, True, mode), q, k, v, do)
@@ -158,6 +160,7 @@ def test_wide_key_tiles_against_reference_and_fp64(causal, d, monkeypatch):
     from deltamatch.kernels.triton_fwd import FACTORED_WIDE_SWITCH
 
     q, k, v, do = make(d=d, n=1000 if d < 256 else 333)
+    monkeypatch.setenv("DELTAMATCH_KERNEL_CUDA_FWD", "0")  # Triton's forward at D = 128 too
     monkeypatch.setenv(FACTORED_WIDE_SWITCH, "0")
     narrow = run(triton_fn(causal, "matched_factored"), q, k, v, do)
     monkeypatch.setenv(FACTORED_WIDE_SWITCH, "1")

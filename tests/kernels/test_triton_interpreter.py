@@ -374,5 +374,40 @@ def test_the_cuda_kernels_run_only_where_they_can_and_say_why_not(monkeypatch, t
         fp8_forward(q, q, q, True, "matched_factored", 128**-0.5)
 
 
+
+def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_FWD`` unset: the 128-key CUDA forward wherever the library loads at D = 128 (not here:
+    no GPU, so Triton's); a variant asked for where it cannot run, or a bad value, is an error naming the switch."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_attention import fp8_forward
+    from deltamatch.kernels.triton_bwd import CUDA_SWITCH
+    from deltamatch.kernels.triton_fwd import CUDA_FWD_SWITCH, cuda_forward_variant
+
+    monkeypatch.delenv(CUDA_SWITCH, raising=False)
+    monkeypatch.delenv(CUDA_FWD_SWITCH, raising=False)
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    assert cuda_forward_variant(128, torch.bfloat16) is None
+    monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
+    assert cuda_forward_variant(128, torch.bfloat16) == "w4"
+    assert cuda_forward_variant(64, torch.bfloat16) is None and cuda_forward_variant(128, torch.float32) is None
+    monkeypatch.setenv(CUDA_SWITCH, "1")  # every kernel through CUDA with Triton's bits: fwd_factored.cu
+    assert cuda_forward_variant(128, torch.bfloat16) is None
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4p")
+    assert cuda_forward_variant(128, torch.bfloat16) == "w4p"
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "0")
+    assert cuda_forward_variant(128, torch.bfloat16) is None
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w9")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_CUDA_FWD='w9'"):
+        cuda_forward_variant(128, torch.bfloat16)
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4 but the CUDA forward cannot run: head dim 64"):
+        cuda_forward_variant(64, torch.bfloat16)
+    monkeypatch.undo()
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4")
+    q = torch.randn(1, 64, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4 but the CUDA forward cannot run: .*missing"):
+        fp8_forward(q, q, q, True, "matched_factored", 128**-0.5)
+
 if __name__ == "__main__":
     child_main(_measure)
