@@ -568,8 +568,16 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
     log2(e). ``promote``: each 64-key tile's P̂ V̂ᶜ added into O in FP32 (``ACC_PROMOTE=64``), else accumulated by the
     wgmma. lse2 is written for every query of each 64-query block that holds one below N, as Triton's launch does.
     ``variant``: one of ``FWD_VARIANTS``."""
-    if variant not in FWD_VARIANTS:
-        raise ValueError(f"variant {variant!r}: expected one of {FWD_VARIANTS}")
+    return _forward("dm_fwd_factored", FWD_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal, qk_scale,
+                    dtype, promote)
+
+
+def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, sq, sk, svc, out_shape, causal,
+             qk_scale, dtype, promote) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fwd_factored`` and ``fwd_wide``: the operands checked, O and lse2 made, ``entry`` called with ``variant``'s
+    index in ``variants``."""
+    if variant not in variants:
+        raise ValueError(f"variant {variant!r}: expected one of {variants}")
     n = out_shape[1]
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward")
     if tuple(out_shape) != (b, n, h, d):
@@ -582,8 +590,7 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
     lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
-    _call(_library(), "dm_fwd_factored", ctypes.byref(params), int(promote), FWD_VARIANTS.index(variant),
-          *_launch_args(o))
+    _call(_library(), entry, ctypes.byref(params), int(promote), variants.index(variant), *_launch_args(o))
     return o, lse2
 
 
@@ -597,23 +604,8 @@ def fwd_wide(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Te
     accumulator bytes are the product's A fragments. ``promote``: each tile's P̂ V̂ᶜ (128 keys) added into O in FP32,
     else accumulated by the wgmma. lse2 is written for every query of each 128-query block. ``variant``: one of
     ``FWD_WIDE_VARIANTS``."""
-    if variant not in FWD_WIDE_VARIANTS:
-        raise ValueError(f"variant {variant!r}: expected one of {FWD_WIDE_VARIANTS}")
-    n = out_shape[1]
-    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward")
-    if tuple(out_shape) != (b, n, h, d):
-        raise ValueError(f"out_shape {tuple(out_shape)}: expected (B, N, H, D) = {(b, n, h, d)}")
-    pointers = _operand_pointers(
-        [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8t", v8t, (b, h_kv, d, n_pad))],
-        [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("svc", svc, (b, h_kv, d))])
-    device = q8.device
-    o = torch.empty(out_shape, dtype=dtype, device=device)
-    lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
-    params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
-                               h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
-    _call(_library(), "dm_fwd_wide", ctypes.byref(params), int(promote), FWD_WIDE_VARIANTS.index(variant),
-          *_launch_args(o))
-    return o, lse2
+    return _forward("dm_fwd_wide", FWD_WIDE_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal, qk_scale,
+                    dtype, promote)
 
 
 def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
