@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deltamatch-installed
-# the 25 slowest tests named at the end (the suite is at its 20-minute budget on a 2-core machine)
-PYTEST_ARGS ?= --durations=25
+# Two xdist workers (the suite spends much of its time waiting on subprocesses, SLURM's one-minute granularity
+# above all); tests sharing an expensive fixture or a file run on one worker (tests/conftest.py). The 25 slowest
+# tests are named at the end (the budget is 20 minutes on a 2-core machine).
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 
 .PHONY: run test test-cluster kernel-check setup clean
 

@@ -19,7 +19,20 @@ def _has_sm90() -> bool:
 GPU_TEST_TIMEOUT_S = 240
 
 
+# Fixtures that build something expensive once per session: under xdist (`make test` runs two workers,
+# `--dist loadgroup`) every test that takes one runs on the same worker, so it is built once, and the cluster, a
+# singleton, is started once. Other tests stay together by file, so module fixtures are built once too.
+SHARED_FIXTURES = ("slurm", "pipeline", "tiny_run")
+
+
+def _xdist_group(item) -> str:
+    shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
+    return shared[0] if shared else item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
     if _has_sm90():
         if config.pluginmanager.hasplugin("timeout"):
             for item in items:
