@@ -111,10 +111,11 @@ FWD_VARIANTS = ("ws4", "ws4p")
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
-FWD_WIDE_VARIANTS = ("w4", "w4p")
+FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp")
 """The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
-before this tile's P̂ V̂ᶜ and runs the next softmax beside it. Not Triton's bits."""
+before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
+to issue their products (FlashAttention-3's ping-pong). Not Triton's bits; the three give the same bits."""
 
 
 class DvFactoredParams(ctypes.Structure):

@@ -14,7 +14,11 @@
 // fragments without a shuffle (V̂ᶜ comes in triton_quant.fragment_token_order: the accumulator's bytes are the
 // fragment's), and O = fma(O, α, P̂ V̂ᶜ) (4 RS m64n128k32 into a zeroed partial) or, unpromoted, O·α and the wgmma
 // accumulates into O. PIPELINED: S of the next tile is issued before P̂ V̂ᶜ of this one and the next softmax runs
-// beside that product (FlashAttention-3's intra-warpgroup overlap). The epilogue writes (O · (s_Vᶜ[d] / 448)) / l for
+// beside that product (FlashAttention-3's intra-warpgroup overlap). PINGPONG (with PIPELINED): the two consumers take
+// turns to issue their wgmma groups (named barriers 1 and 2, FlashAttention-3's inter-warpgroup schedule), so one
+// half's softmax runs while the other's products hold the tensor cores: with FP8 at D = 128 a tile's exponentials
+// (64 MUFU a thread, 8 cycles a warp each) take as long as its matmuls, and halves in step do both at once. The
+// epilogue writes (O · (s_Vᶜ[d] / 448)) / l for
 // queries < N and lse2 = m + log2(l) for every query of the CTA.
 #include <cuda_runtime.h>
 
@@ -64,6 +68,24 @@ struct Tiles {
     count = unmasked + (hi > full_end ? (hi - full_end + kKeys - 1) / kKeys : 0);
   }
 };
+
+// Named barriers 1 and 2 (0 is __syncthreads'): consumer `half` waits on its own, 256 threads counting its 128 and
+// the other consumer's 128 arrivals.
+// the ids as immediates: in registers they were two more live values across the loop, and the consumer spilled
+__device__ __forceinline__ void turn_wait(int half) {
+  if (half == 0) {
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  }
+}
+__device__ __forceinline__ void turn_give(int half) {
+  if (half == 0) {
+    asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  }
+}
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -176,7 +198,7 @@ __device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&pa
   }
 }
 
-template <bool PROMOTE, bool PIPELINED>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG>
 __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
                                         int start_cta) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -196,9 +218,9 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     c[0] = __fmul_rn(__fmul_rn(s_q, sk[2 * j]), p.qk_scale);
     c[1] = __fmul_rn(__fmul_rn(s_q, sk[2 * j + 1]), p.qk_scale);
   };
-  auto softmax = [&](int j, float (&a)[2]) {
-    float c[2];
-    scales(j, c);
+  // K̂'s scales of tile j, loaded once its S is issued and before it is waited for (a load after the wait sat in the
+  // softmax's path)
+  auto softmax = [&](int j, const float (&c)[2], float (&a)[2]) {
     if (j < tiles.unmasked) {
       softmax_tile<false>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
     } else {
@@ -209,13 +231,27 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   auto release = [&](int j) {
     if (releaser) mbar_arrive(&s.empty[j % kStages]);
   };
+  // PINGPONG: every wgmma issue of a half between its turn_wait and turn_give; the first half starts, and the second
+  // gives no turn after its last issue, so each barrier completes as often as it is waited on
+  auto turn = [&](auto&& issue, bool last) {
+    if constexpr (PINGPONG) turn_wait(half);
+    issue();
+    if constexpr (PINGPONG) {
+      if (!(last && half == 1)) turn_give(half);
+    }
+  };
+  if constexpr (PINGPONG) {
+    if (half == 1) turn_give(half);
+  }
   mbar_wait(&s.rows_full, 0);
   if (tiles.count > 0) {
+    float c[2];
     wait_full(0);
-    issue_s(st, q8, s.k[0]);
+    turn([&] { issue_s(st, q8, s.k[0]); }, false);
+    scales(0, c);
     wgmma_wait<0>();
     fence_operands(st);
-    softmax(0, alpha);
+    softmax(0, c, alpha);
     to_fragments(st, frag);
     if constexpr (PIPELINED) {
       // every wgmma group is issued and waited for unconditionally in the loop body (a conditional issue makes ptxas
@@ -224,18 +260,21 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
 #pragma unroll 1
       for (int j = 1; j < tiles.count; ++j) {
         wait_full(j);
-        issue_s(st, q8, s.k[j % kStages]);
-        issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(j - 1) % kStages]);
+        turn([&] {
+          issue_s(st, q8, s.k[j % kStages]);
+          issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(j - 1) % kStages]);
+        }, false);
+        scales(j, c);
         wgmma_wait<1>();  // S of tile j; the product of tile j − 1 may still run
         fence_operands(st);
-        softmax(j, next_alpha);
+        softmax(j, c, next_alpha);
         wgmma_wait<0>();
         release(j - 1);
         finish_pv<PROMOTE>(acc, part, alpha);
         to_fragments(st, frag);  // P̂'s registers are free only now: the product read them until it completed
         alpha[0] = next_alpha[0], alpha[1] = next_alpha[1];
       }
-      issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(tiles.count - 1) % kStages]);
+      turn([&] { issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(tiles.count - 1) % kStages]); }, true);
       wgmma_wait<0>();
       release(tiles.count - 1);
       finish_pv<PROMOTE>(acc, part, alpha);
@@ -249,9 +288,10 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
         if (j + 1 == tiles.count) break;
         wait_full(j + 1);
         issue_s(st, q8, s.k[(j + 1) % kStages]);
+        scales(j + 1, c);
         wgmma_wait<0>();
         fence_operands(st);
-        softmax(j + 1, alpha);
+        softmax(j + 1, c, alpha);
         to_fragments(st, frag);
       }
     }
@@ -266,7 +306,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
 }
 
-template <bool PROMOTE, bool PIPELINED>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
   const int start_cta = blockIdx.x * kCtaRows;
@@ -297,34 +337,38 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<PROMOTE, PIPELINED, PINGPONG>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
 }  // namespace fwd_wide
 }  // namespace dm
 
-#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED)                                                 \
+#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG)                                       \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
       NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps) {              \
     extern __shared__ uint8_t smem[];                                                               \
-    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED>(smem, p, maps);                                     \
+    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG>(smem, p, maps);                           \
   }
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_promoted, true, true, true)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_unpromoted, false, true, true)
 #undef DM_FWD_WIDE_KERNEL
 
-// variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p)
+// variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p), 2 w4p with the
+// consumers taking turns to issue (w4pp)
 // (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order.
 extern "C" int dm_fwd_wide(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 1) {
+  if (!valid_shape(*p) || variant < 0 || variant > 2) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps);
-  const Kernel kernels[2][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
-                                {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted}};
+  const Kernel kernels[3][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
+                                {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted},
+                                {dm_fwd_wide_w4pp_unpromoted, dm_fwd_wide_w4pp_promoted}};
   const Kernel kernel = kernels[variant][promote ? 1 : 0];
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), dm::fwd_wide::kSmemBytes, device);
       err != cudaSuccess) {

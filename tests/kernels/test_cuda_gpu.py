@@ -659,15 +659,22 @@ def test_wide_forward_against_reference_and_fp64(n, causal, h, h_kv, variant, mo
         assert to_exact < 1.15 * ref_to_exact + 1e-3, msg
 
 
-def test_wide_forward_is_deterministic_and_refuses_a_bad_variant(forward_operands):
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("promote", [True, False])
+def test_wide_forward_is_deterministic_one_set_of_bits_and_refuses_a_bad_variant(forward_operands, promote, causal):
+    """Two runs of each variant give the same bits, and the variants give each other's: they order the same arithmetic
+    differently in time only (the pipelined issue, the consumers' turns)."""
     from deltamatch.kernels.triton_quant import fragment_token_order
 
     ops = forward_operands(1000, 4, 2)
     v8t = ops["v8t"][..., fragment_token_order(ops["v8t"].shape[-1], "cuda")].contiguous()
-    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), True,
+    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), causal,
             128**-0.5 * math.log2(math.e))
-    first, again = cuda_lib.fwd_wide(*args), cuda_lib.fwd_wide(*args)
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    first = cuda_lib.fwd_wide(*args, promote=promote, variant=cuda_lib.FWD_WIDE_VARIANTS[0])
+    for variant in cuda_lib.FWD_WIDE_VARIANTS:
+        for _ in range(2):
+            again = cuda_lib.fwd_wide(*args, promote=promote, variant=variant)
+            assert all(torch.equal(a, b) for a, b in zip(first, again)), variant
     with pytest.raises(ValueError, match=r"variant 'ws4p'"):
         cuda_lib.fwd_wide(*args, variant="ws4p")
 
