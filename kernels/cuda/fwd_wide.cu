@@ -1,7 +1,8 @@
 // The factored forward (matched_factored, kernels/README.md) over 128-key tiles: FlashAttention-3's tile width for FP8
 // where fwd_factored.cu keeps Triton's 64 keys and its bits. D = 128, causal or not, any GQA group. Not Triton's bits:
-// the online softmax moves its max once per 128 keys, and the PV product is promoted into FP32 once per tile (128 keys,
-// DeepSeek-V3's interval) or not at all; the tests hold it to the reference simulation as tightly as Triton's kernels.
+// the online softmax moves its max once per 128 keys and forms P · 448 by one fused multiply-add and an exponential
+// (softmax_tile), and the PV product is promoted into FP32 once per tile (128 keys, DeepSeek-V3's interval) or not at
+// all; the tests hold it to the reference simulation as tightly as Triton's kernels.
 //
 // One CTA per 128 queries and query head, three warpgroups:
 //   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread loads Q̂ of the 128 queries once,
@@ -18,8 +19,7 @@
 // turns to issue their wgmma groups (named barriers 1 and 2, FlashAttention-3's inter-warpgroup schedule), so one
 // half's softmax runs while the other's products hold the tensor cores: with FP8 at D = 128 a tile's exponentials
 // (64 MUFU a thread, 8 cycles a warp each) take as long as its matmuls, and halves in step do both at once. The
-// epilogue writes (O · (s_Vᶜ[d] / 448)) / l for
-// queries < N and lse2 = m + log2(l) for every query of the CTA.
+// epilogue writes (O · s_Vᶜ[d]) / l (l sums P · 448) for queries < N and lse2 = m + log2(l) for every query of the CTA.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -97,31 +97,36 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // One tile's online-softmax step for this thread's two rows: S (st, raw products) becomes P · 448; m and l move on;
-// α of each row in `alpha`. `scale[h]`: the scale of columns 64h .. 64h + 63 (K̂'s two 64-key scale blocks).
+// α of each row in `alpha`. `scale[h]`: the scale of columns 64h .. 64h + 63 (K̂'s two 64-key scale blocks), > 0.
+// Four instructions an element and a half (FMNMX, FFMA, MUFU, FADD, half an F2FP): the row max is taken over the raw
+// products of each 64-key half and scaled after (multiplying by a positive scale keeps the order, rounding included),
+// and m is kept as the max less log2(448), so P · 448 = ex2(fma(s, scale, −m)) needs no multiply before the
+// exponential or after it; l sums P · 448 and lse2 = m + log2(l) is unchanged in form (kernels/README.md).
 template <bool MASKED>
 __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const int (&row)[2], const float (&scale)[2], int start_n, int n,
                                              bool causal) {
+  constexpr float kLog2Of448 = 8.807354922057604f;
   const int q = threadIdx.x % 4;
-  float tile_max[2] = {-INFINITY, -INFINITY};
+  float raw_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};  // [row][64-key half]
 #pragma unroll
   for (int i = 0; i < kKeys / 8; ++i) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const int r = v / 2;
-      float s = __fmul_rn(scale[i / 8], st[4 * i + v]);
       if constexpr (MASKED) {
         const int key = start_n + 8 * i + 2 * q + v % 2;
-        if (!(key < n && (!causal || key <= row[r]))) s = -INFINITY;
+        if (!(key < n && (!causal || key <= row[r]))) st[4 * i + v] = -INFINITY;
       }
-      st[4 * i + v] = s;
-      tile_max[r] = fmaxf(tile_max[r], s);
+      raw_max[r][i / 8] = fmaxf(raw_max[r][i / 8], st[4 * i + v]);
     }
   }
   float m_new[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    m_new[r] = fmaxf(m[r], quad_max(tile_max[r]));  // finite: every row sees a key of its first tile
+    const float tile_max = fmaxf(__fmul_rn(scale[0], raw_max[r][0]), __fmul_rn(scale[1], raw_max[r][1]));
+    // finite: every row sees a key of its first tile
+    m_new[r] = fmaxf(m[r], __fsub_rn(quad_max(tile_max), kLog2Of448));
     alpha[r] = ex2_approx_ftz(__fsub_rn(m[r], m_new[r]));
     m[r] = m_new[r];
   }
@@ -129,9 +134,9 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[
   for (int i = 0; i < kKeys / 8; ++i) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const float p = ex2_approx_ftz(__fsub_rn(st[4 * i + v], m_new[v / 2]));
+      const float p = ex2_approx_ftz(fmaf(st[4 * i + v], scale[i / 8], -m_new[v / 2]));
       sum[v / 2] = __fadd_rn(sum[v / 2], p);
-      st[4 * i + v] = __fmul_rn(p, 448.0f);
+      st[4 * i + v] = p;
     }
   }
 #pragma unroll
@@ -297,8 +302,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     }
   }
   const float* svc = p.svc + bh_kv * kHeadDim;
-  const float inv448 = __int_as_float(0x3B124925);  // 1/448 in FP32
-  store_rows(acc, [&](float x, int r, int col) { return div_full(__fmul_rn(x, __fmul_rn(svc[col], inv448)), l[r]); },
+  store_rows(acc, [&](float x, int r, int col) { return div_full(__fmul_rn(x, svc[col]), l[r]); },
              p.o, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
   if (q == 0) {
 #pragma unroll

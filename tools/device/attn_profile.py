@@ -5,6 +5,8 @@ prints, per method, a table of every kernel the step launches (Triton's, the CUD
 calls and GPU time per step, and writes ``DIR/attn_profile.{json,md}``. The reference shape: causal, D = 128, B 4,
 H 16. Environment switches (``DELTAMATCH_KERNEL_*``) apply as in the bench; run the script once per setting to
 compare (kernels/NOTES.md). Times are CUPTI's kernel durations, summed: no launch gaps, unlike ``do_bench``.
+``--once`` runs the steps (three to warm up, then ``--iters``) without the profiler, for ``ncu`` to launch
+(``NCU_DRIVER`` of ``tools/device/ncu_hotspots.sh``).
 """
 
 import argparse
@@ -27,7 +29,8 @@ def short_name(name: str) -> str:
     return name[:70]
 
 
-def profile_method(method: str, n: int, iters: int, b: int = 4, h: int = 16, d: int = 128) -> pd.DataFrame:
+def profile_method(method: str, n: int, iters: int, b: int = 4, h: int = 16, d: int = 128,
+                   once: bool = False) -> pd.DataFrame | None:
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_()
@@ -38,6 +41,11 @@ def profile_method(method: str, n: int, iters: int, b: int = 4, h: int = 16, d: 
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    if once:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+        return None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()
@@ -63,7 +71,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--tag", default="", help="a suffix for the output files (the switch setting)")
+    parser.add_argument("--once", action="store_true", help="run the steps without the profiler (for ncu)")
     args = parser.parse_args(argv)
+    if args.once:
+        for method in args.methods:
+            profile_method(method, args.seq_len, args.iters, once=True)
+        return 0
     os.makedirs(args.out, exist_ok=True)
     switches = {k: v for k, v in os.environ.items() if k.startswith("DELTAMATCH_KERNEL_")}
     out, md = {}, []

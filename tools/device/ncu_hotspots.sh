@@ -4,7 +4,9 @@
 # workload, scheduler, warp states, occupancy) and, per kernel, its hottest SASS instructions by warp-stall samples.
 # Files under $OUT: ncu.txt (the sections), hotspots.txt (per kernel: the 40 instructions with the most samples and
 # their top stall reasons), ncu_source.csv.gz (every instruction's counters).
-# Usage (repo root, on the H200; carry build/cuda): [NCU_KERNELS=<regex>] bash tools/device/ncu_hotspots.sh
+# Usage (repo root, on the H200; carry build/cuda): [NCU_KERNELS=<regex>] [NCU_DRIVER=<script and args>]
+# [NCU_COUNT=<launches>] bash tools/device/ncu_hotspots.sh  (NCU_DRIVER, e.g. "tools/device/attn_profile.py --once
+# --out /tmp/x --iters 1": matched_factored's step at the reference shape, the kernels its switches pick)
 set -uo pipefail
 source tools/device/setup.sh
 python3 -m deltamatch.kernels.cuda_build >/dev/null 2>&1 || echo "cuda_build failed"
@@ -12,7 +14,8 @@ regex=${NCU_KERNELS:-dm_fwd_factored_ws4_promoted|dm_delta_factored_ws4p|dm_dq_f
 timeout 400 ncu --clock-control none --import-source no -o /tmp/prof -f \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SchedulerStats \
   --section WarpStateStats --section Occupancy --section LaunchStats --section SourceCounters \
-  -k "regex:$regex" python3 tools/device/cuda_dv_bench.py --once > "$OUT/ncu_run.log" 2>&1
+  -k "regex:$regex" ${NCU_COUNT:+-c $NCU_COUNT} python3 ${NCU_DRIVER:-tools/device/cuda_dv_bench.py --once} \
+  > "$OUT/ncu_run.log" 2>&1
 echo "ncu rc $?"; tail -3 "$OUT/ncu_run.log"
 ncu --import /tmp/prof.ncu-rep --print-details all > "$OUT/ncu.txt" 2>&1
 ncu --import /tmp/prof.ncu-rep --page source --csv --print-source sass > /tmp/source.csv 2>&1
