@@ -30,6 +30,7 @@ def _xdist_group(item) -> str:
     return shared[0] if shared else item.nodeid.split("::")[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
