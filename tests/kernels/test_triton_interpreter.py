@@ -381,14 +381,14 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_attention import fp8_forward
     from deltamatch.kernels.triton_bwd import CUDA_SWITCH
-    from deltamatch.kernels.triton_fwd import CUDA_FWD_SWITCH, cuda_forward_variant
+    from deltamatch.kernels.triton_fwd import CUDA_FWD_DEFAULT, CUDA_FWD_SWITCH, cuda_forward_variant
 
     monkeypatch.delenv(CUDA_SWITCH, raising=False)
     monkeypatch.delenv(CUDA_FWD_SWITCH, raising=False)
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     assert cuda_forward_variant(128, torch.bfloat16) is None
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
-    assert cuda_forward_variant(128, torch.bfloat16) == "w4"
+    assert cuda_forward_variant(128, torch.bfloat16) == CUDA_FWD_DEFAULT == "w4pp"
     assert cuda_forward_variant(64, torch.bfloat16) is None and cuda_forward_variant(128, torch.float32) is None
     monkeypatch.setenv(CUDA_SWITCH, "1")  # every kernel through CUDA with Triton's bits: fwd_factored.cu
     assert cuda_forward_variant(128, torch.bfloat16) is None
