@@ -267,10 +267,11 @@ in its fragment order): a variant of ``cuda_lib.FWD_WIDE_VARIANTS`` (``w4``, ``w
 cannot run); ``0``: the forward :data:`triton_bwd.CUDA_SWITCH` picks (Triton's, or with that switch at ``1`` the CUDA
 kernel with Triton's bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128, bf16 or fp16, and
 ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's forward elsewhere."""
-CUDA_FWD_DEFAULT = "w4pp"
-"""The forward where :data:`CUDA_FWD_SWITCH` is unset: on the H200 (session 20, CUPTI at the reference shape) ``w4pp``
-(the next tile's S beside this tile's product, the two consumers taking turns to issue) 1.50 ms a step, ``w4`` (each
-tile in turn) 1.58–1.59; Triton's 64-key forward 1.96 (session 19). The three variants give the same bits."""
+CUDA_FWD_DEFAULT = "w4p"
+"""The forward where :data:`CUDA_FWD_SWITCH` is unset: on the H200 (session 20 call 4, CUPTI at the reference shape,
+one call) ``w4p`` (the next tile's S beside this tile's product) 1.450 ms a step, ``w4pp`` (``w4p`` with the two
+consumers taking turns to issue) 1.507 / 1.510, ``w4`` (each tile in turn) 1.599; Triton's 64-key forward 1.96
+(session 19). The three variants give the same bits."""
 
 
 def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:

@@ -388,12 +388,12 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     assert cuda_forward_variant(128, torch.bfloat16) is None
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
-    assert cuda_forward_variant(128, torch.bfloat16) == CUDA_FWD_DEFAULT == "w4pp"
+    assert cuda_forward_variant(128, torch.bfloat16) == CUDA_FWD_DEFAULT == "w4p"
     assert cuda_forward_variant(64, torch.bfloat16) is None and cuda_forward_variant(128, torch.float32) is None
     monkeypatch.setenv(CUDA_SWITCH, "1")  # every kernel through CUDA with Triton's bits: fwd_factored.cu
     assert cuda_forward_variant(128, torch.bfloat16) is None
-    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4p")
-    assert cuda_forward_variant(128, torch.bfloat16) == "w4p"
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4pp")
+    assert cuda_forward_variant(128, torch.bfloat16) == "w4pp"
     monkeypatch.setenv(CUDA_FWD_SWITCH, "0")
     assert cuda_forward_variant(128, torch.bfloat16) is None
     monkeypatch.setenv(CUDA_FWD_SWITCH, "w9")
