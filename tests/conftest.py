@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import xdist_groups
 from poison import poison_torch_empty
 
 
@@ -19,21 +20,8 @@ def _has_sm90() -> bool:
 GPU_TEST_TIMEOUT_S = 240
 
 
-# Fixtures that build something expensive once per session: under xdist (`make test` runs two workers,
-# `--dist loadgroup`) every test that takes one runs on the same worker, so it is built once, and the cluster, a
-# singleton, is started once. Other tests stay together by file, so module fixtures are built once too.
-SHARED_FIXTURES = ("slurm", "pipeline", "tiny_run")
-
-
-def _xdist_group(item) -> str:
-    shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
-    return shared[0] if shared else item.nodeid.split("::")[0]
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    xdist_groups.write_groups(config, items)
     if _has_sm90():
         if config.pluginmanager.hasplugin("timeout"):
             for item in items:
@@ -44,6 +32,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# `make test` runs two xdist workers with `--dist loadgroup`; which worker runs which test is tests/xdist_groups.py's.
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput[xdist_groups.INPUT_KEY] = xdist_groups.groups_file(node.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadgroup":
+        return xdist_groups.make_scheduler(config, log)
+    return None
 
 
 def pytest_report_header(config):
