@@ -48,6 +48,16 @@ __device__ __forceinline__ float div_full(float a, float b) {
   return y;
 }
 
+// The max and the sum over this thread's quad of one value per thread (Triton's butterfly: xor 2, then xor 1).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+
 // Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
 // the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
 struct Schedule {
@@ -496,6 +506,24 @@ inline bool encode_channels(CUtensorMap* map, const void* codes, uint64_t n_pad,
 
 // One CTA per 128 rows (queries or keys) of each of `heads` heads.
 inline dim3 cta_grid(int n, int heads) { return dim3((n + kCtaRows - 1) / kCtaRows, heads); }
+
+// A forward's launch (fwd_factored.cu, fwd_wide.cu: Maps holds q, k, vt) over 128-query CTAs: the device and shared
+// memory prepared, Q̂ mapped in boxes of 64 rows, K̂ in boxes of `key_rows`, V̂ᶜᵀ in boxes of D channels x 64 keys.
+template <typename Params, typename Maps>
+inline int launch_forward(void (*kernel)(const Params, const Maps), int smem, uint32_t key_rows, const Params& p,
+                          int device, cudaStream_t stream) {
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
+    return err;
+  }
+  Maps maps;
+  const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
+  if (!encode_rows(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows(&maps.k, p.k8, kv_rows, key_rows) ||
+      !encode_channels(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * kHeadDim, kBlockN)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);
+  return cudaGetLastError();
+}
 
 }  // namespace factored
 }  // namespace dm

@@ -103,16 +103,6 @@ __device__ __forceinline__ float log2_libdevice_ftz(float x) {
   return y;
 }
 
-// The max and the sum over this thread's quad of one value per thread (Triton's butterfly: xor 2, then xor 1).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, 1));
-}
-
 // One key tile's online-softmax step for this thread's two query rows (`row[r]`): S (st) becomes P̂'s values before
 // the cast, P · 448; m and l move on; returns α of each row in `alpha`.
 __device__ __forceinline__ void softmax_tile(float (&st)[kBlockN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
@@ -343,19 +333,8 @@ extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int vari
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd::Maps);
   const Kernel kernels[2][2] = {{dm_fwd_factored_ws4_unpromoted, dm_fwd_factored_ws4_promoted},
                                 {dm_fwd_factored_ws4p_unpromoted, dm_fwd_factored_ws4p_promoted}};
-  const Kernel kernel = kernels[variant][promote ? 1 : 0];
-  const int smem = dm::fwd::smem_bytes<dm::fwd::kStages>();
-  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
-    return err;
-  }
-  dm::fwd::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) ||
-      !encode_channels(&maps.vt, p->v8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN)) {
-    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
-  }
-  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
-  return cudaGetLastError();
+  return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd::smem_bytes<dm::fwd::kStages>(), kBlockN, *p, device,
+                        stream);
 }
 
 // sizeof(FwdFactoredParams), for the loader's check that its ctypes mirror has the same layout.
