@@ -9,6 +9,8 @@ import torch
 
 import xdist_groups
 from poison import poison_torch_empty
+# `make test` runs two xdist workers with `--dist loadgroup`; which worker runs which test is tests/xdist_groups.py's
+from xdist_groups import pytest_configure_node, pytest_xdist_make_scheduler  # noqa: F401 (hooks)
 
 
 def _has_sm90() -> bool:
@@ -32,19 +34,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-# `make test` runs two xdist workers with `--dist loadgroup`; which worker runs which test is tests/xdist_groups.py's.
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    node.workerinput[xdist_groups.INPUT_KEY] = xdist_groups.groups_file(node.config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") == "loadgroup":
-        return xdist_groups.make_scheduler(config, log)
-    return None
 
 
 def pytest_report_header(config):

@@ -15,6 +15,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
+
 SHARED_FIXTURES = ("slurm", "pipeline", "tiny_run")
 """Session fixtures that build something expensive, longest first."""
 INPUT_KEY = "deltamatch_groups_file"
@@ -43,6 +45,18 @@ def groups_file(config) -> str:
     if not hasattr(config, "_deltamatch_groups"):
         config._deltamatch_groups = os.path.join(tempfile.mkdtemp(prefix="deltamatch_xdist_"), "groups")
     return config._deltamatch_groups
+
+
+# The two xdist hooks, imported into tests/conftest.py (a conftest's hooks are the names in its namespace); the
+# conftest's pytest_collection_modifyitems calls write_groups.
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput[INPUT_KEY] = groups_file(node.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return make_scheduler(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 def make_scheduler(config, log):
