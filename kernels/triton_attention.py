@@ -34,9 +34,11 @@ FACTORED_SAVED = ("q", "k8t", "skc")
 """What ``matched_factored``'s backward also reads: Q (for Q' = s ⊙ Q) and K̂ᶜ (codes, channel scales)."""
 
 
-def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
+def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward: bool = True):
     """Quantise and run the forward kernel: ``(o, saved, factored)`` — ``saved`` the tensors of ``SAVED``,
-    ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None)."""
+    ``factored`` those of ``FACTORED_SAVED`` for ``matched_factored`` (else None). ``backward=False`` (a forward no
+    gradient will follow; ``saved`` and ``factored`` None): ``matched_factored`` skips the copies only its backward
+    reads — V̂ token-major (dP̂) and K̂ᶜ (dQ) — and O is the same either way."""
     wide = cuda_forward_variant(q.shape[-1], q.dtype) if mode == "matched_factored" else None
     cuda = mode == "matched_factored" and cuda_kernels_selected(q.shape[-1], q.dtype, what="forward")
     # K̂ᶜ goes to the CUDA dQ in its A fragments' key order (triton_bwd.attention_backward reorders it for Triton's)
@@ -54,10 +56,12 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
         else:
             k_mean = token_mean(k)
             k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts="token")
-            v8, _, sv = quantize_operand(v, BLOCK_KV, name="v", layouts="token")
             # the 128-key CUDA forward reads V̂ᶜ in its A fragments' key order (cuda_lib.fwd_wide)
             _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel", fragment_order=bool(wide))
-            _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", fragment_order=k_fragment)
+            if backward:  # V̂ token-major for dP̂, K̂ᶜ for dQ: the backward's alone
+                v8, _, sv = quantize_operand(v, BLOCK_KV, name="v", layouts="token")
+                _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel",
+                                                      fragment_order=k_fragment)
         config = forward_config(q.shape[-1], factored=True)
         if wide:
             from deltamatch.kernels import cuda_lib
@@ -74,13 +78,15 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float):
         else:
             o, lse2 = attention_forward(q8, k8, v8t_c, sq, sk, sv_c, q.shape, q.dtype, causal, softmax_scale,
                                         config=config)
-        factored = dict(q=q, k8t=k8t_c, skc=sk_c)
+        factored = dict(q=q, k8t=k8t_c, skc=sk_c) if backward else None
     else:
         k_mean = token_mean(k)
         q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q")
         k8, k8t, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean)
         v8, v8t, sv = quantize_operand(v, BLOCK_KV, name="v")
         o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
+    if not backward:
+        return o, None, None
     saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
     return o, saved, factored
 
@@ -131,6 +137,8 @@ def triton_attention(q, k, v, causal: bool = True, mode: str = "matched", softma
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):  # no backward will follow
+        return fp8_forward(q, k, v, causal, mode, float(softmax_scale), backward=False)[0]
     return _TritonFP8Attention.apply(q, k, v, causal, mode, float(softmax_scale))
 
 

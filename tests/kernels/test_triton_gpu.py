@@ -82,6 +82,18 @@ def test_dispatch_picks_triton_on_hopper():
     assert select_backend(q, k, v, True, "matched").name == "triton"
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_a_forward_without_a_backward_gives_the_training_forwards_bits(mode, d):
+    """Under torch.no_grad (evaluation) the forward skips the copies only the backward reads (matched_factored's V̂
+    token-major and K̂ᶜ); O is the training forward's, bit for bit (at D = 128 the CUDA forward where it loads)."""
+    q, k, v, _ = make(d=d, n=1000 if d < 256 else 333)
+    trained = triton_fn(True, mode)(*(t.detach().clone().requires_grad_() for t in (q, k, v)))
+    with torch.no_grad():
+        alone = triton_fn(True, mode)(q, k, v)
+    assert not alone.requires_grad and torch.equal(alone, trained.detach())
+
+
 def test_stale_and_matched_share_the_forward_bit_for_bit():
     q, k, v, _ = make(n=777)
     outs = [dm_attn_func(q, k, v, causal=True, mode=m) for m in MODES]

@@ -173,6 +173,10 @@ def _factored_outliers(gen) -> list[dict]:
                           finite=all(bool(torch.isfinite(outs[name][i]).all())
                                      for name in ("kernel", "one_read", "paired", "wide")))
                for i, part in enumerate(("o", "dq", "dk", "dv"))}
+        with torch.no_grad():  # no backward follows: the forward skips the backward's copies
+            o_alone = triton_attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), causal,
+                                       "matched_factored")
+        row["o"]["no_grad_equal"] = torch.equal(o_alone.double(), outs["kernel"][0])
         row["o"]["paired_differs"] = not torch.equal(outs["paired"][0], outs["kernel"][0])
         row["o"]["wide_differs"] = not torch.equal(outs["wide"][0], outs["kernel"][0])
         rows.append(row)
@@ -257,6 +261,7 @@ def test_factored_layout_matches_its_reference_simulation_with_outlier_channels(
     assert measured["factored"][0]["o"]["paired_differs"]  # causal, N = 130: row block 2's first 128 keys are a pair
     # and one wide tile; row block 1's diagonal a masked wide tile, as is every row block's at N = 70
     assert all(row["o"]["wide_differs"] for row in measured["factored"])
+    assert all(row["o"]["no_grad_equal"] for row in measured["factored"])  # O without a backward to follow
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
@@ -411,3 +416,38 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
 
 if __name__ == "__main__":
     child_main(_measure)
+
+
+def test_a_forward_without_a_backward_skips_the_backwards_copies(monkeypatch):
+    """matched_factored under ``torch.no_grad`` (evaluation): the forward quantises V token-major (the backward's dP̂)
+    and K per channel (its dQ) only when a backward can follow; every launch here is a stand-in that records it."""
+    from deltamatch.kernels import triton_attention as ta
+
+    calls = []
+
+    def operand(x, block, *, name, layouts, **_):
+        calls.append(("block", name, layouts))
+        return torch.zeros(1, dtype=torch.uint8), None, torch.ones(1)
+
+    def per_channel(x, name, *, layouts, **_):
+        calls.append(("channel", name, layouts))
+        return None, torch.zeros(1, dtype=torch.uint8), torch.ones(1)
+
+    def forward(q8, k8, v8t, sq, sk, sv, shape, dtype, causal, scale, config=None):
+        calls.append(("forward",))
+        return torch.zeros(shape, dtype=dtype), torch.zeros(1)
+
+    for name, stand_in in (("quantize_operand", operand), ("quantize_per_channel", per_channel),
+                           ("token_mean", lambda k: torch.zeros(1)), ("attention_forward", forward),
+                           ("cuda_forward_variant", lambda *a: None), ("cuda_kernels_selected", lambda *a, **kw: False),
+                           ("k_fragment_order", lambda *a: False)):
+        monkeypatch.setattr(ta, name, stand_in)
+    monkeypatch.delenv(ta.ONE_READ_SWITCH, raising=False)
+    q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        ta.triton_attention(q, k, v, True, "matched_factored")
+    alone, calls[:] = list(calls), []
+    ta.triton_attention(*(x.requires_grad_() for x in (q, k, v)), True, "matched_factored")
+    backward_copies = [("block", "v", "token"), ("channel", "k", "channel")]
+    assert all(c in calls for c in backward_copies) and not any(c in alone for c in backward_copies), (calls, alone)
+    assert [c for c in calls if c not in backward_copies] == alone  # the forward's own launches, in its order
