@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deltamatch-installed
 # Two xdist workers (the suite spends much of its time waiting on subprocesses, SLURM's one-minute granularity
-# above all); tests sharing an expensive fixture or a file run on one worker (tests/conftest.py). The 25 slowest
+# above all); tests sharing an expensive fixture or a file run on one worker (tests/xdist_groups.py). The 25 slowest
 # tests are named at the end (the budget is 20 minutes on a 2-core machine).
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=25
 

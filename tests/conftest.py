@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-import xdist_groups
 from poison import poison_torch_empty
 # `make test` runs two xdist workers with `--dist loadgroup`; which worker runs which test is tests/xdist_groups.py's
-from xdist_groups import pytest_configure_node, pytest_xdist_make_scheduler  # noqa: F401 (hooks)
+from xdist_groups import pytest_configure_node, pytest_unconfigure, pytest_xdist_make_scheduler  # noqa: F401 (hooks)
+from xdist_groups import write_groups
 
 
 def _has_sm90() -> bool:
@@ -23,7 +23,7 @@ GPU_TEST_TIMEOUT_S = 240
 
 
 def pytest_collection_modifyitems(config, items):
-    xdist_groups.write_groups(config, items)
+    write_groups(config, items)
     if _has_sm90():
         if config.pluginmanager.hasplugin("timeout"):
             for item in items:

@@ -16,7 +16,7 @@ import json, os, sys
 import pytest
 sys.path.insert(0, {str(TESTS)!r})
 import xdist_groups
-from xdist_groups import pytest_configure_node, pytest_xdist_make_scheduler
+from xdist_groups import pytest_configure_node, pytest_unconfigure, pytest_xdist_make_scheduler
 
 def pytest_collection_modifyitems(config, items):
     xdist_groups.write_groups(config, items)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -47,11 +48,17 @@ def groups_file(config) -> str:
     return config._deltamatch_groups
 
 
-# The two xdist hooks, imported into tests/conftest.py (a conftest's hooks are the names in its namespace); the
-# conftest's pytest_collection_modifyitems calls write_groups.
+# The hooks, imported into tests/conftest.py (a conftest's hooks are the names in its namespace); the conftest's
+# pytest_collection_modifyitems calls write_groups.
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     node.workerinput[INPUT_KEY] = groups_file(node.config)
+
+
+def pytest_unconfigure(config):
+    """The controller's folder of group files goes with its session."""
+    if hasattr(config, "_deltamatch_groups"):
+        shutil.rmtree(os.path.dirname(config._deltamatch_groups), ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -71,8 +71,8 @@ struct Tiles {
 };
 
 // Named barriers 1 and 2 (0 is __syncthreads'): consumer `half` waits on its own, 256 threads counting its 128 and
-// the other consumer's 128 arrivals.
-// the ids as immediates: in registers they were two more live values across the loop, and the consumer spilled
+// the other consumer's 128 arrivals. The ids are immediates: in registers they were two more values live across the
+// loop, and the consumer spilled.
 __device__ __forceinline__ void turn_wait(int half) {
   if (half == 0) {
     asm volatile("bar.sync 1, 256;\n" ::: "memory");

@@ -29,8 +29,8 @@ def short_name(name: str) -> str:
     return name[:70]
 
 
-def profile_method(method: str, n: int, iters: int, b: int = 4, h: int = 16, d: int = 128,
-                   once: bool = False) -> pd.DataFrame | None:
+def make_step(method: str, n: int, b: int = 4, h: int = 16, d: int = 128):
+    """One fwd+bwd of ``method`` at (B, N, H, D) on random inputs, warmed up (three steps run)."""
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_()
@@ -41,11 +41,11 @@ def profile_method(method: str, n: int, iters: int, b: int = 4, h: int = 16, d: 
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    if once:
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-        return None
+    return step
+
+
+def profile_method(method: str, n: int, iters: int) -> pd.DataFrame:
+    step = make_step(method, n)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()
@@ -66,16 +66,21 @@ def profile_method(method: str, n: int, iters: int, b: int = 4, h: int = 16, d: 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="folder for attn_profile.{json,md} (required but with --once)")
     parser.add_argument("--methods", nargs="+", default=["matched_factored"])
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--tag", default="", help="a suffix for the output files (the switch setting)")
     parser.add_argument("--once", action="store_true", help="run the steps without the profiler (for ncu)")
     args = parser.parse_args(argv)
+    if not (args.out or args.once):
+        parser.error("--out is required (but with --once)")
     if args.once:
         for method in args.methods:
-            profile_method(method, args.seq_len, args.iters, once=True)
+            step = make_step(method, args.seq_len)
+            for _ in range(args.iters):
+                step()
+        torch.cuda.synchronize()
         return 0
     os.makedirs(args.out, exist_ok=True)
     switches = {k: v for k, v in os.environ.items() if k.startswith("DELTAMATCH_KERNEL_")}

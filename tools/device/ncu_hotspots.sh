@@ -6,7 +6,7 @@
 # their top stall reasons), ncu_source.csv.gz (every instruction's counters).
 # Usage (repo root, on the H200; carry build/cuda): [NCU_KERNELS=<regex>] [NCU_DRIVER=<script and args>]
 # [NCU_COUNT=<launches>] bash tools/device/ncu_hotspots.sh  (NCU_DRIVER, e.g. "tools/device/attn_profile.py --once
-# --out /tmp/x --iters 1": matched_factored's step at the reference shape, the kernels its switches pick)
+# --iters 1": matched_factored's step at the reference shape, the kernels its switches pick)
 set -uo pipefail
 source tools/device/setup.sh
 python3 -m deltamatch.kernels.cuda_build >/dev/null 2>&1 || echo "cuda_build failed"
