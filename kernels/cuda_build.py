@@ -113,6 +113,10 @@ KERNELS = (
     CudaKernel("dm_delta_factored_ws4", {_qgmma(64): 8}),
     CudaKernel("dm_delta_factored_ws4p", {_qgmma(64): 24}),  # the first tile before the loop, two in it
     CudaKernel("dm_delta_factored_ws4x2", {_qgmma(64): 8}),  # ws4 at two CTAs per SM, its consumers at 104 registers
+    # the δ pass over 128-key tiles (delta_wide.cu): S and dÔ V̂ᵀ (8 SS m64n128k32) per tile; pipelined, the first
+    # tile's S before the loop, two steps (dÔ V̂ᵀ, the next S) in it, and the last tile's dÔ V̂ᵀ at either exit
+    CudaKernel("dm_delta_wide_w4", {_qgmma(128): 8}),
+    CudaKernel("dm_delta_wide_w4p", {_qgmma(128): 28}),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

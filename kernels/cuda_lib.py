@@ -79,6 +79,7 @@ SIGNATURES = {
     "dm_fwd_factored_params_size": ((), _I),
     "dm_fwd_wide": ((_P, _I, _I, _I, _P), _I),
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
+    "dm_delta_wide": ((_P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
@@ -103,6 +104,10 @@ DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
 CTAs per SM (consumers at 104 registers), the default: 1.62 ms at the reference shape against ``ws4p``'s 1.80 (H200,
 session 11), still above Triton's 1.49, so the δ pass runs in CUDA only under ``DELTAMATCH_KERNEL_CUDA=1``."""
+DELTA_WIDE_VARIANTS = ("w4", "w4p")
+"""The δ pass over 128-key tiles (``dm_delta_wide``, ``kernels/cuda/delta_wide.cu``; six instructions an element where
+Triton's pass takes eleven): ``w4`` issues a tile's S and dÔ V̂ᵀ together and forms P while dÔ V̂ᵀ runs, ``w4p`` also
+issues the next tile's S before this tile's arithmetic."""
 DQ_VARIANTS = ("ws3",)
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn. (FA3's ping-pong, ``ws3pp`` and the forward's ``ws4pp``, gained nothing on the H200 and went: kernels/NOTES.md.)"""
@@ -617,8 +622,27 @@ def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: to
     operands of Triton's δ pass (``kernels/cuda/delta_factored.cu``): ``q8``, ``do8`` (B, H, N_pad, D) and ``k8``,
     ``v8`` (B, H_kv, N_pad, D) codes with their block scales, ``lse2`` (B, H, N_pad). Every query of each 128-query block
     that holds one below N is written, as Triton's launch does. ``variant``: one of ``DELTA_VARIANTS``."""
-    if variant not in DELTA_VARIANTS:
-        raise ValueError(f"variant {variant!r}: expected one of {DELTA_VARIANTS}")
+    return _delta("dm_delta_factored", DELTA_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
+                  qk_scale)
+
+
+def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
+               sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool,
+               qk_scale: float, variant: str = "w4p") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``delta_factored``'s (δ, s, 1/s) from the same operands by the δ pass over 128-key tiles
+    (``kernels/cuda/delta_wide.cu``): max P and max P·|dP̂| are Triton's bits, δ differs from Triton's by FP32 summation
+    order (each thread sums its keys across the tiles, the quad's four sums are added at the end), and s follows δ.
+    Queries ≥ N get δ = 0 and s = 1. ``variant``: one of ``DELTA_WIDE_VARIANTS``."""
+    return _delta("dm_delta_wide", DELTA_WIDE_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
+                  qk_scale)
+
+
+def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
+           qk_scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``delta_factored`` and ``delta_wide``: the operands checked, δ, s and 1/s made, ``entry`` called with
+    ``variant``'s index in ``variants``."""
+    if variant not in variants:
+        raise ValueError(f"variant {variant!r}: expected one of {variants}")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, None, "δ")
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
@@ -630,5 +654,5 @@ def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: to
     irs = torch.empty_like(delta)
     params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), irs.data_ptr(), b, h, h_kv, n, n_pad,
                                  float(qk_scale), int(causal))
-    _call(_library(), "dm_delta_factored", ctypes.byref(params), DELTA_VARIANTS.index(variant), *_launch_args(delta))
+    _call(_library(), entry, ctypes.byref(params), variants.index(variant), *_launch_args(delta))
     return delta, rs, irs

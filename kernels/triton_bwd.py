@@ -16,6 +16,7 @@ deterministic.
 """
 
 import math
+import os
 
 import torch
 import triton
@@ -554,6 +555,34 @@ def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False
     return not reason
 
 
+CUDA_DELTA_SWITCH = "DELTAMATCH_KERNEL_CUDA_DELTA"
+"""``matched_factored``'s δ pass through the CUDA kernel over 128-key tiles (``kernels/cuda/delta_wide.cu``; δ not
+Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANTS`` runs it (an error where it cannot
+run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
+D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass elsewhere."""
+CUDA_DELTA_DEFAULT = "w4p"
+"""The δ pass where :data:`CUDA_DELTA_SWITCH` is unset (kernels/NOTES.md has the H200's times)."""
+
+
+def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
+    """The variant of the CUDA δ pass over 128-key tiles that runs (:data:`CUDA_DELTA_SWITCH`), or None; a bad value,
+    or a variant asked for where it cannot run, is an error that names the switch."""
+    from deltamatch.kernels import cuda_lib
+
+    value = os.environ.get(CUDA_DELTA_SWITCH, "")
+    if value == "0" or (not value and (env_switch(CUDA_SWITCH) is not None or stats or not default_config)):
+        return None
+    if value and value not in cuda_lib.DELTA_WIDE_VARIANTS:
+        raise ValueError(f"{CUDA_DELTA_SWITCH}={value!r}: expected one of {cuda_lib.DELTA_WIDE_VARIANTS} or 0 (or "
+                         "unset)")
+    _, reason = cuda_lib.load()
+    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
+        reason = f"head dim {head_dim}: built for D = {cuda_lib.DV_HEAD_DIM} only"
+    if reason and value:
+        raise RuntimeError(f"{CUDA_DELTA_SWITCH}={value} but the CUDA δ pass cannot run: {reason}")
+    return None if reason else value or CUDA_DELTA_DEFAULT
+
+
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
     dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default
@@ -713,7 +742,13 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if factored is None:
             raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
         cfg = factored_config(cfg) if not cfg["dq"].get("FACTORED") else cfg
-        if cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None, what="δ pass"):
+        wide = cuda_delta_variant(saved["q8"].shape[-1], bool(stats), config is None)
+        if wide:
+            from deltamatch.kernels import cuda_lib
+
+            delta, rs, irs = cuda_lib.delta_wide(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"],
+                                                 saved["sv"], sdo, saved["lse2"], n, causal, qk_scale, variant=wide)
+        elif cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None, what="δ pass"):
             from deltamatch.kernels import cuda_lib
 
             delta, rs, irs = cuda_lib.delta_factored(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"],

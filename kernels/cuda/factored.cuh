@@ -328,6 +328,24 @@ constexpr int kConsumers = 2;                              // consumer warpgroup
 constexpr int kCtaRows = kConsumers * kBlockM;             // 128 keys (dK/dV) or queries (dQ) per CTA
 constexpr int kCtaThreads = (kConsumers + 1) * kThreads;   // the producer warpgroup first
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;     // 24·128 + 240·256 = 168·384, the launch's share
+constexpr int kWideKeys = 128;  // keys per tile of the kernels over 128-key tiles (fwd_wide.cu, delta_wide.cu)
+
+// The key tiles of a CTA of 128 queries from start_cta, kWideKeys keys a tile: [0, full_end) unmasked, then
+// [full_end, hi) masked; a tile never reaches past N_pad (a multiple of 128). With 128-query CTAs the masked range is
+// one tile, the last: the causal diagonal, or the ragged end.
+struct WideTiles {
+  int unmasked, count;
+  __device__ WideTiles(int start_cta, int n, bool causal) {
+    int full_end = (n / kWideKeys) * kWideKeys, hi = n;
+    if (causal) {
+      full_end = min(full_end, start_cta);
+      hi = start_cta + kCtaRows;
+    }
+    unmasked = full_end / kWideKeys;
+    count = unmasked + (hi > full_end ? (hi - full_end + kWideKeys - 1) / kWideKeys : 0);
+  }
+};
+
 constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;  // StageInfo flags: << h for half h
 
 struct StageInfo {

@@ -35,7 +35,7 @@ namespace fwd_wide {
 
 using namespace factored;
 
-constexpr int kKeys = 128;                  // keys per tile
+constexpr int kKeys = kWideKeys;            // keys per tile
 constexpr int kSteps = kKeys / 32;          // k = 32 steps of P̂ V̂ᶜ over a tile
 constexpr int kStages = 4;
 constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂ᶜᵀ
@@ -53,21 +53,6 @@ struct Maps {
   CUtensorMap q;   // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
   CUtensorMap k;   // the same, boxes of 128 rows
   CUtensorMap vt;  // V̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
-};
-
-// The key tiles of a CTA of 128 queries from start_cta: [0, full_end) unmasked, then [full_end, hi) masked (the
-// causal diagonal, or the ragged end), 128 keys a tile; a tile never reaches past N_pad (a multiple of 128).
-struct Tiles {
-  int unmasked, count;
-  __device__ Tiles(int start_cta, int n, bool causal) {
-    int full_end = (n / kKeys) * kKeys, hi = n;
-    if (causal) {
-      full_end = min(full_end, start_cta);
-      hi = start_cta + kCtaRows;
-    }
-    unmasked = full_end / kKeys;
-    count = unmasked + (hi > full_end ? (hi - full_end + kKeys - 1) / kKeys : 0);
-  }
 };
 
 // Named barriers 1 and 2 (0 is __syncthreads'): consumer `half` waits on its own, 256 threads counting its 128 and
@@ -204,7 +189,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   const int row[2] = {start_m + 16 * warp + g, start_m + 16 * warp + g + 8};
   const float s_q = p.sq[bh * (p.n_pad / 128) + start_cta / 128];
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
-  const Tiles tiles(start_cta, p.n, p.causal);
+  const WideTiles tiles(start_cta, p.n, p.causal);
   const uint8_t* q8 = s.q[half];
   float acc[kHeadDim / 2] = {};
   float part[PROMOTE ? kHeadDim / 2 : 1];
@@ -319,7 +304,7 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
-      const Tiles tiles(start_cta, p.n, p.causal);
+      const WideTiles tiles(start_cta, p.n, p.causal);
       const int kv_row = int(bh_kv * p.n_pad), channel_row = int(bh_kv * kHeadDim);
       for (int j = 0; j < tiles.count; ++j) {
         const int st = j % kStages, start = kKeys * j;

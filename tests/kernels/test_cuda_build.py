@@ -178,6 +178,9 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_delta_factored(ctypes.byref(delta), 0, 0, None) == 1
     delta.h = 2
     assert opened.dm_delta_factored(ctypes.byref(delta), len(cuda_lib.DELTA_VARIANTS), 0, None) == 1
+    assert opened.dm_delta_wide(ctypes.byref(delta), len(cuda_lib.DELTA_WIDE_VARIANTS), 0, None) == 1
+    delta.n_pad = 64  # N_pad not a multiple of the CTA's 128 queries
+    assert opened.dm_delta_wide(ctypes.byref(delta), 0, 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)

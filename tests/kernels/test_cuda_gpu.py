@@ -537,6 +537,91 @@ def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):
             f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, first at {where}")
 
 
+def delta_fp64(ops):
+    """Matched's δ_i = Σ_j P_ij dP̂_ij, Σ_j |P_ij dP̂_ij| and max_j |P_ij (dP̂_ij − δ_i)| in FP64 from the δ pass's operands
+    (codes, block scales, lse2), rows below N: P = 2^(S c − lse2) with S = Q̂ K̂ᵀ and c = s_q s_k qk_scale, dP̂ =
+    (dÔ V̂ᵀ) s_dO s_V, masked keys (≥ N, causal right of the query) 0."""
+    s, n, causal = ops["saved"], ops["n"], ops["causal"]
+    q8, k8, v8, do8 = (x.view(torch.float8_e4m3fn).double() for x in (s["q8"], s["k8"], s["v8"], ops["do8"]))
+    group = q8.shape[1] // k8.shape[1]
+    k8, v8 = (x.repeat_interleave(group, 1) for x in (k8, v8))
+    sk, sv = (s[name].double().repeat_interleave(group, 1).repeat_interleave(64, -1) for name in ("sk", "sv"))
+    sq, sdo = (x.double().repeat_interleave(128, -1) for x in (s["sq"], ops["sdo"]))
+    scores = q8 @ k8.transpose(-1, -2) * (sq[..., :, None] * sk[..., None, :] * ops["qk_scale"])
+    p = torch.exp2(scores - s["lse2"].double()[..., :, None])
+    keys = torch.arange(p.shape[-1], device=p.device)
+    visible = keys[None, :] < n
+    if causal:
+        visible = visible & (keys[None, :] <= keys[:, None])
+    p = torch.where(visible, p, 0.0)
+    terms = p * (do8 @ v8.transpose(-1, -2)) * (sdo[..., :, None] * sv[..., None, :])
+    delta = terms.sum(-1)
+    ds_max = (terms - p * delta[..., None]).abs().amax(-1)
+    return delta[..., :n], terms.abs().sum(-1)[..., :n], ds_max[..., :n]
+
+
+@pytest.mark.parametrize("n, causal", [(n, causal) for n in (130, 256, 1024, 1000) for causal in (True, False)])
+def test_wide_delta_pass_against_fp64_and_tritons(dk_operands, n, causal):
+    """The δ pass over 128-key tiles (``delta_wide``), every variant: δ within FP32 summation error of FP64 (10⁻⁴ of
+    Σ_j |P_ij dP̂_ij|, as Triton's δ is), dŜ's row scales within 10⁻³ of Triton's and a bound on max_j |dS_ij|, their
+    inverses ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; the variants each other's bits, twice."""
+    from deltamatch.kernels.triton_bwd import row_scale_inverses
+
+    ops = dk_operands(n, causal, *heads(n))
+    s = ops["saved"]
+    args = (s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"], s["lse2"], n, causal,
+            ops["qk_scale"])
+    runs = {variant: [cuda_lib.delta_wide(*args, variant=variant) for _ in range(2)]
+            for variant in cuda_lib.DELTA_WIDE_VARIANTS}
+    torch.cuda.synchronize()
+    delta, rs, irs = runs[cuda_lib.DELTA_WIDE_VARIANTS[0]][0]
+    for variant, outs in runs.items():
+        for again in outs:
+            assert all(torch.equal(a, b) for a, b in zip(again, (delta, rs, irs))), variant
+    exact, total, ds_max = delta_fp64(ops)
+    for name, ours in (("ours", delta[..., :n]), ("triton's", ops["delta_m"][..., :n])):
+        err = (ours.double() - exact).abs()
+        worst = (err / total.clamp_min(1e-30)).max().item()
+        assert (err <= 1e-4 * total + 1e-30).all(), f"{name} δ: worst |δ − δ_fp64| / Σ|P dP̂| = {worst:.2e}"
+    assert torch.equal(irs, row_scale_inverses(rs))
+    ours, theirs = rs[..., :n], ops["rs"][..., :n]
+    assert ((ours - theirs).abs() <= 1e-3 * theirs).all(), f"rs: max relative {((ours - theirs).abs() / theirs).max():.2e}"
+    assert (ours.double() * 448 * (1 + 1e-5) >= ds_max).all()
+    pad = slice(n, -(-n // 128) * 128)
+    assert (delta[..., pad] == 0).all() and (rs[..., pad] == 1).all() and (irs[..., pad] == 1).all()
+    with pytest.raises(ValueError, match=r"variant 'ws4'"):
+        cuda_lib.delta_wide(*args, variant="ws4")
+
+
+# causal and not; a CTA with one query (129), a ragged second half (1000, GQA 4 on 2), the 8K reference length
+@pytest.mark.parametrize("variant", cuda_lib.DELTA_WIDE_VARIANTS)
+@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, True, 4, 2), (1000, False, 4, 2),
+                                                (8192, True, 2, 1)])
+def test_wide_delta_pass_in_the_backward_against_reference_and_fp64(n, causal, h, h_kv, variant, monkeypatch):
+    """matched_factored with its δ pass over 128-key tiles (``DELTAMATCH_KERNEL_CUDA_DELTA``): dQ, dK, dV within a
+    quarter of the reference simulation's own distance to FP64 from the reference, and no further from FP64 than the
+    reference (+15%), as the forward over 128-key tiles is held."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DELTA_SWITCH
+
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=13)
+    calls = []
+    wide = cuda_lib.delta_wide
+    monkeypatch.setattr(cuda_lib, "delta_wide", lambda *a, **kw: calls.append(kw["variant"]) or wide(*a, **kw))
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, variant)
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    assert calls == [variant]  # the switch took effect
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    for part, x, r, e in zip(("o", "dq", "dk", "dv"), ours, ref, exact):
+        assert torch.isfinite(x).all(), part
+        to_ref, to_exact, ref_to_exact = relative_error(x, r), relative_error(x, e), relative_error(r, e)
+        msg = f"{part}: kernel-ref {to_ref:.2e} kernel-fp64 {to_exact:.2e} ref-fp64 {ref_to_exact:.2e}"
+        assert to_ref < 0.25 * ref_to_exact, msg
+        assert to_exact < 1.15 * ref_to_exact + 1e-3, msg
+
+
 @pytest.mark.parametrize("n, causal", [(130, True), (1000, False)])
 def test_fragment_ordered_codes_are_the_natural_ones_permuted(dk_operands, n, causal):
     """The per-channel pass's fragment order on the GPU (what the CUDA dK/dV and dQ kernels read: Q̂'ᶜ, dÔᶜ, and K̂ᶜ as

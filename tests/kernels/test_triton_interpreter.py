@@ -414,6 +414,40 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4 but the CUDA forward cannot run: .*missing"):
         fp8_forward(q, q, q, True, "matched_factored", 128**-0.5)
 
+def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_DELTA`` unset: the δ pass over 128-key tiles wherever the library loads at D = 128 with
+    the default config and no diagnostics (not here: no GPU, so Triton's); ``DELTAMATCH_KERNEL_CUDA`` set either way
+    keeps the δ pass it picks; a variant asked for where it cannot run, or a bad value, is an error naming the switch."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_bwd import CUDA_DELTA_DEFAULT, CUDA_DELTA_SWITCH, CUDA_SWITCH, cuda_delta_variant
+
+    monkeypatch.delenv(CUDA_SWITCH, raising=False)
+    monkeypatch.delenv(CUDA_DELTA_SWITCH, raising=False)
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    assert cuda_delta_variant(128) is None
+    monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
+    assert cuda_delta_variant(128) == CUDA_DELTA_DEFAULT in cuda_lib.DELTA_WIDE_VARIANTS
+    assert cuda_delta_variant(64) is None
+    assert cuda_delta_variant(128, stats=True) is None and cuda_delta_variant(128, default_config=False) is None
+    monkeypatch.setenv(CUDA_SWITCH, "0")
+    assert cuda_delta_variant(128) is None
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4")
+    assert cuda_delta_variant(128) == "w4"
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "0")
+    assert cuda_delta_variant(128) is None
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w9")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_CUDA_DELTA='w9'"):
+        cuda_delta_variant(128)
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4p")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DELTA=w4p but the CUDA δ pass cannot run: head dim"):
+        cuda_delta_variant(64)
+    monkeypatch.undo()
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DELTA=w4 but the CUDA δ pass cannot run: .*missing"):
+        cuda_delta_variant(128)
+
+
 if __name__ == "__main__":
     child_main(_measure)
 

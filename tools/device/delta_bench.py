@@ -1,4 +1,5 @@
-"""Time matched's δ pass as matched_factored launches it, with and without ``SCALE_AFTER_SUM`` (one device call).
+"""Time matched's δ pass as matched_factored launches it, with and without ``SCALE_AFTER_SUM``, and at D = 128 the CUDA
+pass over 128-key tiles (``cuda_lib.delta_wide``, each variant) (one device call).
 
     python3 tools/device/delta_bench.py [HEAD_DIM ...]      (default 128; causal, N = 8192, B·H = 64)
 
@@ -47,6 +48,19 @@ def measure(d: int) -> dict:
     (d0, r0), (d1, r1) = out[False], out[True]
     row.update(delta_max_abs_diff=(d0 - d1).abs().max().item(), delta_max_abs=d0.abs().max().item(),
                rs_max_rel_diff=((r0 - r1).abs() / r0).max().item())
+    if cuda and d == 128:  # the CUDA pass over 128-key tiles, each variant, against the launched Triton pass
+        from triton.testing import do_bench
+
+        from deltamatch.kernels import cuda_lib
+
+        args = (saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"], saved["sv"], sdo,
+                saved["lse2"], n, True, d ** -0.5 * math.log2(math.e))
+        for variant in cuda_lib.DELTA_WIDE_VARIANTS:
+            dl, rs, _ = cuda_lib.delta_wide(*args, variant=variant)
+            row[f"ms_wide_{variant}"] = [do_bench(lambda: cuda_lib.delta_wide(*args, variant=variant), warmup=25,
+                                                  rep=200, return_mode="median") for _ in range(3)]
+            row[f"wide_{variant}_delta_max_abs_diff"] = (dl[..., :n] - d1).abs().max().item()
+            row[f"wide_{variant}_rs_max_rel_diff"] = ((rs[..., :n] - r1).abs() / r1).max().item()
     return row
 
 

@@ -1,0 +1,292 @@
+// Matched's δ pass with the factored layout's dŜ row scales (matched_factored) over 128-key tiles, D = 128, causal or
+// not, any GQA group: what delta_factored.cu computes, in fwd_wide.cu's structure and fewer instructions an element.
+//
+// One CTA per 128 queries and query head: a producer warpgroup (setmaxnreg 24) whose one thread loads Q̂ and dÔ of the
+// 128 queries once, then per key tile K̂ and V̂ (128 token-major rows each, 128-byte swizzle) into a ring of kStages
+// stages; two consumer warpgroups (setmaxnreg 240), one per 64-query half, both reading every tile (with 128-query
+// CTAs and 128-key tiles the masked range is the last tile alone: the causal diagonal or the ragged end).
+// Per tile a consumer forms S = Q̂ K̂ᵀ and dÔ V̂ᵀ (4 + 4 SS m64n128k32) and, per element (six instructions):
+//   P = ex2.approx.ftz(fma(S, (s_q·s_k)·qk_scale, −lse2)) (0 where masked), Triton's P bit for bit;
+//   max P; t = P · (dÔ V̂ᵀ); Σ t and max |t| over each 64-key half, whose V̂ scale multiplies them once a tile.
+// The sums and maxima stay in each thread across the tiles; the quad's four threads combine them once, at the end,
+// where s_dO multiplies δ and max P·|dP̂|. The maxima are Triton's bits (a positive scale commutes with max, rounding
+// included); δ differs from Triton's by FP32 summation order (Triton reduces each tile's row across the quad), and
+// the row scales s = (fma(|δ|, max P, max P·|dP̂|) > 0 ? div.rn(·, 448) : 1) follow δ. Queries ≥ N take lse2 = +inf:
+// their P is 0, δ 0 and s 1 (as Triton's masked rows).
+// PIPELINED: the next tile's S is issued before this tile's arithmetic, this tile's dÔ V̂ᵀ right before it, so the
+// tensor cores hold work while the exponentials run (three 64-register tiles a thread: S twice, dÔ V̂ᵀ once).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "delta_factored.cuh"
+#include "factored.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+namespace dm {
+namespace delta_wide {
+
+using namespace factored;
+
+constexpr int kKeys = kWideKeys;
+constexpr int kStages = 4;
+constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂
+using KTile = KMajor128<Swizzle::k128B>;                // K̂, V̂ [128 keys, D]; Q̂, dÔ [64 queries, D]
+
+struct __align__(1024) Smem {
+  uint8_t q[kConsumers][kBlockM * kHeadDim];
+  uint8_t dout[kConsumers][kBlockM * kHeadDim];
+  uint8_t k[kStages][kKeys * kHeadDim];
+  uint8_t v[kStages][kKeys * kHeadDim];
+  uint64_t full[kStages], empty[kStages], rows_full;
+};
+constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
+
+struct Maps {
+  CUtensorMap q, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+  CUtensorMap k, v;     // the same, boxes of 128 rows
+};
+
+// This thread's two rows' running terms: δ and max P·|dP̂| before s_dO (V̂'s scale applied), max P per 64-key half.
+struct Terms {
+  float lse[2];
+  float delta[2] = {0.0f, 0.0f}, pdp_max[2] = {0.0f, 0.0f};
+  float p_max[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+};
+
+// A @ B^T of one tile (4 SS m64n128k32), one wgmma group.
+__device__ __forceinline__ void issue(float (&acc)[kKeys / 2], const uint8_t* a, const uint8_t* b) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KTile::kSteps; ++kk) {
+    WgmmaE4M3<kKeys>::ss(acc, KTile::desc(a, kk), KTile::desc(b, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// P of one tile in place of its raw S, and max P. `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63.
+template <bool MASKED>
+__device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, const int (&row)[2],
+                                              const float (&scale)[2], int start_n, int n, bool causal) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int r = v / 2, h = i / 8;
+      float p = ex2_approx_ftz(fmaf(st[4 * i + v], scale[h], -t.lse[r]));
+      if constexpr (MASKED) {
+        const int key = start_n + 8 * i + 2 * q + v % 2;
+        if (!(key < n && (!causal || key <= row[r]))) p = 0.0f;
+      }
+      t.p_max[r][h] = fmaxf(t.p_max[r][h], p);
+      st[4 * i + v] = p;
+    }
+  }
+}
+
+// Σ P·(dÔ V̂ᵀ) and max |P·(dÔ V̂ᵀ)| over each 64-key half of the tile, times the half's V̂ scale, into the terms.
+__device__ __forceinline__ void products(const float (&pt)[kKeys / 2], const float (&dpt)[kKeys / 2], Terms& t,
+                                         const float (&s_v)[2]) {
+  float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}, most[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [row][half]
+#pragma unroll
+  for (int i = 0; i < kKeys / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int r = v / 2, h = i / 8;
+      const float x = __fmul_rn(pt[4 * i + v], dpt[4 * i + v]);
+      sum[r][h] = __fadd_rn(sum[r][h], x);
+      most[r][h] = fmaxf(most[r][h], fabsf(x));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      t.delta[r] = fmaf(sum[r][h], s_v[h], t.delta[r]);
+      t.pdp_max[r] = fmaxf(t.pdp_max[r], __fmul_rn(most[r][h], s_v[h]));
+    }
+  }
+}
+
+template <bool PIPELINED>
+__device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
+                                        int start_cta) {
+  const bool releaser = threadIdx.x % 32 == 0;
+  const auto [warp, g, q] = lane();
+  const int start_m = start_cta + kBlockM * half;
+  const int row[2] = {start_m + 16 * warp + g, start_m + 16 * warp + g + 8};
+  Terms t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) t.lse[r] = row[r] < p.n ? p.lse2[bh * p.n_pad + row[r]] : INFINITY;
+  const int64_t scale_at = bh * (p.n_pad / 128) + start_cta / 128;
+  const float s_q = p.sq[scale_at];
+  const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
+  const float* sv = p.sv + bh_kv * (p.n_pad / kBlockN);
+  const WideTiles tiles(start_cta, p.n, p.causal);
+  const uint8_t* q8 = s.q[half];
+  const uint8_t* do8 = s.dout[half];
+  auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
+  auto release = [&](int j) {
+    if (releaser) mbar_arrive(&s.empty[j % kStages]);
+  };
+  auto scales = [&](int j, float (&c)[2], float (&s_v)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      c[h] = __fmul_rn(__fmul_rn(s_q, sk[2 * j + h]), p.qk_scale);
+      s_v[h] = sv[2 * j + h];
+    }
+  };
+  // P of tile j in `st` (its S complete), masked only where the tile is the masked one
+  auto softmax = [&](float (&st)[kKeys / 2], int j, const float (&c)[2]) {
+    if (j < tiles.unmasked) {
+      probabilities<false>(st, t, row, c, kKeys * j, p.n, p.causal);
+    } else {
+      probabilities<true>(st, t, row, c, kKeys * j, p.n, p.causal);
+    }
+  };
+  float dpt[kKeys / 2];
+  mbar_wait(&s.rows_full, 0);
+  if constexpr (PIPELINED) {
+    float st_a[kKeys / 2], st_b[kKeys / 2];
+    // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
+    auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
+      float c[2], s_v[2];
+      issue(dpt, do8, s.v[j % kStages]);
+      wait_full(j + 1);
+      issue(next, q8, s.k[(j + 1) % kStages]);
+      scales(j, c, s_v);
+      wgmma_wait<2>();  // S of tile j
+      fence_operands(cur);
+      probabilities<false>(cur, t, row, c, kKeys * j, p.n, p.causal);  // only the last tile is masked
+      wgmma_wait<1>();  // dÔ V̂ᵀ of tile j; S of tile j + 1 may still run
+      fence_operands(dpt);
+      release(j);
+      products(cur, dpt, t, s_v);
+    };
+    auto last = [&](float (&cur)[kKeys / 2], int j) {
+      float c[2], s_v[2];
+      issue(dpt, do8, s.v[j % kStages]);
+      scales(j, c, s_v);
+      wgmma_wait<1>();
+      fence_operands(cur);
+      softmax(cur, j, c);
+      wgmma_wait<0>();
+      fence_operands(dpt);
+      release(j);
+      products(cur, dpt, t, s_v);
+    };
+    wait_full(0);
+    issue(st_a, q8, s.k[0]);
+    int j = 0;
+#pragma unroll 1
+    while (true) {  // a tile count ≥ 1: every CTA sees a key
+      if (j + 1 == tiles.count) {
+        last(st_a, j);
+        break;
+      }
+      step(st_a, st_b, j++);
+      if (j + 1 == tiles.count) {
+        last(st_b, j);
+        break;
+      }
+      step(st_b, st_a, j++);
+    }
+  } else {
+    float st[kKeys / 2];
+#pragma unroll 1
+    for (int j = 0; j < tiles.count; ++j) {
+      float c[2], s_v[2];
+      wait_full(j);
+      issue(st, q8, s.k[j % kStages]);
+      issue(dpt, do8, s.v[j % kStages]);
+      scales(j, c, s_v);
+      wgmma_wait<1>();  // S; dÔ V̂ᵀ may still run beside the exponentials
+      fence_operands(st);
+      softmax(st, j, c);
+      wgmma_wait<0>();
+      fence_operands(dpt);
+      release(j);
+      products(st, dpt, t, s_v);
+    }
+  }
+  const float s_do = p.sdo[scale_at];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // every lane of the quad shuffles; its first writes
+    const float delta = __fmul_rn(quad_sum(t.delta[r]), s_do);
+    const float pdp_max = __fmul_rn(quad_max(t.pdp_max[r]), s_do);
+    const float p_max = quad_max(fmaxf(t.p_max[r][0], t.p_max[r][1]));
+    if (q == 0) {
+      const int64_t at = bh * p.n_pad + row[r];
+      const float bound = fmaf(fabsf(delta), p_max, pdp_max);
+      const float scale = bound > 0.0f ? __fdiv_rn(bound, 448.0f) : 1.0f;
+      p.delta[at] = delta;
+      p.rs[at] = scale;
+      p.irs[at] = div_full(1.0f, scale);  // Triton's `1.0 / s`
+    }
+  }
+}
+
+template <bool PIPELINED>
+__device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
+  Smem& s = aligned_smem<Smem>(raw);
+  if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, p.n_pad);
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int start_cta = blockIdx.x * kCtaRows;
+  const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const WideTiles tiles(start_cta, p.n, p.causal);
+      const int kv_row = int(bh_kv * p.n_pad);
+      for (int j = 0; j < tiles.count; ++j) {
+        const int st = j % kStages;
+        if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&s.full[st], kTileBytes);
+        tma_load_2d(s.k[st], &maps.k, 0, kv_row + kKeys * j, &s.full[st]);
+        tma_load_2d(s.v[st], &maps.v, 0, kv_row + kKeys * j, &s.full[st]);
+      }
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  consume<PIPELINED>(s, p, role - 1, bh, bh_kv, start_cta);
+}
+
+}  // namespace delta_wide
+}  // namespace dm
+
+#define DM_DELTA_WIDE_KERNEL(NAME, PIPELINED)                                                          \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
+      NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {          \
+    extern __shared__ uint8_t smem[];                                                               \
+    dm::delta_wide::delta_block<PIPELINED>(smem, p, maps);                                          \
+  }
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, false)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, true)
+#undef DM_DELTA_WIDE_KERNEL
+
+// variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
+// arithmetic too (w4p) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p) || variant < 0 || variant > 1) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = variant ? dm_delta_wide_w4p : dm_delta_wide_w4;
+  const int smem = dm::delta_wide::kSmemBytes;
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
+    return err;
+  }
+  dm::delta_wide::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
+      !encode_rows(&maps.k, p->k8, kv_rows, dm::delta_wide::kKeys) ||
+      !encode_rows(&maps.v, p->v8, kv_rows, dm::delta_wide::kKeys)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
