@@ -110,7 +110,58 @@ __device__ __forceinline__ void products(const float (&pt)[kKeys / 2], const flo
   }
 }
 
-template <bool PIPELINED>
+// One 64-key half of a tile (S and dÔ V̂ᵀ as m64n64 accumulators, keys from start_n) in one pass: P, max P, and
+// Σ and max |·| of P·(dÔ V̂ᵀ), times the half's V̂ scale, into the terms, the exponential of each element beside the
+// products of its neighbours (in two passes the 64 exponentials of a half came in one burst, and the warps waited on
+// the special-function queue: ncu's MIO throttle). The same arithmetic in the same order as probabilities + products.
+template <bool MASKED>
+__device__ __forceinline__ void half_terms(const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], Terms& t,
+                                           const int (&row)[2], int h, float scale, float s_v, int start_n, int n,
+                                           bool causal) {
+  const int q = threadIdx.x % 4;
+  float sum[2] = {0.0f, 0.0f}, most[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kBlockN / 8; ++i) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int r = v / 2;
+      float p = ex2_approx_ftz(fmaf(st[4 * i + v], scale, -t.lse[r]));
+      if constexpr (MASKED) {
+        const int key = start_n + 8 * i + 2 * q + v % 2;
+        if (!(key < n && (!causal || key <= row[r]))) p = 0.0f;
+      }
+      t.p_max[r][h] = fmaxf(t.p_max[r][h], p);
+      const float x = __fmul_rn(p, dpt[4 * i + v]);
+      sum[r] = __fadd_rn(sum[r], x);
+      most[r] = fmaxf(most[r], fabsf(x));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    t.delta[r] = fmaf(sum[r], s_v, t.delta[r]);
+    t.pdp_max[r] = fmaxf(t.pdp_max[r], __fmul_rn(most[r], s_v));
+  }
+}
+
+// S and dÔ V̂ᵀ of keys 64h .. 64h + 63 of a stage's tile (4 + 4 SS m64n64k32), one wgmma group.
+__device__ __forceinline__ void issue_half(float (&st)[kBlockN / 2], float (&dpt)[kBlockN / 2], const uint8_t* q8,
+                                           const uint8_t* do8, const uint8_t* k, const uint8_t* v, int h) {
+  const int offset = h * kBlockN * kHeadDim;  // 64 rows: a whole number of the 128-byte swizzle's 1024-byte atoms
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockN>::ss(st, KTile::desc(q8, kk), KTile::desc(k + offset, kk), kk > 0);
+  }
+#pragma unroll
+  for (int kk = 0; kk < KTile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockN>::ss(dpt, KTile::desc(do8, kk), KTile::desc(v + offset, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
+enum Form { kEachTile = 0, kPipelined = 1, kHalves = 2 };
+
+template <int FORM>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
                                         int start_cta) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -146,9 +197,48 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       probabilities<true>(st, t, row, c, kKeys * j, p.n, p.causal);
     }
   };
-  float dpt[kKeys / 2];
   mbar_wait(&s.rows_full, 0);
-  if constexpr (PIPELINED) {
+  if constexpr (FORM == kHalves) {
+    // the two 64-key halves of a tile take turns: one half's terms are formed while the other's products run
+    float st0[kBlockN / 2], dpt0[kBlockN / 2], st1[kBlockN / 2], dpt1[kBlockN / 2];
+    auto terms = [&](const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], int j, int h, float c,
+                     float s_v) {
+      if (j < tiles.unmasked) {
+        half_terms<false>(st, dpt, t, row, h, c, s_v, kKeys * j + kBlockN * h, p.n, p.causal);
+      } else {
+        half_terms<true>(st, dpt, t, row, h, c, s_v, kKeys * j + kBlockN * h, p.n, p.causal);
+      }
+    };
+    // each half's products are issued before the other half's terms and waited for after them: no wgmma group is
+    // pending across the loop's back edge (one that was made ptxas serialise every wgmma)
+    wait_full(0);
+    issue_half(st0, dpt0, q8, do8, s.k[0], s.v[0], 0);
+    wgmma_wait<0>();
+    fence_operands(st0);
+    fence_operands(dpt0);
+#pragma unroll 1
+    for (int j = 0;; ++j) {  // one tile an iteration; its half 0 complete
+      float c[2], s_v[2];
+      issue_half(st1, dpt1, q8, do8, s.k[j % kStages], s.v[j % kStages], 1);
+      scales(j, c, s_v);
+      terms(st0, dpt0, j, 0, c[0], s_v[0]);
+      wgmma_wait<0>();
+      fence_operands(st1);
+      fence_operands(dpt1);
+      release(j);
+      if (j + 1 == tiles.count) {
+        terms(st1, dpt1, j, 1, c[1], s_v[1]);
+        break;
+      }
+      wait_full(j + 1);
+      issue_half(st0, dpt0, q8, do8, s.k[(j + 1) % kStages], s.v[(j + 1) % kStages], 0);
+      terms(st1, dpt1, j, 1, c[1], s_v[1]);
+      wgmma_wait<0>();
+      fence_operands(st0);
+      fence_operands(dpt0);
+    }
+  } else if constexpr (FORM == kPipelined) {
+    float dpt[kKeys / 2];
     float st_a[kKeys / 2], st_b[kKeys / 2];
     // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
     auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
@@ -194,7 +284,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       step(st_b, st_a, j++);
     }
   } else {
-    float st[kKeys / 2];
+    float st[kKeys / 2], dpt[kKeys / 2];
 #pragma unroll 1
     for (int j = 0; j < tiles.count; ++j) {
       float c[2], s_v[2];
@@ -228,7 +318,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   }
 }
 
-template <bool PIPELINED>
+template <int FORM>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
   if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, p.n_pad);
@@ -252,30 +342,32 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PIPELINED>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<FORM>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
 }  // namespace delta_wide
 }  // namespace dm
 
-#define DM_DELTA_WIDE_KERNEL(NAME, PIPELINED)                                                          \
+#define DM_DELTA_WIDE_KERNEL(NAME, FORM)                                                               \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
       NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {          \
     extern __shared__ uint8_t smem[];                                                               \
-    dm::delta_wide::delta_block<PIPELINED>(smem, p, maps);                                          \
+    dm::delta_wide::delta_block<dm::delta_wide::FORM>(smem, p, maps);                               \
   }
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, false)
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, true)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4h, kHalves)
 #undef DM_DELTA_WIDE_KERNEL
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
-// arithmetic too (w4p) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+// arithmetic too (w4p), 2 the tile's two 64-key halves in turn, one half's products beside the other's terms (w4h)
+// (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 1) {
+  if (!valid_shape(*p) || variant < 0 || variant > 2) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = variant ? dm_delta_wide_w4p : dm_delta_wide_w4;
+  auto kernel = variant == 2 ? dm_delta_wide_w4h : variant ? dm_delta_wide_w4p : dm_delta_wide_w4;
   const int smem = dm::delta_wide::kSmemBytes;
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
