@@ -182,12 +182,21 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   auto release = [&](int j) {
     if (releaser) mbar_arrive(&s.empty[j % kStages]);
   };
+  // K̂'s and V̂'s scales of a tile, loaded a tile ahead (a load in the tile that uses them came right before the
+  // exponentials that need them: ncu's long-scoreboard stalls); called once a tile, in order
+  float ahead[2][2];  // [K̂, V̂][64-key half] of the next tile to be scaled
+  auto load_scales = [&](int j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ahead[0][h] = sk[2 * j + h], ahead[1][h] = sv[2 * j + h];
+  };
+  load_scales(0);
   auto scales = [&](int j, float (&c)[2], float (&s_v)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      c[h] = __fmul_rn(__fmul_rn(s_q, sk[2 * j + h]), p.qk_scale);
-      s_v[h] = sv[2 * j + h];
+      c[h] = __fmul_rn(__fmul_rn(s_q, ahead[0][h]), p.qk_scale);
+      s_v[h] = ahead[1][h];
     }
+    load_scales(min(j + 1, tiles.count - 1));
   };
   // P of tile j in `st` (its S complete), masked only where the tile is the masked one
   auto softmax = [&](float (&st)[kKeys / 2], int j, const float (&c)[2]) {

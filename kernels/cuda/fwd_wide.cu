@@ -196,12 +196,15 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
   float st[kKeys / 2];
   uint32_t frag[kSteps][4];
+  // K̂'s scales of tile j, formed once its S is issued; loaded a tile ahead (a load once S was issued still came
+  // before the S wait's end, an L2 round trip longer than S's four wgmmas); called once a tile, in order
+  float ahead[2] = {sk[0], sk[1]};
   auto scales = [&](int j, float (&c)[2]) {
-    c[0] = __fmul_rn(__fmul_rn(s_q, sk[2 * j]), p.qk_scale);
-    c[1] = __fmul_rn(__fmul_rn(s_q, sk[2 * j + 1]), p.qk_scale);
+    c[0] = __fmul_rn(__fmul_rn(s_q, ahead[0]), p.qk_scale);
+    c[1] = __fmul_rn(__fmul_rn(s_q, ahead[1]), p.qk_scale);
+    const int next = 2 * min(j + 1, tiles.count - 1);
+    ahead[0] = sk[next], ahead[1] = sk[next + 1];
   };
-  // K̂'s scales of tile j, loaded once its S is issued and before it is waited for (a load after the wait sat in the
-  // softmax's path)
   auto softmax = [&](int j, const float (&c)[2], float (&a)[2]) {
     if (j < tiles.unmasked) {
       softmax_tile<false>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
