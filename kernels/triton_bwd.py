@@ -529,8 +529,9 @@ The forward's default is another CUDA kernel, over 128-key tiles and not Triton'
 this switch set either way puts the forward back on the kernels above."""
 CUDA_DEFAULT = {"backward": True, "forward": False, "δ pass": False}
 """Whether the CUDA kernels run where :data:`CUDA_SWITCH` is unset: the backward's dK, dV, dQ (1.7× and 1.13× Triton's,
-session 11), not the forward's nor the δ pass's (2.20 ms against 1.96 and 1.62 against 1.49 in session 11:
-kernels/NOTES.md)."""
+session 11), not the forward's nor the δ pass's with Triton's bits (2.20 ms against 1.96 and 1.62 against 1.49 in
+session 11: kernels/NOTES.md); the forward and δ pass over 128-key tiles have switches of their own
+(``triton_fwd.CUDA_FWD_SWITCH``, :data:`CUDA_DELTA_SWITCH`)."""
 
 
 def cuda_kernels_selected(head_dim: int, dtype: torch.dtype, stats: bool = False, default_config: bool = True,
@@ -561,7 +562,9 @@ Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANT
 run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
 D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass elsewhere."""
 CUDA_DELTA_DEFAULT = "w4p"
-"""The δ pass where :data:`CUDA_DELTA_SWITCH` is unset (kernels/NOTES.md has the H200's times)."""
+"""The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: on the H200 (session 21 call 5, CUPTI at the reference shape,
+K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4h`` 1.305, Triton's pass 1.306 (call 2); do_bench of
+the pass alone (``tools/device/delta_bench.py``) ``w4p`` 1.31–1.34, ``w4`` 1.38, ``w4h`` 1.38–1.43, Triton's 1.41."""
 
 
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
