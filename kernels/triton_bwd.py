@@ -560,7 +560,8 @@ CUDA_DELTA_SWITCH = "DELTAMATCH_KERNEL_CUDA_DELTA"
 """``matched_factored``'s δ pass through the CUDA kernel over 128-key tiles (``kernels/cuda/delta_wide.cu``; δ not
 Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANTS`` runs it (an error where it cannot
 run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
-D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass elsewhere."""
+D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass
+elsewhere."""
 CUDA_DELTA_DEFAULT = "w4p"
 """The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: on the H200 (session 21 call 5, CUPTI at the reference shape,
 K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4h`` 1.305, Triton's pass 1.306 (call 2); do_bench of

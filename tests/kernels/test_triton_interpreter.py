@@ -417,7 +417,8 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
 def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
     """``DELTAMATCH_KERNEL_CUDA_DELTA`` unset: the δ pass over 128-key tiles wherever the library loads at D = 128 with
     the default config and no diagnostics (not here: no GPU, so Triton's); ``DELTAMATCH_KERNEL_CUDA`` set either way
-    keeps the δ pass it picks; a variant asked for where it cannot run, or a bad value, is an error naming the switch."""
+    keeps the δ pass it picks; a variant asked for where it cannot run, or a bad value, is an error naming the
+    switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DELTA_DEFAULT, CUDA_DELTA_SWITCH, CUDA_SWITCH, cuda_delta_variant
 
