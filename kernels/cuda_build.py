@@ -119,6 +119,7 @@ KERNELS = (
     CudaKernel("dm_delta_wide_w4p", {_qgmma(128): 28}),
     # its halves (S and dÔ V̂ᵀ of 64 keys, 4 + 4 SS m64n64k32 a half): the first half before the loop, two in it
     CudaKernel("dm_delta_wide_w4h", {_qgmma(64): 24}),
+    CudaKernel("dm_delta_wide_w4t", {_qgmma(128): 8}),  # w4 with the consumers' turns
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

@@ -159,7 +159,7 @@ __device__ __forceinline__ void issue_half(float (&st)[kBlockN / 2], float (&dpt
   wgmma_commit();
 }
 
-enum Form { kEachTile = 0, kPipelined = 1, kHalves = 2 };
+enum Form { kEachTile = 0, kPipelined = 1, kHalves = 2, kTurns = 3 };
 
 template <int FORM>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
@@ -292,14 +292,24 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       }
       step(st_b, st_a, j++);
     }
-  } else {
+  } else {  // each tile in turn; kTurns: the consumers take turns to issue (FlashAttention-3's ping-pong), so one's
+            // exponentials run while the other's products hold the tensor cores. Both see every tile: each waits on
+            // its barrier tiles.count times, and each is given as many turns (the second's first turn before the loop,
+            // none after its last issue).
     float st[kKeys / 2], dpt[kKeys / 2];
+    if constexpr (FORM == kTurns) {
+      if (half == 1) turn_give(half);
+    }
 #pragma unroll 1
     for (int j = 0; j < tiles.count; ++j) {
       float c[2], s_v[2];
       wait_full(j);
+      if constexpr (FORM == kTurns) turn_wait(half);
       issue(st, q8, s.k[j % kStages]);
       issue(dpt, do8, s.v[j % kStages]);
+      if constexpr (FORM == kTurns) {
+        if (half == 0 || j + 1 < tiles.count) turn_give(half);
+      }
       scales(j, c, s_v);
       wgmma_wait<1>();  // S; dÔ V̂ᵀ may still run beside the exponentials
       fence_operands(st);
@@ -366,17 +376,20 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4h, kHalves)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns)
 #undef DM_DELTA_WIDE_KERNEL
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
-// arithmetic too (w4p), 2 the tile's two 64-key halves in turn, one half's products beside the other's terms (w4h)
-// (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+// arithmetic too (w4p), 2 the tile's two 64-key halves in turn, one half's products beside the other's terms (w4h),
+// 3 w4 with the consumers taking turns to issue (w4t) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 2) {
+  if (!valid_shape(*p) || variant < 0 || variant > 3) {
     return cudaErrorInvalidValue;
   }
-  auto kernel = variant == 2 ? dm_delta_wide_w4h : variant ? dm_delta_wide_w4p : dm_delta_wide_w4;
+  using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps);
+  const Kernel kernels[4] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4h, dm_delta_wide_w4t};
+  const Kernel kernel = kernels[variant];
   const int smem = dm::delta_wide::kSmemBytes;
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;

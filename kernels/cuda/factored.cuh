@@ -328,6 +328,25 @@ constexpr int kConsumers = 2;                              // consumer warpgroup
 constexpr int kCtaRows = kConsumers * kBlockM;             // 128 keys (dK/dV) or queries (dQ) per CTA
 constexpr int kCtaThreads = (kConsumers + 1) * kThreads;   // the producer warpgroup first
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;     // 24·128 + 240·256 = 168·384, the launch's share
+// FlashAttention-3's turns of the two consumers (fwd_wide.cu's and delta_wide.cu's ping-pong). Named barriers 1 and 2
+// (0 is __syncthreads'): consumer `half` waits on its own, 256 threads counting its 128 and the other consumer's 128
+// arrivals. The ids are immediates: in registers they were two more values live across the loop, and the consumer
+// spilled.
+__device__ __forceinline__ void turn_wait(int half) {
+  if (half == 0) {
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 256;\n" ::: "memory");
+  }
+}
+__device__ __forceinline__ void turn_give(int half) {
+  if (half == 0) {
+    asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  } else {
+    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  }
+}
+
 constexpr int kWideKeys = 128;  // keys per tile of the kernels over 128-key tiles (fwd_wide.cu, delta_wide.cu)
 
 // The key tiles of a CTA of 128 queries from start_cta, kWideKeys keys a tile: [0, full_end) unmasked, then

@@ -55,24 +55,6 @@ struct Maps {
   CUtensorMap vt;  // V̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
 };
 
-// Named barriers 1 and 2 (0 is __syncthreads'): consumer `half` waits on its own, 256 threads counting its 128 and
-// the other consumer's 128 arrivals. The ids are immediates: in registers they were two more values live across the
-// loop, and the consumer spilled.
-__device__ __forceinline__ void turn_wait(int half) {
-  if (half == 0) {
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-  } else {
-    asm volatile("bar.sync 2, 256;\n" ::: "memory");
-  }
-}
-__device__ __forceinline__ void turn_give(int half) {
-  if (half == 0) {
-    asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-  } else {
-    asm volatile("bar.arrive 1, 256;\n" ::: "memory");
-  }
-}
-
 // One tile's online-softmax step for this thread's two rows: S (st, raw products) becomes P · 448; m and l move on;
 // α of each row in `alpha`. `scale[h]`: the scale of columns 64h .. 64h + 63 (K̂'s two 64-key scale blocks), > 0.
 // Four instructions an element and a half (FMNMX, FFMA, MUFU, FADD, half an F2FP): the row max is taken over the raw

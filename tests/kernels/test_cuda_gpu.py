@@ -566,8 +566,8 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
     Σ_j |P_ij dP̂_ij|; both sum the same FP32 terms, in another order) and within 10⁻² of that sum of FP64's from the
     same codes (H200: 3·10⁻³ at worst for every kernel, Triton's included, as Hopper's FP8 wgmma accumulates its
     products at reduced precision); dŜ's row scales within 10⁻³ of Triton's and a bound on max_j |dS_ij|, their inverses
-    ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; each variant's bits twice, ``w4`` and ``w4p`` each
-    other's (the same products in the same order), ``w4h`` (m64n64 products) within summation error of them."""
+    ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; each variant's bits twice, ``w4``, ``w4p`` and ``w4t``
+    each other's (the same products in the same order), ``w4h`` (m64n64 products) within summation error of them."""
     from deltamatch.kernels.triton_bwd import row_scale_inverses
 
     ops = dk_operands(n, causal, *heads(n))
@@ -581,8 +581,8 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
     delta, rs, irs = runs["w4"][0]
     for variant, (first, again) in runs.items():
         assert all(torch.equal(a, b) for a, b in zip(first, again)), variant
-        if variant == "w4p":
-            assert all(torch.equal(a, b) for a, b in zip(first, (delta, rs, irs)))
+        if variant in ("w4p", "w4t"):
+            assert all(torch.equal(a, b) for a, b in zip(first, (delta, rs, irs))), variant
         err = (first[0][..., :n] - ops["delta_m"][..., :n]).abs().double()
         assert (err <= 1e-5 * total).all(), f"{variant}: |δ − δ_triton| / Σ|P dP̂| {(err / total).max():.2e}"
     err = (delta[..., :n].double() - exact).abs()
