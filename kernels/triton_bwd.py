@@ -564,8 +564,9 @@ D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUD
 elsewhere."""
 CUDA_DELTA_DEFAULT = "w4p"
 """The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: on the H200 (session 21 call 5, CUPTI at the reference shape,
-K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4h`` 1.305, Triton's pass 1.306 (call 2); do_bench of
-the pass alone (``tools/device/delta_bench.py``) ``w4p`` 1.31–1.34, ``w4`` 1.38, ``w4h`` 1.38–1.43, Triton's 1.41."""
+K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4h`` 1.305, ``w4t`` 1.383 (call 7), Triton's pass 1.306
+(call 2); do_bench of the pass alone (``tools/device/delta_bench.py``) ``w4p`` 1.31–1.34, ``w4`` 1.38, ``w4h``
+1.38–1.43, Triton's 1.41."""
 
 
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
