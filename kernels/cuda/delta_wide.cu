@@ -13,8 +13,13 @@
 // included); δ differs from Triton's by FP32 summation order (Triton reduces each tile's row across the quad), and
 // the row scales s = (fma(|δ|, max P, max P·|dP̂|) > 0 ? div.rn(·, 448) : 1) follow δ. Queries ≥ N take lse2 = +inf:
 // their P is 0, δ 0 and s 1 (as Triton's masked rows).
-// PIPELINED: the next tile's S is issued before this tile's arithmetic, this tile's dÔ V̂ᵀ right before it, so the
-// tensor cores hold work while the exponentials run (three 64-register tiles a thread: S twice, dÔ V̂ᵀ once).
+// The forms (Form; kernels/NOTES.md has the H200's times, kPipelined the default):
+//   kEachTile (w4): a tile's S and dÔ V̂ᵀ issued together, P formed while dÔ V̂ᵀ runs;
+//   kPipelined (w4p): the next tile's S issued before this tile's arithmetic, this tile's dÔ V̂ᵀ right before it, so
+//     the tensor cores hold work while the exponentials run (three 64-register tiles a thread: S twice, dÔ V̂ᵀ once);
+//   kHalves (w4h): the tile's two 64-key halves in turn (m64n64k32), one half's products beside the other's terms;
+//   kTurns (w4t): w4 with the consumers taking turns to issue (FlashAttention-3's ping-pong).
+// w4, w4p and w4t give the same bits; w4h's m64n64 products may differ from them by the wgmma's accumulation.
 #include <cuda_runtime.h>
 
 #include <cstdint>
