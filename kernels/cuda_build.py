@@ -117,8 +117,6 @@ KERNELS = (
     # tile's S before the loop, two steps (dÔ V̂ᵀ, the next S) in it, and the last tile's dÔ V̂ᵀ at either exit
     CudaKernel("dm_delta_wide_w4", {_qgmma(128): 8}),
     CudaKernel("dm_delta_wide_w4p", {_qgmma(128): 28}),
-    # its halves (S and dÔ V̂ᵀ of 64 keys, 4 + 4 SS m64n64k32 a half): the first half before the loop, two in it
-    CudaKernel("dm_delta_wide_w4h", {_qgmma(64): 24}),
     CudaKernel("dm_delta_wide_w4t", {_qgmma(128): 8}),  # w4 with the consumers' turns
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it

@@ -233,18 +233,7 @@ extern "C" int dm_delta_factored(const DeltaFactoredParams* p, int variant, int 
     return cudaErrorInvalidValue;
   }
   auto kernel = variant == 2 ? dm_delta_factored_ws4x2 : variant ? dm_delta_factored_ws4p : dm_delta_factored_ws4;
-  const int smem = dm::delta::smem_bytes<dm::delta::kStages>();
-  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
-    return err;
-  }
-  dm::delta::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
-      !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows(&maps.v, p->v8, kv_rows, kBlockN)) {
-    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
-  }
-  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
-  return cudaGetLastError();
+  return launch_delta(kernel, dm::delta::smem_bytes<dm::delta::kStages>(), kBlockN, *p, device, stream);
 }
 
 // sizeof(DeltaFactoredParams), for the loader's check that its ctypes mirror has the same layout.

@@ -17,9 +17,8 @@
 //   kEachTile (w4): a tile's S and dÔ V̂ᵀ issued together, P formed while dÔ V̂ᵀ runs;
 //   kPipelined (w4p): the next tile's S issued before this tile's arithmetic, this tile's dÔ V̂ᵀ right before it, so
 //     the tensor cores hold work while the exponentials run (three 64-register tiles a thread: S twice, dÔ V̂ᵀ once);
-//   kHalves (w4h): the tile's two 64-key halves in turn (m64n64k32), one half's products beside the other's terms;
 //   kTurns (w4t): w4 with the consumers taking turns to issue (FlashAttention-3's ping-pong).
-// w4, w4p and w4t give the same bits; w4h's m64n64 products may differ from them by the wgmma's accumulation.
+// The three give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -37,7 +36,6 @@ using namespace factored;
 constexpr int kKeys = kWideKeys;
 constexpr int kStages = 4;
 constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂
-using KTile = KMajor128<Swizzle::k128B>;                // K̂, V̂ [128 keys, D]; Q̂, dÔ [64 queries, D]
 
 struct __align__(1024) Smem {
   uint8_t q[kConsumers][kBlockM * kHeadDim];
@@ -59,16 +57,6 @@ struct Terms {
   float delta[2] = {0.0f, 0.0f}, pdp_max[2] = {0.0f, 0.0f};
   float p_max[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 };
-
-// A @ B^T of one tile (4 SS m64n128k32), one wgmma group.
-__device__ __forceinline__ void issue(float (&acc)[kKeys / 2], const uint8_t* a, const uint8_t* b) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < KTile::kSteps; ++kk) {
-    WgmmaE4M3<kKeys>::ss(acc, KTile::desc(a, kk), KTile::desc(b, kk), kk > 0);
-  }
-  wgmma_commit();
-}
 
 // P of one tile in place of its raw S, and max P. `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63.
 template <bool MASKED>
@@ -115,56 +103,7 @@ __device__ __forceinline__ void products(const float (&pt)[kKeys / 2], const flo
   }
 }
 
-// One 64-key half of a tile (S and dÔ V̂ᵀ as m64n64 accumulators, keys from start_n) in one pass: P, max P, and
-// Σ and max |·| of P·(dÔ V̂ᵀ), times the half's V̂ scale, into the terms, the exponential of each element beside the
-// products of its neighbours (in two passes the 64 exponentials of a half came in one burst, and the warps waited on
-// the special-function queue: ncu's MIO throttle). The same arithmetic in the same order as probabilities + products.
-template <bool MASKED>
-__device__ __forceinline__ void half_terms(const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], Terms& t,
-                                           const int (&row)[2], int h, float scale, float s_v, int start_n, int n,
-                                           bool causal) {
-  const int q = threadIdx.x % 4;
-  float sum[2] = {0.0f, 0.0f}, most[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < kBlockN / 8; ++i) {
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const int r = v / 2;
-      float p = ex2_approx_ftz(fmaf(st[4 * i + v], scale, -t.lse[r]));
-      if constexpr (MASKED) {
-        const int key = start_n + 8 * i + 2 * q + v % 2;
-        if (!(key < n && (!causal || key <= row[r]))) p = 0.0f;
-      }
-      t.p_max[r][h] = fmaxf(t.p_max[r][h], p);
-      const float x = __fmul_rn(p, dpt[4 * i + v]);
-      sum[r] = __fadd_rn(sum[r], x);
-      most[r] = fmaxf(most[r], fabsf(x));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    t.delta[r] = fmaf(sum[r], s_v, t.delta[r]);
-    t.pdp_max[r] = fmaxf(t.pdp_max[r], __fmul_rn(most[r], s_v));
-  }
-}
-
-// S and dÔ V̂ᵀ of keys 64h .. 64h + 63 of a stage's tile (4 + 4 SS m64n64k32), one wgmma group.
-__device__ __forceinline__ void issue_half(float (&st)[kBlockN / 2], float (&dpt)[kBlockN / 2], const uint8_t* q8,
-                                           const uint8_t* do8, const uint8_t* k, const uint8_t* v, int h) {
-  const int offset = h * kBlockN * kHeadDim;  // 64 rows: a whole number of the 128-byte swizzle's 1024-byte atoms
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < KTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockN>::ss(st, KTile::desc(q8, kk), KTile::desc(k + offset, kk), kk > 0);
-  }
-#pragma unroll
-  for (int kk = 0; kk < KTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockN>::ss(dpt, KTile::desc(do8, kk), KTile::desc(v + offset, kk), kk > 0);
-  }
-  wgmma_commit();
-}
-
-enum Form { kEachTile = 0, kPipelined = 1, kHalves = 2, kTurns = 3 };
+enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2 };
 
 template <int FORM>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
@@ -180,7 +119,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   const float s_q = p.sq[scale_at];
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
   const float* sv = p.sv + bh_kv * (p.n_pad / kBlockN);
-  const WideTiles tiles(start_cta, p.n, p.causal);
+  const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
   const uint8_t* q8 = s.q[half];
   const uint8_t* do8 = s.dout[half];
   auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
@@ -201,7 +140,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       c[h] = __fmul_rn(__fmul_rn(s_q, ahead[0][h]), p.qk_scale);
       s_v[h] = ahead[1][h];
     }
-    load_scales(min(j + 1, tiles.count - 1));
+    load_scales(min(j + 1, tiles.tiles - 1));
   };
   // P of tile j in `st` (its S complete), masked only where the tile is the masked one
   auto softmax = [&](float (&st)[kKeys / 2], int j, const float (&c)[2]) {
@@ -211,55 +150,29 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       probabilities<true>(st, t, row, c, kKeys * j, p.n, p.causal);
     }
   };
-  mbar_wait(&s.rows_full, 0);
-  if constexpr (FORM == kHalves) {
-    // the two 64-key halves of a tile take turns: one half's terms are formed while the other's products run
-    float st0[kBlockN / 2], dpt0[kBlockN / 2], st1[kBlockN / 2], dpt1[kBlockN / 2];
-    auto terms = [&](const float (&st)[kBlockN / 2], const float (&dpt)[kBlockN / 2], int j, int h, float c,
-                     float s_v) {
-      if (j < tiles.unmasked) {
-        half_terms<false>(st, dpt, t, row, h, c, s_v, kKeys * j + kBlockN * h, p.n, p.causal);
-      } else {
-        half_terms<true>(st, dpt, t, row, h, c, s_v, kKeys * j + kBlockN * h, p.n, p.causal);
-      }
-    };
-    // each half's products are issued before the other half's terms and waited for after them: no wgmma group is
-    // pending across the loop's back edge (one that was made ptxas serialise every wgmma)
-    wait_full(0);
-    issue_half(st0, dpt0, q8, do8, s.k[0], s.v[0], 0);
+  float dpt[kKeys / 2];
+  // the rest of tile j once its S (in `st`) and dÔ V̂ᵀ are issued, the last wgmma groups: P while dÔ V̂ᵀ runs, then
+  // the products
+  auto finish = [&](float (&st)[kKeys / 2], int j) {
+    float c[2], s_v[2];
+    scales(j, c, s_v);
+    wgmma_wait<1>();  // S; dÔ V̂ᵀ may still run beside the exponentials
+    fence_operands(st);
+    softmax(st, j, c);
     wgmma_wait<0>();
-    fence_operands(st0);
-    fence_operands(dpt0);
-#pragma unroll 1
-    for (int j = 0;; ++j) {  // one tile an iteration; its half 0 complete
-      float c[2], s_v[2];
-      issue_half(st1, dpt1, q8, do8, s.k[j % kStages], s.v[j % kStages], 1);
-      scales(j, c, s_v);
-      terms(st0, dpt0, j, 0, c[0], s_v[0]);
-      wgmma_wait<0>();
-      fence_operands(st1);
-      fence_operands(dpt1);
-      release(j);
-      if (j + 1 == tiles.count) {
-        terms(st1, dpt1, j, 1, c[1], s_v[1]);
-        break;
-      }
-      wait_full(j + 1);
-      issue_half(st0, dpt0, q8, do8, s.k[(j + 1) % kStages], s.v[(j + 1) % kStages], 0);
-      terms(st1, dpt1, j, 1, c[1], s_v[1]);
-      wgmma_wait<0>();
-      fence_operands(st0);
-      fence_operands(dpt0);
-    }
-  } else if constexpr (FORM == kPipelined) {
-    float dpt[kKeys / 2];
+    fence_operands(dpt);
+    release(j);
+    products(st, dpt, t, s_v);
+  };
+  mbar_wait(&s.rows_full, 0);
+  if constexpr (FORM == kPipelined) {
     float st_a[kKeys / 2], st_b[kKeys / 2];
     // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
     auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
       float c[2], s_v[2];
-      issue(dpt, do8, s.v[j % kStages]);
+      issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
       wait_full(j + 1);
-      issue(next, q8, s.k[(j + 1) % kStages]);
+      issue_ss<kKeys>(next, q8, s.k[(j + 1) % kStages]);
       scales(j, c, s_v);
       wgmma_wait<2>();  // S of tile j
       fence_operands(cur);
@@ -270,28 +183,20 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       products(cur, dpt, t, s_v);
     };
     auto last = [&](float (&cur)[kKeys / 2], int j) {
-      float c[2], s_v[2];
-      issue(dpt, do8, s.v[j % kStages]);
-      scales(j, c, s_v);
-      wgmma_wait<1>();
-      fence_operands(cur);
-      softmax(cur, j, c);
-      wgmma_wait<0>();
-      fence_operands(dpt);
-      release(j);
-      products(cur, dpt, t, s_v);
+      issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
+      finish(cur, j);
     };
     wait_full(0);
-    issue(st_a, q8, s.k[0]);
+    issue_ss<kKeys>(st_a, q8, s.k[0]);
     int j = 0;
 #pragma unroll 1
     while (true) {  // a tile count ≥ 1: every CTA sees a key
-      if (j + 1 == tiles.count) {
+      if (j + 1 == tiles.tiles) {
         last(st_a, j);
         break;
       }
       step(st_a, st_b, j++);
-      if (j + 1 == tiles.count) {
+      if (j + 1 == tiles.tiles) {
         last(st_b, j);
         break;
       }
@@ -299,30 +204,22 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     }
   } else {  // each tile in turn; kTurns: the consumers take turns to issue (FlashAttention-3's ping-pong), so one's
             // exponentials run while the other's products hold the tensor cores. Both see every tile: each waits on
-            // its barrier tiles.count times, and each is given as many turns (the second's first turn before the loop,
+            // its barrier tiles.tiles times, and each is given as many turns (the second's first turn before the loop,
             // none after its last issue).
-    float st[kKeys / 2], dpt[kKeys / 2];
+    float st[kKeys / 2];
     if constexpr (FORM == kTurns) {
       if (half == 1) turn_give(half);
     }
 #pragma unroll 1
-    for (int j = 0; j < tiles.count; ++j) {
-      float c[2], s_v[2];
+    for (int j = 0; j < tiles.tiles; ++j) {
       wait_full(j);
       if constexpr (FORM == kTurns) turn_wait(half);
-      issue(st, q8, s.k[j % kStages]);
-      issue(dpt, do8, s.v[j % kStages]);
+      issue_ss<kKeys>(st, q8, s.k[j % kStages]);
+      issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
       if constexpr (FORM == kTurns) {
-        if (half == 0 || j + 1 < tiles.count) turn_give(half);
+        if (half == 0 || j + 1 < tiles.tiles) turn_give(half);
       }
-      scales(j, c, s_v);
-      wgmma_wait<1>();  // S; dÔ V̂ᵀ may still run beside the exponentials
-      fence_operands(st);
-      softmax(st, j, c);
-      wgmma_wait<0>();
-      fence_operands(dpt);
-      release(j);
-      products(st, dpt, t, s_v);
+      finish(st, j);
     }
   }
   const float s_do = p.sdo[scale_at];
@@ -353,9 +250,9 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
-      const WideTiles tiles(start_cta, p.n, p.causal);
+      const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
       const int kv_row = int(bh_kv * p.n_pad);
-      for (int j = 0; j < tiles.count; ++j) {
+      for (int j = 0; j < tiles.tiles; ++j) {
         const int st = j % kStages;
         if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
         mbar_arrive_expect_tx(&s.full[st], kTileBytes);
@@ -380,32 +277,18 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
   }
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4h, kHalves)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns)
 #undef DM_DELTA_WIDE_KERNEL
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
-// arithmetic too (w4p), 2 the tile's two 64-key halves in turn, one half's products beside the other's terms (w4h),
-// 3 w4 with the consumers taking turns to issue (w4t) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+// arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t) (cuda_lib.DELTA_WIDE_VARIANTS). Operands
+// as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 3) {
+  if (!valid_shape(*p) || variant < 0 || variant > 2) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps);
-  const Kernel kernels[4] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4h, dm_delta_wide_w4t};
-  const Kernel kernel = kernels[variant];
-  const int smem = dm::delta_wide::kSmemBytes;
-  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
-    return err;
-  }
-  dm::delta_wide::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
-      !encode_rows(&maps.k, p->k8, kv_rows, dm::delta_wide::kKeys) ||
-      !encode_rows(&maps.v, p->v8, kv_rows, dm::delta_wide::kKeys)) {
-    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
-  }
-  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
-  return cudaGetLastError();
+  const Kernel kernels[3] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t};
+  return launch_delta(kernels[variant], dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream);
 }

@@ -107,24 +107,29 @@ struct IncreasingSchedule : Schedule {
   __device__ bool masked(int it) const { return it < diag || it >= diag + unmasked; }
 };
 
-// The key tiles of a block of `rows` queries from start_m in Triton's order for the forward
+// The key tiles of a block of `rows` queries from start_m, KEYS keys a tile, in Triton's order for the forward
 // (triton_fwd._attn_fwd_kernel), dQ and the δ pass (triton_bwd._key_ranges), which agree: [0, full_end) unmasked,
-// then [full_end, hi) masked: the causal diagonal, or the ragged end. A 64-query half by default; the δ pass's blocks
-// are 128 queries.
-struct KeySchedule {
+// then [full_end, hi) masked: the causal diagonal, or the ragged end; a tile never reaches past N_pad. A 64-query half
+// over 64-key tiles by default (KeySchedule); the δ pass's blocks are 128 queries. Over 128-key tiles (WideTiles,
+// 128-query CTAs) the masked range is one tile, the last.
+template <int KEYS>
+struct KeyTiles {
   int unmasked, tiles;
-  __device__ KeySchedule(int start_m, int n, bool causal, int rows = kBlockM) {
-    int full_end = (n / kBlockN) * kBlockN, hi = n;
+  __device__ KeyTiles(int start_m, int n, bool causal, int rows = kBlockM) {
+    int full_end = (n / KEYS) * KEYS, hi = n;
     if (causal) {
       full_end = min(full_end, start_m);
       hi = start_m + rows;
     }
-    unmasked = full_end / kBlockN;
-    tiles = unmasked + (hi > full_end ? (hi - full_end + kBlockN - 1) / kBlockN : 0);
+    unmasked = full_end / KEYS;
+    tiles = unmasked + (hi > full_end ? (hi - full_end + KEYS - 1) / KEYS : 0);
   }
-  __device__ int start(int it) const { return kBlockN * it; }
+  __device__ int start(int it) const { return KEYS * it; }
   __device__ bool masked(int it) const { return it >= unmasked; }
 };
+using KeySchedule = KeyTiles<kBlockN>;
+constexpr int kWideKeys = 128;  // keys per tile of the kernels over 128-key tiles (fwd_wide.cu, delta_wide.cu)
+using WideTiles = KeyTiles<kWideKeys>;
 
 // e4m3(st), an FP32 accumulator [64 keys, 64 queries] (P̂ᵀ for dV, dŜᵀ for dK), as the A fragments of the product
 // over the tile's 64 queries (two k = 32 steps). FRAGMENT_ORDER: the product's B operand holds its tokens in
@@ -229,6 +234,18 @@ __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt
 
 // The stage barriers of a TMA pipeline, by one thread: `full` counts the issuing thread's arrival and the bytes,
 // `empty` one arrival per consumer warp; `extra` (K̂, V̂ once) the issuing thread's. Visible to all after a barrier.
+// A Bᵀ over D = 128 for one tile of N rows of B (4 SS m64nNk32; A and B K-major, the 128-byte swizzle), one wgmma
+// group: S = Q̂ K̂ᵀ of the forwards, S and dÔ V̂ᵀ of the δ pass over 128-key tiles.
+template <int N>
+__device__ __forceinline__ void issue_ss(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    WgmmaE4M3<N>::ss(acc, QTile::desc(a, kk), QTile::desc(b, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+
 template <int STAGES>
 __device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], uint64_t (&empty)[STAGES],
                                                     uint64_t* extra, int consumer_warps = kThreads / 32) {
@@ -346,24 +363,6 @@ __device__ __forceinline__ void turn_give(int half) {
     asm volatile("bar.arrive 1, 256;\n" ::: "memory");
   }
 }
-
-constexpr int kWideKeys = 128;  // keys per tile of the kernels over 128-key tiles (fwd_wide.cu, delta_wide.cu)
-
-// The key tiles of a CTA of 128 queries from start_cta, kWideKeys keys a tile: [0, full_end) unmasked, then
-// [full_end, hi) masked; a tile never reaches past N_pad (a multiple of 128). With 128-query CTAs the masked range is
-// one tile, the last: the causal diagonal, or the ragged end.
-struct WideTiles {
-  int unmasked, count;
-  __device__ WideTiles(int start_cta, int n, bool causal) {
-    int full_end = (n / kWideKeys) * kWideKeys, hi = n;
-    if (causal) {
-      full_end = min(full_end, start_cta);
-      hi = start_cta + kCtaRows;
-    }
-    unmasked = full_end / kWideKeys;
-    count = unmasked + (hi > full_end ? (hi - full_end + kWideKeys - 1) / kWideKeys : 0);
-  }
-};
 
 constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;  // StageInfo flags: << h for half h
 
@@ -556,6 +555,24 @@ inline int launch_forward(void (*kernel)(const Params, const Maps), int smem, ui
   const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
   if (!encode_rows(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows(&maps.k, p.k8, kv_rows, key_rows) ||
       !encode_channels(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * kHeadDim, kBlockN)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
+// A δ pass's launch (delta_factored.cu, delta_wide.cu: Maps holds q, dout, k, v) over 128-query CTAs: the device and
+// shared memory prepared, Q̂ and dÔ mapped in boxes of 64 rows, K̂ and V̂ in boxes of `key_rows`.
+template <typename Params, typename Maps>
+inline int launch_delta(void (*kernel)(const Params, const Maps), int smem, uint32_t key_rows, const Params& p,
+                        int device, cudaStream_t stream) {
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
+    return err;
+  }
+  Maps maps;
+  const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
+  if (!encode_rows(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p.do8, q_rows, kBlockM) ||
+      !encode_rows(&maps.k, p.k8, kv_rows, key_rows) || !encode_rows(&maps.v, p.v8, kv_rows, key_rows)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);

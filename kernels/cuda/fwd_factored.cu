@@ -151,16 +151,6 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kBlockN / 2], float (&m
   for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], quad_sum(sum[r]));
 }
 
-// S = Q̂ K̂ᵀ of one key tile (4 SS m64n64k32), one wgmma group.
-__device__ __forceinline__ void issue_s(float (&st)[kBlockN / 2], const uint8_t* q8, const uint8_t* k) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockN>::ss(st, QTile::desc(q8, kk), QTile::desc(k, kk), kk > 0);
-  }
-  wgmma_commit();
-}
-
 // The softmax step of `t` on its S (st, complete), then P̂'s A fragments.
 __device__ __forceinline__ void softmax_fragments(float (&st)[kBlockN / 2], uint32_t (&frag)[kTileSteps][4],
                                                   float (&m)[2], float (&l)[2], float (&alpha)[2], const int (&row)[2],
@@ -238,14 +228,14 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
     float st[kBlockN / 2];
     float next_alpha[2];
     if (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
-      issue_s(st, q8, s.k[t.stage]);
+      issue_ss<kBlockN>(st, q8, s.k[t.stage]);
       wgmma_wait<0>();
       fence_operands(st);
       softmax_fragments(st, frag, m, l, alpha, row, scale_of(t), t, p.n, p.causal);
       Tile next;
 #pragma unroll 1
       while (ring.take(s.info, s.full, s.empty, half, releaser, next)) {
-        issue_s(st, q8, s.k[next.stage]);
+        issue_ss<kBlockN>(st, q8, s.k[next.stage]);
         issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[t.stage]);
         wgmma_wait<1>();  // S of the next tile; this tile's P̂ V̂ᶜ may still run
         fence_operands(st);
@@ -269,7 +259,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const FwdFactoredParams
   } else {
     while (ring.take(s.info, s.full, s.empty, half, releaser, t)) {
       float st[kBlockN / 2];
-      issue_s(st, q8, s.k[t.stage]);
+      issue_ss<kBlockN>(st, q8, s.k[t.stage]);
       after_s(st);
     }
   }

@@ -39,7 +39,6 @@ constexpr int kKeys = kWideKeys;            // keys per tile
 constexpr int kSteps = kKeys / 32;          // k = 32 steps of P̂ V̂ᶜ over a tile
 constexpr int kStages = 4;
 constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂ᶜᵀ
-using KTile = KMajor128<Swizzle::k128B>;    // K̂ [128 keys, D], Q̂ [64 queries, D]
 
 struct __align__(1024) Smem {
   uint8_t q[kConsumers][kBlockM * kHeadDim];
@@ -115,16 +114,6 @@ __device__ __forceinline__ void to_fragments(const float (&st)[kKeys / 2], uint3
   }
 }
 
-// S = Q̂ K̂ᵀ of one tile (4 SS m64n128k32), one wgmma group.
-__device__ __forceinline__ void issue_s(float (&st)[kKeys / 2], const uint8_t* q8, const uint8_t* k) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < KTile::kSteps; ++kk) {
-    WgmmaE4M3<kKeys>::ss(st, KTile::desc(q8, kk), KTile::desc(k, kk), kk > 0);
-  }
-  wgmma_commit();
-}
-
 // P̂ V̂ᶜ over the tile's 128 keys (4 RS m64n128k32), one wgmma group: into `part` from zero (PROMOTE), or after O · α
 // into O itself.
 template <bool PROMOTE>
@@ -171,7 +160,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   const int row[2] = {start_m + 16 * warp + g, start_m + 16 * warp + g + 8};
   const float s_q = p.sq[bh * (p.n_pad / 128) + start_cta / 128];
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
-  const WideTiles tiles(start_cta, p.n, p.causal);
+  const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
   const uint8_t* q8 = s.q[half];
   float acc[kHeadDim / 2] = {};
   float part[PROMOTE ? kHeadDim / 2 : 1];
@@ -184,7 +173,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   auto scales = [&](int j, float (&c)[2]) {
     c[0] = __fmul_rn(__fmul_rn(s_q, ahead[0]), p.qk_scale);
     c[1] = __fmul_rn(__fmul_rn(s_q, ahead[1]), p.qk_scale);
-    const int next = 2 * min(j + 1, tiles.count - 1);
+    const int next = 2 * min(j + 1, tiles.tiles - 1);
     ahead[0] = sk[next], ahead[1] = sk[next + 1];
   };
   auto softmax = [&](int j, const float (&c)[2], float (&a)[2]) {
@@ -211,10 +200,10 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     if (half == 1) turn_give(half);
   }
   mbar_wait(&s.rows_full, 0);
-  if (tiles.count > 0) {
+  if (tiles.tiles > 0) {
     float c[2];
     wait_full(0);
-    turn([&] { issue_s(st, q8, s.k[0]); }, false);
+    turn([&] { issue_ss<kKeys>(st, q8, s.k[0]); }, false);
     scales(0, c);
     wgmma_wait<0>();
     fence_operands(st);
@@ -225,10 +214,10 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
       // serialise them all): the first tile's S before the loop, the last tile's P̂ V̂ᶜ after it
       float next_alpha[2];
 #pragma unroll 1
-      for (int j = 1; j < tiles.count; ++j) {
+      for (int j = 1; j < tiles.tiles; ++j) {
         wait_full(j);
         turn([&] {
-          issue_s(st, q8, s.k[j % kStages]);
+          issue_ss<kKeys>(st, q8, s.k[j % kStages]);
           issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(j - 1) % kStages]);
         }, false);
         scales(j, c);
@@ -241,9 +230,9 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
         to_fragments(st, frag);  // P̂'s registers are free only now: the product read them until it completed
         alpha[0] = next_alpha[0], alpha[1] = next_alpha[1];
       }
-      turn([&] { issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(tiles.count - 1) % kStages]); }, true);
+      turn([&] { issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(tiles.tiles - 1) % kStages]); }, true);
       wgmma_wait<0>();
-      release(tiles.count - 1);
+      release(tiles.tiles - 1);
       finish_pv<PROMOTE>(acc, part, alpha);
     } else {
 #pragma unroll 1
@@ -252,9 +241,9 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
         wgmma_wait<0>();
         release(j);
         finish_pv<PROMOTE>(acc, part, alpha);
-        if (j + 1 == tiles.count) break;
+        if (j + 1 == tiles.tiles) break;
         wait_full(j + 1);
-        issue_s(st, q8, s.k[(j + 1) % kStages]);
+        issue_ss<kKeys>(st, q8, s.k[(j + 1) % kStages]);
         scales(j + 1, c);
         wgmma_wait<0>();
         fence_operands(st);
@@ -289,9 +278,9 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
-      const WideTiles tiles(start_cta, p.n, p.causal);
+      const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
       const int kv_row = int(bh_kv * p.n_pad), channel_row = int(bh_kv * kHeadDim);
-      for (int j = 0; j < tiles.count; ++j) {
+      for (int j = 0; j < tiles.tiles; ++j) {
         const int st = j % kStages, start = kKeys * j;
         if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
         mbar_arrive_expect_tx(&s.full[st], kTileBytes);
