@@ -16,14 +16,13 @@ deterministic.
 """
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from deltamatch.kernels.triton_fwd import (TMA_SWITCH, ensure_allocator, env_switch, factored_acc_promote,
-                                          tma_enabled)
+                                          tma_enabled, wide_variant)
 from deltamatch.kernels.triton_quant import (BLOCK_KV, fragment_token_order, quantize_per_channel,
                                              round_fp32_in_kernels, to_e4m3)
 
@@ -564,9 +563,8 @@ D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUD
 elsewhere."""
 CUDA_DELTA_DEFAULT = "w4p"
 """The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: on the H200 (session 21 call 5, CUPTI at the reference shape,
-K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4h`` 1.305, ``w4t`` 1.383 (call 7), Triton's pass 1.306
-(call 2); do_bench of the pass alone (``tools/device/delta_bench.py``) ``w4p`` 1.31–1.34, ``w4`` 1.38, ``w4h``
-1.38–1.43, Triton's 1.41."""
+K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4t`` 1.383 (call 7), Triton's pass 1.306 (call 2); do_bench
+of the pass alone (``tools/device/delta_bench.py``) ``w4p`` 1.31–1.34, ``w4`` 1.38, Triton's 1.41."""
 
 
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
@@ -574,18 +572,8 @@ def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool 
     or a variant asked for where it cannot run, is an error that names the switch."""
     from deltamatch.kernels import cuda_lib
 
-    value = os.environ.get(CUDA_DELTA_SWITCH, "")
-    if value == "0" or (not value and (env_switch(CUDA_SWITCH) is not None or stats or not default_config)):
-        return None
-    if value and value not in cuda_lib.DELTA_WIDE_VARIANTS:
-        raise ValueError(f"{CUDA_DELTA_SWITCH}={value!r}: expected one of {cuda_lib.DELTA_WIDE_VARIANTS} or 0 (or "
-                         "unset)")
-    _, reason = cuda_lib.load()
-    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
-        reason = f"head dim {head_dim}: built for D = {cuda_lib.DV_HEAD_DIM} only"
-    if reason and value:
-        raise RuntimeError(f"{CUDA_DELTA_SWITCH}={value} but the CUDA δ pass cannot run: {reason}")
-    return None if reason else value or CUDA_DELTA_DEFAULT
+    return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_VARIANTS, CUDA_DELTA_DEFAULT, "δ pass", head_dim,
+                        env_switch(CUDA_SWITCH) is not None or stats or not default_config)
 
 
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:

@@ -274,27 +274,41 @@ consumers taking turns to issue) 1.507 / 1.510, ``w4`` (each tile in turn) 1.599
 (session 19). The three variants give the same bits."""
 
 
+def wide_variant(switch: str, variants: tuple[str, ...], default: str, what: str, head_dim: int, off: bool,
+                 checks=()) -> str | None:
+    """The variant of a CUDA kernel over 128-key tiles that runs under ``switch`` (a variant of ``variants``, ``0``,
+    or unset: ``default`` unless ``off``), or None. It runs where the library loads at D = 128 and no ``checks``
+    (callables giving a reason, or an empty string) object; a bad value, or a variant asked for where it cannot run, is
+    an error that names the switch and ``what``."""
+    from deltamatch.kernels import cuda_lib
+
+    value = os.environ.get(switch, "")
+    if value == "0" or (not value and off):
+        return None
+    if value and value not in variants:
+        raise ValueError(f"{switch}={value!r}: expected one of {variants} or 0 (or unset)")
+    _, reason = cuda_lib.load()
+    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
+        reason = f"head dim {head_dim}: built for D = {cuda_lib.DV_HEAD_DIM} only"
+    for check in checks:
+        reason = reason or check()
+    if reason and value:
+        raise RuntimeError(f"{switch}={value} but the CUDA {what} cannot run: {reason}")
+    return None if reason else value or default
+
+
 def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:
     """The variant of the CUDA forward over 128-key tiles that runs (:data:`CUDA_FWD_SWITCH`), or None; a bad value,
     or a variant asked for where it cannot run, is an error that names the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_SWITCH
 
-    value = os.environ.get(CUDA_FWD_SWITCH, "")
-    if value == "0" or (not value and env_switch(CUDA_SWITCH) is not None):
-        return None
-    if value and value not in cuda_lib.FWD_WIDE_VARIANTS:
-        raise ValueError(f"{CUDA_FWD_SWITCH}={value!r}: expected one of {cuda_lib.FWD_WIDE_VARIANTS} or 0 (or unset)")
-    _, reason = cuda_lib.load()
-    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
-        reason = f"head dim {head_dim}: built for D = {cuda_lib.DV_HEAD_DIM} only"
-    if not reason and dtype not in (torch.bfloat16, torch.float16):
-        reason = f"dtype {dtype}: the CUDA forward writes bf16 or fp16"
-    if not reason and env_switch(ONE_READ_SWITCH):
-        reason = f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
-    if reason and value:
-        raise RuntimeError(f"{CUDA_FWD_SWITCH}={value} but the CUDA forward cannot run: {reason}")
-    return None if reason else value or CUDA_FWD_DEFAULT
+    checks = (lambda: "" if dtype in (torch.bfloat16, torch.float16) else
+              f"dtype {dtype}: the CUDA forward writes bf16 or fp16",
+              lambda: f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
+              if env_switch(ONE_READ_SWITCH) else "")
+    return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_VARIANTS, CUDA_FWD_DEFAULT, "forward", head_dim,
+                        env_switch(CUDA_SWITCH) is not None, checks)
 
 
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"

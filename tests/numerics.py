@@ -9,7 +9,7 @@ import torch
 
 from deltamatch.kernels.measures import relative_error
 
-__all__ = ["assert_close", "relative_error", "rne_e4m3_fp64"]
+__all__ = ["assert_close", "assert_near_reference", "relative_error", "rne_e4m3_fp64"]
 
 
 def assert_close(actual, expected, tol: float, what: str = "") -> float:
@@ -17,6 +17,21 @@ def assert_close(actual, expected, tol: float, what: str = "") -> float:
     error = relative_error(actual.detach(), expected.detach())
     assert error < tol, f"{what or 'value'}: relative error {error:.3g} is not below {tol:g}"
     return error
+
+
+def assert_near_reference(ours, ref, exact, parts=("o", "dq", "dk", "dv")) -> list[float]:
+    """The bar a kernel's outputs meet (``parts`` name them): each finite, within a quarter of the reference
+    simulation's own distance to FP64 from the reference, and no further from FP64 than the reference (+15%, + 10⁻³).
+    Returns the reference's distances to FP64, part by part."""
+    distances = []
+    for part, x, r, e in zip(parts, ours, ref, exact):
+        assert torch.isfinite(x).all(), part
+        to_ref, to_exact, ref_to_exact = relative_error(x, r), relative_error(x, e), relative_error(r, e)
+        msg = f"{part}: kernel-ref {to_ref:.2e} kernel-fp64 {to_exact:.2e} ref-fp64 {ref_to_exact:.2e}"
+        assert to_ref < 0.25 * ref_to_exact, msg
+        assert to_exact < 1.15 * ref_to_exact + 1e-3, msg
+        distances.append(ref_to_exact)
+    return distances
 
 
 def rne_e4m3_fp64(y: torch.Tensor) -> torch.Tensor:
