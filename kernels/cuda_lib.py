@@ -91,13 +91,16 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
-and dK, and ``ws3s`` (unpromoted only) runs each tile in turn."""
+and dK, and ``ws3s`` (unpromoted only) runs each tile in turn. ``ws3x`` (with dQ only) is ``ws3`` with dQ's dŜ tile
+written by lane exchange, a 32-bit word a store (``to_fragments_exchanged``: 61 instructions fewer a thread and tile in
+the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same places, so ``ws3``'s bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3",)
+DKDV_WITH_DQ = ("ws3", "ws3x")
+DKDV_DQ_ONLY = ("ws3x",)
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
@@ -497,6 +500,9 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     if k8t is not None and variant not in DKDV_WITH_DQ:
         raise ValueError(f"variant {variant!r} is not built with dQ: expected one of {DKDV_WITH_DQ}")
+    if k8t is None and variant in DKDV_DQ_ONLY:
+        raise ValueError(f"variant {variant!r} is built with dQ only: call dqdkdv_factored, or pass one of "
+                         f"{tuple(v for v in DKDV_VARIANTS if v not in DKDV_DQ_ONLY)}")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
     codes = [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
              ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad)), ("do8t", do8t, (b, h, d, n_pad))]

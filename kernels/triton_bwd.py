@@ -16,6 +16,7 @@ deterministic.
 """
 
 import math
+import os
 
 import torch
 import triton
@@ -518,6 +519,24 @@ def dq_ordered_requested() -> bool:
     return env_switch(DQ_ORDERED_SWITCH) is not False
 
 
+CUDA_DKDV_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV"
+"""The form of the CUDA dK/dV launch that also forms dQ (:data:`DQ_ORDERED_SWITCH`, :data:`DQ_ATOMIC_SWITCH`): one of
+``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`. ``ws3x`` writes dQ's dŜ tile by lane exchange (``ws3``'s
+bits, fewer instructions; built in session 22 and not yet timed on the H200)."""
+CUDA_DKDV_DEFAULT = "ws3"
+
+
+def cuda_dkdv_variant() -> str:
+    """The form of the CUDA dK/dV launch with dQ that :data:`CUDA_DKDV_SWITCH` asks for; a bad value is an error that
+    names the switch."""
+    from deltamatch.kernels import cuda_lib
+
+    value = os.environ.get(CUDA_DKDV_SWITCH, "")
+    if value and value not in cuda_lib.DKDV_WITH_DQ:
+        raise ValueError(f"{CUDA_DKDV_SWITCH}={value!r}: expected one of {cuda_lib.DKDV_WITH_DQ} (or unset)")
+    return value or CUDA_DKDV_DEFAULT
+
+
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
 """``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``), its δ pass (``delta_factored.cu``) and its dK, dV
 and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the
@@ -599,7 +618,7 @@ def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scal
         return cuda_lib.dqdkdv_factored(
             s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], ops["k8t"], s["sq"], s["sk"], s["sv"], sdo,
             ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale,
-            dtype=dtypes[1], irs=ops["irs"], ordered=not atomic)
+            dtype=dtypes[1], variant=cuda_dkdv_variant(), irs=ops["irs"], ordered=not atomic)
     dk, dv = cuda_lib.dkdv_factored(
         s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], s["sq"], s["sk"], s["sv"], sdo, ops["sqc"],
         ops["sdoc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[1],

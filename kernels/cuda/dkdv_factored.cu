@@ -136,6 +136,43 @@ __device__ __forceinline__ void to_fragments_transposed(const float (&dpt)[kBloc
   }
 }
 
+// to_fragments_transposed with the dŜ tile written a 32-bit word at a time (`ws3x`, the same bytes in the same places).
+// A query's bytes at 4a .. 4a + 3 of a 16-key group (fragment order: keys 2a, 2a + 1, 2a + 8, 2a + 9 of the group)
+// lie in the lanes of g = 2a and 2a + 1 (lane ^ 4), two registers each (rows g and g + 8). Per 16-query group each
+// lane keeps the bytes of the two queries it writes (p = g & 1: queries 2q + p and 2q + p + 8), sends the partner the
+// other two's (one SHFL), and packs and stores two words: 16 PRMT, 4 SHFL and 8 STS.32 a tile where the byte stores
+// take 32 STS.U8 and their byte extraction and addresses (the SASS: 61 instructions fewer a tile). The words' rows
+// differ by multiples of 8, so one swizzled base serves all eight stores; the eight rows a store's lanes write
+// (2q + p) put its 32 words in 32 distinct banks. (A lane-level emulation of both functions gave the same tile.)
+__device__ __forceinline__ void to_fragments_exchanged(const float (&dpt)[kBlockM / 2], uint32_t (&frag)[kTileSteps][4],
+                                                       uint8_t* ds, int key0) {
+  const auto [warp, g, q] = lane();
+  const int p = g & 1;
+  // __byte_perm selectors (bytes 0-3 the first operand's, 4-7 the second's): what this lane keeps and sends of its two
+  // rows' registers, then its two words from what it keeps and what it receives (the partner's bytes second)
+  const uint32_t keep_sel = p ? 0x7531u : 0x6420u, send_sel = p ? 0x6420u : 0x7531u;
+  const uint32_t lo_sel = p ? 0x2604u : 0x6240u, hi_sel = p ? 0x3715u : 0x7351u;
+  uint8_t* base = ds + QTile::chunk_offset(2 * q + p, (key0 + 16 * warp) >> 4) + 4 * (g >> 1);
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int h16 = 2 * kk + m;
+      uint32_t codes[2];  // rows g and g + 8; queries 16 h16 + 2q + (0, 1, 8, 9)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int v0 = 8 * h16 + 2 * rr;
+        codes[rr] = cvt_e4m3x4(dpt[v0], dpt[v0 + 1], dpt[v0 + 4], dpt[v0 + 5]);
+        frag[kk][2 * m + rr] = codes[rr];  // Q̂'ᶜ in fragment order (to_fragments<true>)
+      }
+      const uint32_t keep = __byte_perm(codes[0], codes[1], keep_sel);
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, __byte_perm(codes[0], codes[1], send_sel), 4);
+      *reinterpret_cast<uint32_t*>(base + 16 * h16 * QTile::kRowBytes) = __byte_perm(keep, got, lo_sel);
+      *reinterpret_cast<uint32_t*>(base + (16 * h16 + 8) * QTile::kRowBytes) = __byte_perm(keep, got, hi_sel);
+    }
+  }
+}
+
 // Zeros into keys 64h .. 64h + 63 of the dŜ tile: a stage half h does not read.
 __device__ __forceinline__ void zero_ds_half(uint8_t* ds, int half) {
 #pragma unroll
@@ -331,7 +368,7 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
   });
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -422,7 +459,11 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
         float st[kBlockM / 2], dpt[kBlockM / 2];
         s_dp_formed(t, sc, st, dpt);
         to_fragments<true>(st, pfrag);
-        to_fragments_transposed(dpt, dsfrag, ds, kBlockN * half);
+        if constexpr (EXCHANGE) {
+          to_fragments_exchanged(dpt, dsfrag, ds, kBlockN * half);
+        } else {
+          to_fragments_transposed(dpt, dsfrag, ds, kBlockN * half);
+        }
       } else {
         zero_ds_half(ds, half);
       }
@@ -548,9 +589,10 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   epilogue(dv, dk, cur.bh);
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
+  static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
   using Sched = std::conditional_t<ORDERED, IncreasingSchedule, Schedule>;
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
@@ -604,29 +646,32 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   }
   claim_registers<kConsumerRegs>();
   const CtaCoords cta = coords();
-  consume<PROMOTE, PIPELINED, STAGES, DQ>(s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv,
-                                          cta.block * kCtaRows + kBlockN * (role - 1));
+  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE>(s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv,
+                                                    cta.block * kCtaRows + kBlockN * (role - 1));
 }
 
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED)                                 \
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE)                       \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED>(smem, p, maps);                    \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE>(smem, p, maps);          \
   }
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false, false)
-// with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, true)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false, false, false)
+// with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered; ws3x:
+// the dŜ tile written by lane exchange (to_fragments_exchanged), the same bits
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, true, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq, true, false, 3, true, false, true)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, true, true)
 #undef DM_DKDV_KERNEL
 
 // dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
@@ -698,6 +743,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
     switch (variant) {
       case 0: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3_promoted_dq, smem_bytes<3, true>()};
+      case 3: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3x_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3x_promoted_dq, smem_bytes<3, true>()};
       default: return {nullptr, 0};
     }
   }

@@ -190,8 +190,11 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     fused.n_pad = 128
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, len(cuda_lib.DKDV_VARIANTS), 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
+    for variant in cuda_lib.DKDV_DQ_ONLY:  # built with dQ only
+        assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index(variant), 0, None) == 1
     fused.dq_acc = 16  # with dQ: promoted only, and not in the ws3s form (refused before any CUDA call)
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, 0, 0, None) == 1
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, cuda_lib.DKDV_VARIANTS.index("ws3x"), 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
     fused.dq_sem = 16  # ordered adds need a section of at least one kv head
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, 0, 0, None) == 1
@@ -310,6 +313,16 @@ def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
     with pytest.raises(ValueError, match=r"(sync = -?\d+ .*DELTAMATCH_KERNEL_DQ_SYNC|DELTAMATCH_KERNEL_DQ_SYNC = "
                                          r"'fast').*0 \.\. 12"):
         cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, sync=sync)
+
+
+def test_a_dq_only_dkdv_form_without_dq_is_refused_by_name():
+    """The dK/dV forms built with dQ only (``DKDV_DQ_ONLY``: ``ws3x``, dŜ's tile by lane exchange) asked for without
+    dQ, and a form without dQ asked for with it: a ValueError naming the other entry point, before any launch."""
+    t = torch.empty(0)
+    with pytest.raises(ValueError, match=r"variant 'ws3x' is built with dQ only: call dqdkdv_factored"):
+        cuda_lib.dkdv_factored(*[t] * 15, 100, True, 1.0, 1.0, variant="ws3x")
+    with pytest.raises(ValueError, match=r"variant 'ws4' is not built with dQ: expected one of \('ws3', 'ws3x'\)"):
+        cuda_lib.dqdkdv_factored(*[t] * 17, 100, True, 1.0, 1.0, variant="ws4", sync=11)
 
 
 @pytest.mark.parametrize("acc", ["shape", "dtype", "strides"])

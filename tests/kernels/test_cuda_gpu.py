@@ -517,6 +517,44 @@ def test_ordered_dq_is_bit_reproducible_however_the_launch_is_sectioned(dk_opera
     assert relative_error(first[0], dq0) < 1e-3
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("n, causal", [(130, True), (256, False), (1000, True), (1000, False), (1024, True)])
+def test_the_ds_tile_by_lane_exchange_gives_ws3s_bits(dk_operands, n, causal, ordered):
+    """``ws3x`` writes dQ's dŜ tile a 32-bit word at a time after a lane exchange (``to_fragments_exchanged``) where
+    ``ws3`` stores its bytes one by one: the same bytes in the same places, so dK and dV are ``ws3``'s bits and, with
+    the adds ordered, dQ too; in any order the adds may round differently (FP32 sums), within 10^-3 in norm as the
+    unordered form is held."""
+    ops = dk_operands(n, causal, *heads(n))
+    base = cuda_dqdkdv(ops, variant="ws3", ordered=ordered)
+    ours = cuda_dqdkdv(ops, variant="ws3x", ordered=ordered)
+    torch.cuda.synchronize()
+    assert torch.equal(ours[1], base[1]) and torch.equal(ours[2], base[2])
+    if ordered:
+        assert torch.equal(ours[0], base[0]), f"dQ differs: relative {relative_error(ours[0], base[0]):.2e}"
+    else:
+        assert relative_error(ours[0], base[0]) < 1e-3
+
+
+def test_the_dkdv_switch_runs_the_exchange_in_the_backward(monkeypatch):
+    """``DELTAMATCH_KERNEL_CUDA_DKDV=ws3x`` reaches matched_factored's backward: its dQ-in-dK/dV launch runs ``ws3x``
+    and the gradients are the default's bits (ordered adds)."""
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
+
+    q, k, v, do = attention_inputs(1, 1000, 4, 2, seed=17)
+    calls = []
+    fused = cuda_lib.dqdkdv_factored
+    monkeypatch.setattr(cuda_lib, "dqdkdv_factored",
+                        lambda *a, **kw: calls.append(kw.get("variant", "ws3")) or fused(*a, **kw))
+    run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
+    monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
+    base = run()
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3x")
+    ours = run()
+    assert calls == ["ws3", "ws3x"]
+    assert all(torch.equal(a, b) for a, b in zip(ours, base))
+
+
 @pytest.mark.parametrize("variant", cuda_lib.DELTA_VARIANTS)
 @pytest.mark.parametrize("n, causal", [(n, causal) for n in (130, 256, 1024, 1000) for causal in (True, False)])
 def test_delta_pass_is_tritons_bit_for_bit(dk_operands, n, causal, variant):

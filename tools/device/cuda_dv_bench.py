@@ -155,7 +155,7 @@ def dkdv_rows(ops, args, flop, do_bench, variants=None):
         base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
         rows.append(timed("dkdv_factored_triton", triton_dkdv, do_bench, base))
         for variant in variants or cuda_lib.DKDV_VARIANTS:
-            if promote and variant in cuda_lib.DKDV_UNPROMOTED_ONLY:
+            if (promote and variant in cuda_lib.DKDV_UNPROMOTED_ONLY) or variant in cuda_lib.DKDV_DQ_ONLY:
                 continue
             fn = cuda_dkdv(variant)
             got = fn()
