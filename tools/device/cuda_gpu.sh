@@ -4,14 +4,18 @@
 # run its GPU tests (tests/kernels/test_cuda_gpu.py: M1 primitives, the swapped dP̂ᵀ tile, the M2 factored dV), time
 # the CUDA dV against Triton's factored dV at B·H = 64, N = 8192, D = 128, causal (tools/device/cuda_dv_bench.py), and
 # print a summary. About 2 minutes on a fresh machine (Triton compiles its kernels for the tests and the bench).
-# Stages (first argument, comma-separated; default tests,bench): tests, bench, and ncu: an Nsight Compute profile of
-# Triton's dV and each CUDA dV kernel ($OUT/ncu.txt: speed of light, occupancy, the scheduler, every stall reason per
-# issued instruction, L2 sectors and requests, shared-memory bank conflicts; ncu reads counters on Firecracker machines).
-# The build, ldd and SASS check always run. Files under $OUT (at most 7; the device tool returns at most 8):
-# install.log, build.log (build, ldd, SASS-check log), cuda_check.jsonl, gpu_tests.log, gpu_tests.jsonl,
-# dv_bench.jsonl, ncu.txt.
+# Stages (first argument, comma-separated; default tests,bench): tests, bench, variants: the opt-in kernel forms
+# against the defaults in one call — tools/device/delta_bench.py (every δ variant, do_bench), then CUPTI of the
+# reference step (tools/device/attn_profile.py) under each setting of VARIANTS (default: none, the δ pass's w6, the
+# dK/dV's ws3x), the settings interleaved, twice ($OUT/profiles.tgz, a summary line each); and ncu: an Nsight Compute
+# profile of Triton's dV and each CUDA dV kernel ($OUT/ncu.txt: speed of light, occupancy, the scheduler, every stall
+# reason per issued instruction, L2 sectors and requests, shared-memory bank conflicts; ncu reads counters on
+# Firecracker machines). The build, ldd and SASS check always run. Files under $OUT (at most 8; the device tool
+# returns at most 8): install.log, build.log (build, ldd, SASS-check log), cuda_check.jsonl, gpu_tests.log,
+# gpu_tests.jsonl, dv_bench.jsonl, profiles.tgz, ncu.txt.
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
-#   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] bash tools/device/cuda_gpu.sh [tests,bench,ncu]
+#   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
+#   bash tools/device/cuda_gpu.sh [tests,bench,variants,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -48,6 +52,23 @@ fi
 if has bench; then
   timeout 240 python3 tools/device/cuda_dv_bench.py ${BENCH_ARGS:-} --out "$OUT/dv_bench.jsonl" 2>&1 | tail -12
   stamp "bench done"
+fi
+if has variants; then  # each setting a space-separated list of VAR=value (or "default"), settings separated by ';'
+  timeout 180 python3 tools/device/delta_bench.py 128 2>&1 | tail -12
+  stamp "delta bench done"
+  mkdir -p "$OUT/profiles"
+  IFS=';' read -ra settings <<< "${VARIANTS:-default;DELTAMATCH_KERNEL_CUDA_DELTA=w6;DELTAMATCH_KERNEL_CUDA_DKDV=ws3x}"
+  for round in 1 2; do
+    for setting in "${settings[@]}"; do
+      tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round
+      if [[ $setting == default ]]; then envs=(); else read -ra envs <<< "$setting"; fi
+      env "${envs[@]}" timeout 120 python3 tools/device/attn_profile.py --out "$OUT/profiles" --tag "$tag" \
+        > "$OUT/profiles/$tag.log" 2>&1
+      echo "  $setting (round $round): $(grep -m1 -o '[0-9.]* ms of kernels per step' "$OUT/profiles/$tag.log")"
+    done
+  done
+  tar czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"  # one file back (the tool returns 8)
+  stamp "variants done"
 fi
 if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
   metrics='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,lts__t_sectors.sum'
