@@ -1,4 +1,5 @@
-"""Kernel benchmark: FP8 attention (stale / consistent / matched) against SDPA cuDNN BF16, SDPA flash BF16, cuDNN FP8.
+"""Kernel benchmark: FP8 attention (stale / consistent / matched) against SDPA cuDNN BF16, SDPA flash BF16, cuDNN FP8,
+and FlashAttention's CuTe-DSL BF16 kernels (``fa4_cute_bf16``: FA3's Hopper design, where flash-attn-4 is installed).
 
 ``dm-kernel-bench --out DIR`` times forward and forward+backward on one GPU (``triton.testing.do_bench``, median) and
 writes ``kernel_bench.csv`` and ``kernel_bench.md`` (date, commit, GPU in the header) to DIR; and, with ``--memory``,
@@ -24,7 +25,11 @@ from deltamatch.methods import get_method, implemented_by
 from deltamatch.provenance import commit
 
 FP8_MODES = implemented_by("triton")
-BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", *implemented_by("cudnn"))
+FA4 = "fa4_cute_bf16"
+"""FlashAttention's CuTe-DSL kernels (``flash_attn.cute.flash_attn_func``, flash-attn-4; on sm90 FA3's Hopper
+design: warp specialisation, ping-pong, intra-warpgroup overlap), BF16, an FA3-class baseline. Not on the H200 image:
+``tools/device/fetch_fa4.sh`` stages it for a device call (kernels/README.md)."""
+BASELINES = ("sdpa_cudnn_bf16", "sdpa_flash_bf16", *implemented_by("cudnn"), FA4)
 
 
 @dataclass
@@ -71,6 +76,14 @@ def _attention(method: str, causal: bool) -> Callable:
         from deltamatch.kernels.cudnn_fp8 import cudnn_fp8_attention
 
         return lambda q, k, v: cudnn_fp8_attention(q, k, v, causal)
+    if method == FA4:
+        from flash_attn.cute import flash_attn_func
+
+        def fa4(q, k, v):  # (B, N, H, D), FlashAttention's layout; returns (out, lse)
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+
+        return fa4
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"sdpa_cudnn_bf16": SDPBackend.CUDNN_ATTENTION, "sdpa_flash_bf16": SDPBackend.FLASH_ATTENTION}[method]
@@ -130,6 +143,9 @@ def peak_backward_memory(method, n, causal=True, h=16, d=128) -> dict:
 
 
 def _available(method) -> str | None:
+    """Why ``method`` cannot run on this machine, or None."""
+    if method == FA4:
+        return fa4_unavailable()
     if method not in implemented_by("cudnn"):
         return None
     try:
@@ -138,6 +154,21 @@ def _available(method) -> str | None:
         return CudnnFP8Backend().unavailable_reason()
     except ImportError as exc:
         return str(exc)
+
+
+def fa4_unavailable() -> str | None:
+    """Why FlashAttention's CuTe-DSL kernels cannot run here (not installed, no GPU, not an sm90/sm100 GPU), or None."""
+    try:
+        import flash_attn.cute  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install (its CUTLASS DSL libraries load at import)
+        return (f"flash-attn-4 (flash_attn.cute) does not import: {type(exc).__name__}: {str(exc)[:120]} "
+                "(tools/device/fetch_fa4.sh stages it for the H200)")
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    major, minor = torch.cuda.get_device_capability()
+    if major not in (9, 10):
+        return f"sm{major}{minor}: FlashAttention's CuTe-DSL path runs on sm90 and sm100 here"
+    return None
 
 
 def _write(df: pd.DataFrame, path: str, header: str) -> None:

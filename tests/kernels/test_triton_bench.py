@@ -38,3 +38,23 @@ def test_the_config_file_carries_every_choice_and_flags_override_it(tmp_path):
 def test_refuses_to_run_without_cuda(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):
         bench.run(bench.BenchConfig(methods=["matched"]), str(tmp_path))
+
+
+def test_the_fa3_class_baseline_says_why_it_cannot_run(monkeypatch):
+    """``fa4_cute_bf16`` (FlashAttention's CuTe-DSL kernels) is a baseline the bench accepts; where flash_attn.cute does
+    not import, the bench's header names why and points at the script that stages it (tools/device/fetch_fa4.sh)."""
+    import builtins
+
+    assert bench.FA4 in bench.BASELINES and bench.BenchConfig(methods=[bench.FA4]).methods == [bench.FA4]
+    real_import = builtins.__import__
+
+    def no_fa4(name, *args, **kwargs):
+        if name.startswith("flash_attn"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_fa4)
+    reason = bench._available(bench.FA4)
+    assert reason.startswith("flash-attn-4 (flash_attn.cute) does not import: ModuleNotFoundError")
+    assert "tools/device/fetch_fa4.sh" in reason
+    assert bench._available("sdpa_flash_bf16") is None

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Stage, here, FlashAttention's CuTe-DSL kernels (flash-attn-4: `flash_attn.cute`, FA3's Hopper design on sm90) for the
+# H200, where `dm-kernel-bench` times them as the FA3-class BF16 baseline `fa4_cute_bf16` (kernels/bench.py).
+#
+#   bash tools/device/fetch_fa4.sh REPO [REV]
+#
+# REPO: a clone of Dao-AILab/flash-attention (a bare one will do: the `fetch` tool's mirror), REV its revision
+# (default HEAD). flash-attn-4 is not on the package registries this machine reaches, so its pure-Python source comes
+# from REPO (`git archive REV flash_attn/cute`, with an empty `flash_attn/__init__.py` so the package imports without
+# FlashAttention-2's extension); its needs come from the registries (the H200 image has torch, einops, cuda-bindings,
+# protobuf, typing-extensions): nvidia-cutlass-dsl with its base and CUDA 13 libraries, apache-tvm-ffi,
+# torch-c-dlpack-ext, quack-kernels.
+#
+# The CUDA 13 library wheel is 92 MB and a device call carries 64 MiB with the working tree, so it travels in two
+# calls made back to back on one warm machine (a carried ignored folder stays there until the machine goes back):
+# its files, recompressed with xz (≈ 61 MiB), split into two parts. .fa4a/ holds the first part, sized so the first
+# call also fits the working tree and CALL1_CARRY (default "build/cuda .carry", the kernel work's first call); .fa4b/
+# holds the second part, the other wheels and the source. tools/device/setup.sh installs them into /tmp/site once
+# both are there. Both folders are git-ignored. Prints the sizes of both calls against the limit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=${1:?usage: fetch_fa4.sh REPO [REV]}
+rev=${2:-HEAD}
+limit=$((64 * 1024 * 1024))
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+rm -rf .fa4a .fa4b
+mkdir -p .fa4a .fa4b "$stage/wheels" "$stage/libs" "$stage/src/flash_attn"
+
+git -C "$repo" archive --format=tar "$rev" flash_attn/cute | tar x -C "$stage/src"
+: > "$stage/src/flash_attn/__init__.py"
+commit=$(git -C "$repo" rev-parse "$rev")
+tar c -C "$stage/src" flash_attn | xz -9 > .fa4b/flash_attn_cute.tar.xz
+
+for spec in nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 \
+            "apache-tvm-ffi>=0.1.12,<0.2" torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$stage/wheels" "$spec"
+done
+libs=$(ls "$stage"/wheels/nvidia_cutlass_dsl_libs_cu13-*.whl)
+(cd "$stage/libs" && python3 -m zipfile -e "$libs" .)
+rm "$libs"
+cp "$stage"/wheels/*.whl .fa4b/
+echo "xz of the CUDA 13 libraries (a few minutes)"
+tar c -C "$stage/libs" . | xz -9e -T2 > "$stage/libs_cu13.tar.xz"
+
+bytes() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+call1_extra=$(bytes ${CALL1_CARRY:-build/cuda .carry})
+first=$((limit - tree - call1_extra - 1024 * 1024))  # 1 MiB to spare
+total=$(bytes "$stage/libs_cu13.tar.xz")
+(( first > 0 )) || { echo "no room in the first call: tree $tree + CALL1_CARRY $call1_extra bytes" >&2; exit 1; }
+head -c "$first" "$stage/libs_cu13.tar.xz" > .fa4a/libs_cu13.tar.xz.0
+tail -c +$((first + 1)) "$stage/libs_cu13.tar.xz" > .fa4b/libs_cu13.tar.xz.1
+cat > .fa4b/MANIFEST <<EOF
+flash-attention $commit (flash_attn/cute); $(cd .fa4b && ls *.whl | tr '\n' ' ')
+nvidia-cutlass-dsl-libs-cu13 4.8.1 as libs_cu13.tar.xz.{0,1} ($total bytes, sha256 $(sha256sum "$stage/libs_cu13.tar.xz" | cut -d' ' -f1))
+EOF
+second=$((tree + $(bytes .fa4b)))
+echo "first call: tree $tree + CALL1_CARRY $call1_extra + .fa4a $(bytes .fa4a) = $((tree + call1_extra + $(bytes .fa4a))) of $limit bytes"
+echo "second call: tree $tree + .fa4b $(bytes .fa4b) = $second of $limit bytes (carry .fa4b only: the machine keeps the rest)"
+(( second <= limit )) || { echo "the second call is over the limit" >&2; exit 1; }
+cat .fa4b/MANIFEST
