@@ -100,8 +100,9 @@ written by lane exchange, a 32-bit word a store (``to_fragments_exchanged``: 61 
 the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same places, so ``ws3``'s bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
 DKDV_WITH_DQ = ("ws3", "ws3x")
-DKDV_DQ_ONLY = ("ws3x",)
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
+DKDV_DQ_ONLY = ("ws3x",)
+"""The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two

@@ -117,18 +117,20 @@ enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kThree = 3 };
 template <int FORM>
 constexpr int kConsumersOf = FORM == kThree ? 3 : kConsumers;
 
-// The key tiles a consumer of queries start_m .. start_m + 63 reads in a CTA of kThree (none where all its queries
-// are ≥ N: their δ is 0 whatever it reads), and the CTA's, which its producer loads: its last consumer's with a query
-// below N (causal, the one that reaches furthest).
-__device__ __forceinline__ WideTiles consumer_tiles(int start_m, const DeltaFactoredParams& p) {
+// The key tiles the consumer of queries start_m .. start_m + 63 reads: with two consumers the CTA's, both halves
+// walking them; with three (kThree) its own, none where all its queries are ≥ N (their δ is 0 whatever it reads).
+// The CTA's, which its producer loads, are its last consumer's with a query below N (causal, the one that reaches
+// furthest).
+template <int C>
+__device__ __forceinline__ WideTiles consumer_tiles(int start_cta, int start_m, const DeltaFactoredParams& p) {
+  if constexpr (C == kConsumers) return WideTiles(start_cta, p.n, p.causal, kCtaRows);
   WideTiles tiles(start_m, p.n, p.causal, kBlockM);
   if (start_m >= p.n) tiles.unmasked = tiles.tiles = 0;
   return tiles;
 }
 template <int C>
 __device__ __forceinline__ int cta_tiles(int start_cta, const DeltaFactoredParams& p) {
-  if constexpr (C == kConsumers) return WideTiles(start_cta, p.n, p.causal, kCtaRows).tiles;
-  return consumer_tiles(start_cta + kBlockM * min(C - 1, (p.n - 1 - start_cta) / kBlockM), p).tiles;
+  return consumer_tiles<C>(start_cta, start_cta + kBlockM * min(C - 1, (p.n - 1 - start_cta) / kBlockM), p).tiles;
 }
 
 template <int FORM>
@@ -155,12 +157,13 @@ __device__ __forceinline__ void consume(Smem<kConsumersOf<FORM>>& s, const Delta
   Terms t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) t.lse[r] = row[r] < p.n ? p.lse2[bh * p.n_pad + row[r]] : INFINITY;
-  // Q̂'s and dÔ's scales are per 128 queries (a 64-query consumer lies in one)
+  // Q̂'s and dÔ's scales are per 128 queries (a 64-query consumer lies in one; with two consumers that is the CTA's,
+  // and indexing by start_cta keeps those forms' SASS as the H200 measured it)
   const int64_t scale_at = bh * (p.n_pad / 128) + (C == kConsumers ? start_cta : start_m) / 128;
   const float s_q = p.sq[scale_at];
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
   const float* sv = p.sv + bh_kv * (p.n_pad / kBlockN);
-  const WideTiles tiles = C == kConsumers ? WideTiles(start_cta, p.n, p.causal, kCtaRows) : consumer_tiles(start_m, p);
+  const WideTiles tiles = consumer_tiles<C>(start_cta, start_m, p);
   const uint8_t* q8 = s.q[half];
   const uint8_t* do8 = s.dout[half];
   // K̂'s and V̂'s scales of a tile, loaded a tile ahead (a load in the tile that uses them came right before the

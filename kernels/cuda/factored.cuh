@@ -232,8 +232,6 @@ __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt
   wgmma_commit();
 }
 
-// The stage barriers of a TMA pipeline, by one thread: `full` counts the issuing thread's arrival and the bytes,
-// `empty` one arrival per consumer warp; `extra` (K̂, V̂ once) the issuing thread's. Visible to all after a barrier.
 // A Bᵀ over D = 128 for one tile of N rows of B (4 SS m64nNk32; A and B K-major, the 128-byte swizzle), one wgmma
 // group: S = Q̂ K̂ᵀ of the forwards, S and dÔ V̂ᵀ of the δ pass over 128-key tiles.
 template <int N>
@@ -246,6 +244,8 @@ __device__ __forceinline__ void issue_ss(float (&acc)[N / 2], const uint8_t* a, 
   wgmma_commit();
 }
 
+// The stage barriers of a TMA pipeline, by one thread: `full` counts the issuing thread's arrival and the bytes,
+// `empty` one arrival per consumer warp; `extra` (K̂, V̂ once) the issuing thread's. Visible to all after a barrier.
 template <int STAGES>
 __device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], uint64_t (&empty)[STAGES],
                                                     uint64_t* extra, int consumer_warps = kThreads / 32) {

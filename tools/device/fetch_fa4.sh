@@ -46,7 +46,7 @@ echo "xz of the CUDA 13 libraries (a few minutes)"
 tar c -C "$stage/libs" . | xz -9e -T2 > "$stage/libs_cu13.tar.xz"
 
 bytes() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)  # what travels
 call1_extra=$(bytes ${CALL1_CARRY:-build/cuda .carry})
 first=$((limit - tree - call1_extra - 1024 * 1024))  # 1 MiB to spare
 total=$(bytes "$stage/libs_cu13.tar.xz")
