@@ -121,8 +121,6 @@ KERNELS = (
     CudaKernel("dm_delta_wide_w4", {_qgmma(128): 8}),
     CudaKernel("dm_delta_wide_w4p", {_qgmma(128): 28}),
     CudaKernel("dm_delta_wide_w4t", {_qgmma(128): 8}),  # w4 with the consumers' turns
-    # w4 with three consumers at 160 registers: 24 bytes spilled (a scale pointer, reloaded once a tile)
-    CudaKernel("dm_delta_wide_w6", {_qgmma(128): 8}, spill_bytes=24),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

@@ -1,11 +1,10 @@
 // Matched's δ pass with the factored layout's dŜ row scales (matched_factored) over 128-key tiles, D = 128, causal or
 // not, any GQA group: what delta_factored.cu computes, in fwd_wide.cu's structure and fewer instructions an element.
 //
-// One CTA per 128 queries and query head (192 in w6, below): a producer warpgroup (setmaxnreg 24) whose one thread
-// loads Q̂ and dÔ of the CTA's queries once, then per key tile K̂ and V̂ (128 token-major rows each, 128-byte swizzle)
-// into a ring of kStages stages; two consumer warpgroups (setmaxnreg 240), one per 64-query half, both reading every
-// tile (with 128-query CTAs and 128-key tiles the masked range is the last tile alone: the causal diagonal or the
-// ragged end).
+// One CTA per 128 queries and query head: a producer warpgroup (setmaxnreg 24) whose one thread loads Q̂ and dÔ of the
+// 128 queries once, then per key tile K̂ and V̂ (128 token-major rows each, 128-byte swizzle) into a ring of kStages
+// stages; two consumer warpgroups (setmaxnreg 240), one per 64-query half, both reading every tile (with 128-query
+// CTAs and 128-key tiles the masked range is the last tile alone: the causal diagonal or the ragged end).
 // Per tile a consumer forms S = Q̂ K̂ᵀ and dÔ V̂ᵀ (4 + 4 SS m64n128k32) and, per element (six instructions):
 //   P = ex2.approx.ftz(fma(S, (s_q·s_k)·qk_scale, −lse2)) (0 where masked), Triton's P bit for bit;
 //   max P; t = P · (dÔ V̂ᵀ); Σ t and max |t| over each 64-key half, whose V̂ scale multiplies them once a tile.
@@ -18,13 +17,8 @@
 //   kEachTile (w4): a tile's S and dÔ V̂ᵀ issued together, P formed while dÔ V̂ᵀ runs;
 //   kPipelined (w4p): the next tile's S issued before this tile's arithmetic, this tile's dÔ V̂ᵀ right before it, so
 //     the tensor cores hold work while the exponentials run (three 64-register tiles a thread: S twice, dÔ V̂ᵀ once);
-//   kTurns (w4t): w4 with the consumers taking turns to issue (FlashAttention-3's ping-pong);
-//   kThree (w6): w4 with three consumers, 192-query CTAs (twelve consumer warps at 160 registers, beside the
-//     producer's 24: 24 bytes spilled), for more warps a scheduler (ncu of w4p: 2.24). Each consumer reads the key
-//     tiles its own 64 queries reach (causal, one fewer for the first than the last of a CTA) and takes the rest as
-//     they fill, releasing them; one whose queries are all ≥ N reads none, one past N_pad writes nothing.
-// The four give the same bits: each thread sums the same products in the same order. (The tile's two 64-key halves
-// in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
+//   kTurns (w4t): w4 with the consumers taking turns to issue (FlashAttention-3's ping-pong).
+// The three give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,18 +37,14 @@ constexpr int kKeys = kWideKeys;
 constexpr int kStages = 4;
 constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂
 
-// C consumer warpgroups: 2 (128-query CTAs, factored.cuh's kConsumers) or 3 (kThree: 192-query CTAs)
-template <int C>
 struct __align__(1024) Smem {
-  uint8_t q[C][kBlockM * kHeadDim];
-  uint8_t dout[C][kBlockM * kHeadDim];
+  uint8_t q[kConsumers][kBlockM * kHeadDim];
+  uint8_t dout[kConsumers][kBlockM * kHeadDim];
   uint8_t k[kStages][kKeys * kHeadDim];
   uint8_t v[kStages][kKeys * kHeadDim];
   uint64_t full[kStages], empty[kStages], rows_full;
 };
-template <int C>
-constexpr int smem_bytes() { return int(sizeof(Smem<C>)) + 1024; }  // + room to align the base
-constexpr int kThreeRows = 3 * kBlockM;  // queries per CTA of kThree
+constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
 
 struct Maps {
   CUtensorMap q, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
@@ -113,59 +103,29 @@ __device__ __forceinline__ void products(const float (&pt)[kKeys / 2], const flo
   }
 }
 
-enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kThree = 3 };
-template <int FORM>
-constexpr int kConsumersOf = FORM == kThree ? 3 : kConsumers;
-
-// The key tiles the consumer of queries start_m .. start_m + 63 reads: with two consumers the CTA's, both halves
-// walking them; with three (kThree) its own, none where all its queries are ≥ N (their δ is 0 whatever it reads).
-// The CTA's, which its producer loads, are its last consumer's with a query below N (causal, the one that reaches
-// furthest).
-template <int C>
-__device__ __forceinline__ WideTiles consumer_tiles(int start_cta, int start_m, const DeltaFactoredParams& p) {
-  if constexpr (C == kConsumers) return WideTiles(start_cta, p.n, p.causal, kCtaRows);
-  WideTiles tiles(start_m, p.n, p.causal, kBlockM);
-  if (start_m >= p.n) tiles.unmasked = tiles.tiles = 0;
-  return tiles;
-}
-template <int C>
-__device__ __forceinline__ int cta_tiles(int start_cta, const DeltaFactoredParams& p) {
-  return consumer_tiles<C>(start_cta, start_cta + kBlockM * min(C - 1, (p.n - 1 - start_cta) / kBlockM), p).tiles;
-}
+enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2 };
 
 template <int FORM>
-__device__ __forceinline__ void consume(Smem<kConsumersOf<FORM>>& s, const DeltaFactoredParams& p, int half,
-                                        int64_t bh, int64_t bh_kv, int start_cta) {
-  constexpr int C = kConsumersOf<FORM>;
+__device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
+                                        int start_cta) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
   const int start_m = start_cta + kBlockM * half;
-  auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
-  auto release = [&](int j) {
-    if (releaser) mbar_arrive(&s.empty[j % kStages]);
-  };
-  // kThree: a consumer takes the CTA's tiles past its own (or all of them, past N_pad: no row to write) as they
-  // fill, and releases them, so that every `empty` phase counts all twelve consumer warps
-  auto release_rest = [&](int from) {
-    if constexpr (C == 3) {
-#pragma unroll 1
-      for (int j = from, all = cta_tiles<C>(start_cta, p); j < all; ++j) wait_full(j), release(j);
-    }
-  };
-  if (C == 3 && start_m >= p.n_pad) return release_rest(0);
   const int row[2] = {start_m + 16 * warp + g, start_m + 16 * warp + g + 8};
   Terms t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) t.lse[r] = row[r] < p.n ? p.lse2[bh * p.n_pad + row[r]] : INFINITY;
-  // Q̂'s and dÔ's scales are per 128 queries (a 64-query consumer lies in one; with two consumers that is the CTA's,
-  // and indexing by start_cta keeps those forms' SASS as the H200 measured it)
-  const int64_t scale_at = bh * (p.n_pad / 128) + (C == kConsumers ? start_cta : start_m) / 128;
+  const int64_t scale_at = bh * (p.n_pad / 128) + start_cta / 128;
   const float s_q = p.sq[scale_at];
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
   const float* sv = p.sv + bh_kv * (p.n_pad / kBlockN);
-  const WideTiles tiles = consumer_tiles<C>(start_cta, start_m, p);
+  const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
   const uint8_t* q8 = s.q[half];
   const uint8_t* do8 = s.dout[half];
+  auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
+  auto release = [&](int j) {
+    if (releaser) mbar_arrive(&s.empty[j % kStages]);
+  };
   // K̂'s and V̂'s scales of a tile, loaded a tile ahead (a load in the tile that uses them came right before the
   // exponentials that need them: ncu's long-scoreboard stalls); called once a tile, in order
   float ahead[2][2];  // [K̂, V̂][64-key half] of the next tile to be scaled
@@ -173,7 +133,7 @@ __device__ __forceinline__ void consume(Smem<kConsumersOf<FORM>>& s, const Delta
 #pragma unroll
     for (int h = 0; h < 2; ++h) ahead[0][h] = sk[2 * j + h], ahead[1][h] = sv[2 * j + h];
   };
-  load_scales(0);  // (kThree: a consumer with no tile reads tile 0's and never uses them)
+  load_scales(0);
   auto scales = [&](int j, float (&c)[2], float (&s_v)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -261,7 +221,6 @@ __device__ __forceinline__ void consume(Smem<kConsumersOf<FORM>>& s, const Delta
       }
       finish(st, j);
     }
-    release_rest(tiles.tiles);
   }
   const float s_do = p.sdo[scale_at];
 #pragma unroll
@@ -282,19 +241,18 @@ __device__ __forceinline__ void consume(Smem<kConsumersOf<FORM>>& s, const Delta
 
 template <int FORM>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
-  constexpr int C = kConsumersOf<FORM>;
-  Smem<C>& s = aligned_smem<Smem<C>>(raw);
-  if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, p.n_pad, C);
+  Smem& s = aligned_smem<Smem>(raw);
+  if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, p.n_pad);
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
-  const int role = threadIdx.x / kThreads;  // 0: producer; 1 .. C: the consumer of queries start + 64 (role − 1) ..
-  const int start_cta = blockIdx.x * (C * kBlockM);
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int start_cta = blockIdx.x * kCtaRows;
   const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
-      const int tiles = cta_tiles<C>(start_cta, p);
+      const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
       const int kv_row = int(bh_kv * p.n_pad);
-      for (int j = 0; j < tiles; ++j) {
+      for (int j = 0; j < tiles.tiles; ++j) {
         const int st = j % kStages;
         if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
         mbar_arrive_expect_tx(&s.full[st], kTileBytes);
@@ -304,40 +262,33 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
     }
     return;
   }
-  // three consumers: 24·128 + 160·384 = 128·512, the launch's share
-  claim_registers<C == kConsumers ? kConsumerRegs : 160>();
+  claim_registers<kConsumerRegs>();
   consume<FORM>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
 }  // namespace delta_wide
 }  // namespace dm
 
-#define DM_DELTA_WIDE_KERNEL(NAME, FORM)                                                                      \
-  extern "C" __global__ void __launch_bounds__(                                                              \
-      (dm::delta_wide::kConsumersOf<dm::delta_wide::FORM> + 1) * dm::factored::kThreads, 1)                   \
-      NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {                 \
-    extern __shared__ uint8_t smem[];                                                                      \
-    dm::delta_wide::delta_block<dm::delta_wide::FORM>(smem, p, maps);                                      \
+#define DM_DELTA_WIDE_KERNEL(NAME, FORM)                                                               \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
+      NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {          \
+    extern __shared__ uint8_t smem[];                                                               \
+    dm::delta_wide::delta_block<dm::delta_wide::FORM>(smem, p, maps);                               \
   }
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns)
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w6, kThree)
 #undef DM_DELTA_WIDE_KERNEL
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
-// arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t), 3 w4 with three consumers (w6)
-// (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+// arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t) (cuda_lib.DELTA_WIDE_VARIANTS). Operands
+// as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  using namespace dm::delta_wide;
-  if (!valid_shape(*p) || variant < 0 || variant > 3) {
+  if (!valid_shape(*p) || variant < 0 || variant > 2) {
     return cudaErrorInvalidValue;
   }
-  using Kernel = void (*)(const DeltaFactoredParams, const Maps);
-  const Kernel kernels[4] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t, dm_delta_wide_w6};
-  if (variant == 3) {
-    return launch_delta(kernels[variant], smem_bytes<3>(), kKeys, *p, device, stream, kThreeRows, 4 * kThreads);
-  }
-  return launch_delta(kernels[variant], smem_bytes<2>(), kKeys, *p, device, stream);
+  using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps);
+  const Kernel kernels[3] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t};
+  return launch_delta(kernels[variant], dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream);
 }

@@ -442,17 +442,15 @@ __device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int
   return Walk<STAGES, KeySchedule>(KeySchedule(start_cta, n, causal), second, bh, 1);
 }
 
-// The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised, and Q̂ and dÔ of the CTA's
-// `consumers` 64-query blocks loaded once (`s`: an Smem with full, empty, rows_full, q and dout; the caller then syncs
-// the CTA). Rows past the head's N_pad (a CTA of three consumers) load the next head's or the TMA's zeros, unread.
+// The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised, and Q̂ and dÔ of the CTA's two
+// 64-query halves loaded once (`s`: an Smem with full, empty, rows_full, q and dout; the caller then syncs the CTA).
 template <int STAGES, typename Smem>
-__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int n_pad,
-                                                int consumers = kConsumers) {
-  init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, consumers * kThreads / 32);
-  const int row = int(int64_t(blockIdx.y) * n_pad + blockIdx.x * (consumers * kBlockM));
-  mbar_arrive_expect_tx(&s.rows_full, 2 * consumers * kBlockM * kHeadDim);
+__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int n_pad) {
+  init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+  const int row = int(int64_t(blockIdx.y) * n_pad + blockIdx.x * kCtaRows);
+  mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
 #pragma unroll
-  for (int i = 0; i < consumers; ++i) {
+  for (int i = 0; i < kConsumers; ++i) {
     tma_load_2d(s.q[i], q, 0, row + kBlockM * i, &s.rows_full);
     tma_load_2d(s.dout[i], dout, 0, row + kBlockM * i, &s.rows_full);
   }
@@ -542,8 +540,8 @@ inline bool encode_channels(CUtensorMap* map, const void* codes, uint64_t n_pad,
   return encode_codes(map, codes, n_pad, channels, box_tokens, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
-// One CTA per `rows` rows (queries or keys; 128 but for the δ pass's three consumers) of each of `heads` heads.
-inline dim3 cta_grid(int n, int heads, int rows = kCtaRows) { return dim3((n + rows - 1) / rows, heads); }
+// One CTA per 128 rows (queries or keys) of each of `heads` heads.
+inline dim3 cta_grid(int n, int heads) { return dim3((n + kCtaRows - 1) / kCtaRows, heads); }
 
 // A forward's launch (fwd_factored.cu, fwd_wide.cu: Maps holds q, k, vt) over 128-query CTAs: the device and shared
 // memory prepared, Q̂ mapped in boxes of 64 rows, K̂ in boxes of `key_rows`, V̂ᶜᵀ in boxes of D channels x 64 keys.
@@ -563,12 +561,11 @@ inline int launch_forward(void (*kernel)(const Params, const Maps), int smem, ui
   return cudaGetLastError();
 }
 
-// A δ pass's launch (delta_factored.cu, delta_wide.cu: Maps holds q, dout, k, v) over CTAs of `rows` queries and
-// `threads` threads: the device and shared memory prepared, Q̂ and dÔ mapped in boxes of 64 rows, K̂ and V̂ in boxes
-// of `key_rows`.
+// A δ pass's launch (delta_factored.cu, delta_wide.cu: Maps holds q, dout, k, v) over 128-query CTAs: the device and
+// shared memory prepared, Q̂ and dÔ mapped in boxes of 64 rows, K̂ and V̂ in boxes of `key_rows`.
 template <typename Params, typename Maps>
 inline int launch_delta(void (*kernel)(const Params, const Maps), int smem, uint32_t key_rows, const Params& p,
-                        int device, cudaStream_t stream, int rows = kCtaRows, int threads = kCtaThreads) {
+                        int device, cudaStream_t stream) {
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
@@ -578,7 +575,7 @@ inline int launch_delta(void (*kernel)(const Params, const Maps), int smem, uint
       !encode_rows(&maps.k, p.k8, kv_rows, key_rows) || !encode_rows(&maps.v, p.v8, kv_rows, key_rows)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  kernel<<<cta_grid(p.n, p.b * p.h, rows), threads, smem, stream>>>(p, maps);
+  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);
   return cudaGetLastError();
 }
 

@@ -535,23 +535,23 @@ def test_the_ds_tile_by_lane_exchange_gives_ws3s_bits(dk_operands, n, causal, or
         assert relative_error(ours[0], base[0]) < 1e-3
 
 
-def test_the_dkdv_switch_runs_the_exchange_in_the_backward(monkeypatch):
-    """``DELTAMATCH_KERNEL_CUDA_DKDV=ws3x`` reaches matched_factored's backward: its dQ-in-dK/dV launch runs ``ws3x``
-    and the gradients are the default's bits (ordered adds)."""
+def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
+    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3x`` (dŜ's tile by lane exchange) unless
+    ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3`` asks for the byte stores, and the two give the same gradients bit for bit
+    (ordered adds)."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
     q, k, v, do = attention_inputs(1, 1000, 4, 2, seed=17)
     calls = []
     fused = cuda_lib.dqdkdv_factored
-    monkeypatch.setattr(cuda_lib, "dqdkdv_factored",
-                        lambda *a, **kw: calls.append(kw.get("variant", "ws3")) or fused(*a, **kw))
+    monkeypatch.setattr(cuda_lib, "dqdkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
-    base = run()
-    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3x")
     ours = run()
-    assert calls == ["ws3", "ws3x"]
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
+    base = run()
+    assert calls == ["ws3x", "ws3"]
     assert all(torch.equal(a, b) for a, b in zip(ours, base))
 
 

@@ -449,17 +449,17 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
         cuda_delta_variant(128)
 
 
-def test_the_cuda_dkdv_form_with_dq_is_ws3_unless_asked(monkeypatch):
-    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3``;
-    ``ws3x`` (dŜ's tile by lane exchange) when asked; a form not built with dQ, or a bad value, an error naming the
-    switch."""
+def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
+    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3x`` (dŜ's
+    tile by lane exchange); ``ws3`` (byte stores) when asked; a form not built with dQ, or a bad value, an error naming
+    the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
-    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3"
-    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3x")
-    assert cuda_dkdv_variant() == "ws3x" in cuda_lib.DKDV_WITH_DQ
+    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3x"
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
+    assert cuda_dkdv_variant() == "ws3" in cuda_lib.DKDV_WITH_DQ
     for bad in ("ws4", "fast"):
         monkeypatch.setenv(CUDA_DKDV_SWITCH, bad)
         with pytest.raises(ValueError, match=f"DELTAMATCH_KERNEL_CUDA_DKDV='{bad}': expected one of"):

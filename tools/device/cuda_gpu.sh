@@ -6,8 +6,8 @@
 # print a summary. About 2 minutes on a fresh machine (Triton compiles its kernels for the tests and the bench).
 # Stages (first argument, comma-separated; default tests,bench): tests, bench, variants: the opt-in kernel forms
 # against the defaults in one call — tools/device/delta_bench.py (every δ variant, do_bench), then CUPTI of the
-# reference step (tools/device/attn_profile.py) under each setting of VARIANTS (default: none, the δ pass's w6, the
-# dK/dV's ws3x), the settings interleaved, twice ($OUT/profiles.tgz, a summary line each); and ncu: an Nsight Compute
+# reference step (tools/device/attn_profile.py) under each setting of VARIANTS (default: none, the dK/dV's ws3 byte
+# stores), the settings interleaved, twice ($OUT/profiles.tgz, a summary line each); and ncu: an Nsight Compute
 # profile of Triton's dV and each CUDA dV kernel ($OUT/ncu.txt: speed of light, occupancy, the scheduler, every stall
 # reason per issued instruction, L2 sectors and requests, shared-memory bank conflicts; ncu reads counters on
 # Firecracker machines). The build, ldd and SASS check always run. Files under $OUT (at most 8; the device tool
@@ -57,7 +57,7 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
   timeout 180 python3 tools/device/delta_bench.py 128 2>&1 | tail -12
   stamp "delta bench done"
   mkdir -p "$OUT/profiles"
-  IFS=';' read -ra settings <<< "${VARIANTS:-default;DELTAMATCH_KERNEL_CUDA_DELTA=w6;DELTAMATCH_KERNEL_CUDA_DKDV=ws3x}"
+  IFS=';' read -ra settings <<< "${VARIANTS:-default;DELTAMATCH_KERNEL_CUDA_DKDV=ws3}"
   for round in 1 2; do
     for setting in "${settings[@]}"; do
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round

@@ -8,8 +8,8 @@
 # (default HEAD). flash-attn-4 is not on the package registries this machine reaches, so its pure-Python source comes
 # from REPO (`git archive REV flash_attn/cute`, with an empty `flash_attn/__init__.py` so the package imports without
 # FlashAttention-2's extension); its needs come from the registries (the H200 image has torch, einops, cuda-bindings,
-# protobuf, typing-extensions): nvidia-cutlass-dsl with its base and CUDA 13 libraries, apache-tvm-ffi,
-# torch-c-dlpack-ext, quack-kernels.
+# protobuf, typing-extensions): nvidia-cutlass-dsl with its base, core (the `cutlass` Python package: `cutlass.cute`)
+# and CUDA 13 libraries, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels.
 #
 # The CUDA 13 library wheel is 92 MB and a device call carries 64 MiB with the working tree, so it travels in two
 # calls made back to back on one warm machine (a carried ignored folder stays there until the machine goes back):
@@ -32,8 +32,9 @@ git -C "$repo" archive --format=tar "$rev" flash_attn/cute | tar x -C "$stage/sr
 commit=$(git -C "$repo" rev-parse "$rev")
 tar c -C "$stage/src" flash_attn | xz -9 > .fa4b/flash_attn_cute.tar.xz
 
-for spec in nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 \
-            "apache-tvm-ffi>=0.1.12,<0.2" torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5; do
+for spec in nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+            nvidia-cutlass-dsl-libs-cu13==4.8.1 "apache-tvm-ffi>=0.1.12,<0.2" torch-c-dlpack-ext==0.1.5 \
+            quack-kernels==0.6.5; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$stage/wheels" "$spec"
