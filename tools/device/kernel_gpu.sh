@@ -9,6 +9,8 @@
 #   ptxas: the store-mode GPU test of the unverified modes under CUDA's own ptxas (TRITON_PTXAS_PATH; NOTES.md)
 #   profile: matched_factored's (and matched's) fwd+bwd kernel by kernel (tools/device/attn_profile.py), and
 #        matched_factored again with DELTAMATCH_KERNEL_STORE_UNUSED=1
+#   fa4: whether flash-attn-4 (the fa4_cute_bf16 baseline, tools/device/fetch_fa4.sh) imports, then the bench at
+#        D = 128, causal, N 8K and 16K of matched_factored, cuDNN BF16 and it ($OUT/fa4.log, $OUT/fa4/kernel_bench.md)
 #   cuda: the same for DELTAMATCH_KERNEL_CUDA (matched_factored's dK, dV and dQ by kernels/cuda/dkdv_factored.cu and
 #        dq_factored.cu), tests with it unset; AB_TESTS_K narrows the tests (pytest -k)
 set -uo pipefail
@@ -23,6 +25,15 @@ stamp installed
 
 [[ $WHAT == all ]] && WHAT=tests,bench
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
+
+if has fa4; then  # the FA3-class BF16 baseline, staged by tools/device/fetch_fa4.sh and installed by setup.sh
+  python3 -c "import flash_attn.cute, cutlass; print('flash-attn-4 imports; cutlass', cutlass.__version__)" 2>&1 \
+    | tail -3 | tee "$OUT/fa4.log"
+  python3 -m deltamatch.kernels.bench --out "$OUT/fa4" --head-dims 128 --seq-lens 8192 16384 --causal-only \
+    --methods matched_factored sdpa_cudnn_bf16 fa4_cute_bf16 2>&1 | grep -v "shapes:" | tee -a "$OUT/fa4.log"
+  rm -f "$OUT/fa4/kernel_bench.csv"  # the table is in the .md; the device tool returns 8 files
+  stamp "fa4 done"
+fi
 
 if has tests; then
   python3 -m pytest -q -p no:cacheprovider -n 8 -rfE --durations=8 \
