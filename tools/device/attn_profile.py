@@ -19,7 +19,6 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from deltamatch.kernels.triton_attention import triton_attention
 
 
 def short_name(name: str) -> str:
@@ -30,13 +29,17 @@ def short_name(name: str) -> str:
 
 
 def make_step(method: str, n: int, b: int = 4, h: int = 16, d: int = 128):
-    """One fwd+bwd of ``method`` at (B, N, H, D) on random inputs, warmed up (three steps run)."""
+    """One fwd+bwd of ``method`` (an FP8 mode, or a baseline of ``dm-kernel-bench``: ``sdpa_cudnn_bf16``,
+    ``fa4_cute_bf16``, ...) at (B, N, H, D), causal, on random inputs, warmed up (three steps run)."""
+    from deltamatch.kernels.bench import _attention
+
+    attend = _attention(method, True)
     q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_()
 
     def step():
-        torch.autograd.grad(triton_attention(q, k, v, True, method), (q, k, v), do)
+        torch.autograd.grad(attend(q, k, v), (q, k, v), do)
 
     for _ in range(3):
         step()
