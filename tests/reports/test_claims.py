@@ -60,6 +60,20 @@ def test_kernel_claims_name_the_hardware_and_what_is_not_benchmarked():
     assert verdict == C.NOT_MEASURED and "FlashAttention-3" in why and "1.1" in ours
 
 
+def test_the_fa3_claim_is_read_from_the_fa3_class_baseline():
+    """With the FA3-class baseline timed, the claim "faster than FlashAttention-3 BF16" reads matched's time over it
+    at every shape (contradicted where any is ≥ 1), and names matched_factored's ratio beside it."""
+    paper = [{"section": "paper", "metric": "fwd_bwd_ms_over_fa3_bf16_hd128", "method": "matched", "ours": r,
+              "our_scale": "NVIDIA H200", "ours_note": "", "seq_len": n} for n, r in ((8192, 1.9), (16384, 1.7))]
+    latency = [{"section": "latency", "method": "matched_factored", "head_dim": 128, "seq_len": n,
+                "speedup_vs_fa3_class": s} for n, s in ((8192, 0.8), (16384, 0.86))]
+    ours, scale, verdict, why = C.CHECKS["faster_than_fa3"]({"kernel_latency": pd.DataFrame(paper + latency)})
+    assert verdict == C.CONTRADICTED and scale == "NVIDIA H200" and "flash-attn-4" in why
+    assert "1.7" in ours and "1.9" in ours and "matched_factored (the CUDA kernels) 1.163–1.25×" in ours
+    faster = [{**row, "ours": 0.9} for row in paper]
+    assert C.CHECKS["faster_than_fa3"]({"kernel_latency": pd.DataFrame(faster)})[2] == C.OTHER_HARDWARE
+
+
 def test_a_climb_is_read_against_bf16_on_the_same_batches():
     def fig(stale, bf16):
         return {"figure1_loss": pd.DataFrame([{"method": m, "metric": "train_loss_rise", "ours": v,
