@@ -2,8 +2,10 @@
 and FlashAttention's CuTe-DSL BF16 kernels (``fa4_cute_bf16``: FA3's Hopper design, where flash-attn-4 is installed).
 
 ``dm-kernel-bench --out DIR`` times forward and forward+backward on one GPU (``triton.testing.do_bench``, median) and
-writes ``kernel_bench.csv`` and ``kernel_bench.md`` (date, commit, GPU in the header) to DIR; and, with ``--memory``,
-the peak extra memory of each backward at long sequence lengths.
+writes ``kernel_bench.csv`` and ``kernel_bench.md`` (date, commit, GPU in the header) to DIR; with ``--memory``, the
+peak extra memory of each backward at long sequence lengths (``kernel_memory.*``); with ``--profile``, where one
+fwd+bwd of each method spends its GPU time at the reference shape, kernel by kernel (``kernel_profile.*``: CUPTI's
+kernel durations through ``torch.profiler``, no launch gaps).
 
 FLOP convention (FlashAttention's): forward 4·B·H·N²·D, halved for causal; backward 2.5× forward; fwd+bwd 3.5×.
 Matched's δ recompute pass (two more matmuls, one forward's worth) is not in the convention; ``executed_tflops``
@@ -13,6 +15,7 @@ counts it, so the column shows what the chip actually did.
 import argparse
 import datetime
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +57,12 @@ class BenchConfig:
     """FP8 modes and baselines to time."""
     memory: bool = False
     """Also measure the peak backward memory (``memory_seq_lens``)."""
+    profile: bool = False
+    """Also profile one fwd+bwd of each method kernel by kernel (causal, D = 128, B 4, H 16, N ``profile_seq_len``)."""
+    profile_seq_len: int = 8192
+    """Sequence length of the kernel profile."""
+    profile_iters: int = 10
+    """Profiled steps (after three warm-up steps) the profile's times are the mean of."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(FP8_MODES) - set(BASELINES))
@@ -142,6 +151,53 @@ def peak_backward_memory(method, n, causal=True, h=16, d=128) -> dict:
     return dict(method=method, seq_len=n, heads=h, head_dim=d, causal=causal, peak_extra_backward_gib=peak / 2**30)
 
 
+def kernel_name(name: str) -> str:
+    """A kernel's name without its template arguments and Triton's mangled suffix, at most 70 characters."""
+    name = re.sub(r"<.*", "", name)
+    name = re.sub(r"^void ", "", name)
+    return name[:70]
+
+
+def profile_step(method: str, n: int, b: int = 4, h: int = 16, d: int = 128) -> Callable[[], None]:
+    """One causal fwd+bwd of ``method`` (an FP8 mode or a baseline) at (B, N, H, D) on random inputs, warmed up
+    (three steps run)."""
+    fn = _attention(method, True)
+    (q, k, v), do = _inputs(b, n, h, d)
+
+    def step():
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    return step
+
+
+def kernel_profile(method: str, n: int, iters: int = 10) -> pd.DataFrame:
+    """Where one fwd+bwd of ``method`` (:func:`profile_step`) spends its GPU time: per kernel, its launches and GPU time
+    per step (CUPTI's kernel durations, summed over ``iters`` steps and divided by them) and its share of the step,
+    the longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = profile_step(method, n)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    rows: dict[str, tuple[int, float]] = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.device_time_total <= 0:
+            continue
+        name = kernel_name(e.name)
+        calls, us = rows.get(name, (0, 0.0))
+        rows[name] = (calls + 1, us + e.device_time_total)
+    df = pd.DataFrame([dict(method=method, kernel=k, calls_per_step=c / iters, ms_per_step=us / iters / 1e3)
+                       for k, (c, us) in rows.items()])
+    df = df.sort_values("ms_per_step", ascending=False).reset_index(drop=True)
+    df["share"] = df["ms_per_step"] / df["ms_per_step"].sum()
+    return df
+
+
 def _available(method) -> str | None:
     """Why ``method`` cannot run on this machine, or None."""
     if method == FA4:
@@ -224,6 +280,24 @@ def run(cfg: BenchConfig, out_dir: str) -> pd.DataFrame:
             "B = 1, H = 16, D = 128, causal, bf16 inputs; GiB allocated by the backward beyond what was live before it")
         _write(mem, os.path.join(out_dir, "kernel_memory.md"), mem_header)
         print(mem.to_string(index=False, float_format="%.3f"))
+    if cfg.profile:
+        parts = []
+        for method in cfg.methods:
+            if method in skipped:
+                continue
+            try:
+                parts.append(kernel_profile(method, cfg.profile_seq_len, cfg.profile_iters))
+            except Exception as exc:
+                parts.append(pd.DataFrame([dict(method=method, error=repr(exc)[:200])]))
+            torch.cuda.empty_cache()
+        prof = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        _write(prof, os.path.join(out_dir, "kernel_profile.csv"), header)
+        prof_header = header.replace("Kernel benchmark", "Kernel time per step").replace(
+            f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention",
+            f"one causal fwd+bwd at B = 4, H = 16, D = 128, N = {cfg.profile_seq_len}, bf16 inputs; CUPTI kernel time "
+            f"per step, the mean of {cfg.profile_iters} steps")
+        _write(prof, os.path.join(out_dir, "kernel_profile.md"), prof_header)
+        print(prof.to_string(index=False, float_format="%.3f"))
     return df
 
 
@@ -237,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"FP8 modes and baselines to time (default {' '.join([*FP8_MODES, *BASELINES])})")
     parser.add_argument("--causal-only", action="store_true", help="time causal attention only")
     parser.add_argument("--memory", action="store_true", help="also measure peak backward memory (16K, 64K)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one fwd+bwd of each method kernel by kernel (causal, D = 128, N = 8192)")
     args = parser.parse_args(argv)
     try:
         cfg = load_with_flags(BenchConfig, args.config, {
             "head_dims": args.head_dims, "seq_lens": args.seq_lens, "methods": args.methods,
-            "causal": [True] if args.causal_only else None, "memory": True if args.memory else None})
+            "causal": [True] if args.causal_only else None, "memory": True if args.memory else None,
+            "profile": True if args.profile else None})
     except ValueError as err:
         parser.exit(2, f"dm-kernel-bench: error: {err}\n")
     df = run(cfg, args.out)

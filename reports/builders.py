@@ -122,12 +122,13 @@ def kernel_from_files(check_path: str, bench_dir: str, paper: pd.DataFrame | Non
         raise ValueError(f"missing input file: {bench / 'hardware.json'}")
     check = pd.read_json(check_path, lines=True)
     optional = {name: pd.read_csv(bench / f"{name}.csv") if (bench / f"{name}.csv").is_file() else None
-                for name in ("kernel_bench", "kernel_memory")}
+                for name in ("kernel_bench", "kernel_memory", "kernel_profile")}
     hw = json.loads((bench / "hardware.json").read_text())
     if recorded_dir is not None and not Path(recorded_dir).is_dir():
         raise ValueError(f"--recorded: no folder {recorded_dir}")
     recorded = load_recorded_kernel(recorded_dir) if recorded_dir and optional["kernel_bench"] is None else None
-    return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw, paper, recorded)
+    return tables.kernel_table(check, optional["kernel_bench"], optional["kernel_memory"], hw, paper, recorded,
+                               profile=optional["kernel_profile"])
 
 
 def run_table(i: Inputs, paper: pd.DataFrame) -> pd.DataFrame:

@@ -225,7 +225,8 @@ REFERENCE_SHAPE = {"head_dim": 128, "seq_len": 8192, "causal": True}
 def figure_kernel(kernel: pd.DataFrame):
     """Kernel throughput: TFLOP/s (FlashAttention's FLOP count) against N per method, forward and forward+backward,
     one panel per head dim, from the kernel table's ``latency`` rows (this run's or the recorded Hopper numbers).
-    Numbers: every method at the reference shape, with its fwd+bwd time over cuDNN BF16's."""
+    Numbers: every method at the reference shape, with cuDNN BF16's fwd+bwd time over its own (and the FA3-class
+    baseline's, where it ran)."""
     import seaborn as sns
 
     _pyplot()
@@ -259,7 +260,7 @@ def figure_kernel(kernel: pd.DataFrame):
                   & (pd.to_numeric(latency["seq_len"]) == REFERENCE_SHAPE["seq_len"])
                   & latency["causal"].astype(str).isin(["True", "true", "1", "1.0"])]
     columns = [c for c in ("method", "head_dim", "seq_len", "causal", "fwd_ms", "fwd_bwd_ms", "fwd_tflops",
-                           "fwd_bwd_tflops", "speedup_vs_cudnn_bf16", "error") if c in ref]
+                           "fwd_bwd_tflops", "speedup_vs_cudnn_bf16", "speedup_vs_fa3_class", "error") if c in ref]
     numbers = ref[columns].copy()
     if "error" in numbers:
         if numbers["error"].isna().all():

@@ -163,12 +163,13 @@ def bench_provenance(markdown: str | Path) -> dict[str, str]:
 
 
 def load_recorded_kernel(folder: str | Path) -> dict | None:
-    """Kernel measurements a Hopper GPU recorded earlier (``kernel_bench.csv``/``.md``, ``kernel_memory.csv``/``.md``
-    as dm-kernel-bench writes them): ``{"bench", "memory", "provenance": {"bench", "memory"}}`` with each table's
-    provenance read from its Markdown header; None when the folder holds no ``kernel_bench.csv``."""
+    """Kernel measurements a Hopper GPU recorded earlier (``kernel_bench.csv``/``.md``, ``kernel_memory.csv``/``.md``,
+    ``kernel_profile.csv``/``.md`` as dm-kernel-bench writes them): ``{"bench", "memory", "profile", "provenance":
+    {"bench", ...}}`` with each table's provenance read from its Markdown header (a table not recorded: None, no
+    provenance); None when the folder holds no ``kernel_bench.csv``."""
     folder = Path(folder)
-    found: dict = {"bench": None, "memory": None, "provenance": {}}
-    for key, stem in (("bench", "kernel_bench"), ("memory", "kernel_memory")):
+    found: dict = {"bench": None, "memory": None, "profile": None, "provenance": {}}
+    for key, stem in (("bench", "kernel_bench"), ("memory", "kernel_memory"), ("profile", "kernel_profile")):
         if (folder / f"{stem}.csv").is_file():
             found[key] = pd.read_csv(folder / f"{stem}.csv")
             found["provenance"][key] = bench_provenance(folder / f"{stem}.md")

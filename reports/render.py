@@ -5,8 +5,8 @@ The page opens with where our numbers come from (``scale_note``, from the config
 table of contents, then one section per artefact: the training results first (main, scale, Figures 1/4/5, gains,
 Table 9, ablations), then the random-head sweep, then the kernel. The HTML is self-contained (figures are embedded
 as base64 data URIs, long tables are folded and also offered as CSV downloads), so it can be mailed or attached as one
-file. The kernel section shows a throughput figure, the reference shape and memory as small tables; its full table
-is a linked CSV.
+file. The kernel section shows a throughput figure, the reference shape, memory and each method's GPU time by kernel
+as small tables; its full table is a linked CSV.
 
 Cells: a number the paper does not give reads "not in paper"; one we did not measure "not measured" (or the reason
 ``ours_note`` gives); a NaN we measured "NaN (why)"; a difference between unlike statistics or scales "not
@@ -171,6 +171,26 @@ def collect(inputs: list[str]) -> tuple[dict[str, pd.DataFrame], dict[str, pd.Da
     return tables, numbers, images, paths
 
 
+PROFILE_TOP = 4
+"""Kernels named per method in the page's profile summary (the full list is in the kernel table's CSV)."""
+
+
+def profile_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """The kernel table's ``profile`` rows, one line per method: its kernels' GPU time per fwd+bwd step and its
+    :data:`PROFILE_TOP` longest kernels with their times (ms)."""
+    rows = table[table["section"] == "profile"] if "section" in table else table.iloc[0:0]
+    if rows.empty or "ms_per_step" not in rows:
+        return pd.DataFrame(columns=["method", "ms_per_step", "longest_kernels"])
+    rows = rows.dropna(subset=["ms_per_step"])
+    out = []
+    for method, kernels in rows.groupby("method", sort=False):
+        kernels = kernels.sort_values("ms_per_step", ascending=False)
+        out.append({"method": method, "ms_per_step": kernels["ms_per_step"].sum(),
+                    "longest_kernels": "; ".join(f"{k} {ms:.3f}" for k, ms in
+                                                 zip(kernels["kernel"], kernels["ms_per_step"].head(PROFILE_TOP)))})
+    return pd.DataFrame(out)
+
+
 def _kernel_blocks(table: pd.DataFrame, numbers: pd.DataFrame | None, path: Path | None):
     blocks = []
     sentence = kernel_sentence(table)
@@ -186,6 +206,10 @@ def _kernel_blocks(table: pd.DataFrame, numbers: pd.DataFrame | None, path: Path
         keep = [c for c in ("method", "seq_len", "heads", "head_dim", "causal", "peak_extra_backward_gib")
                 if c in memory]
         blocks += [("h3", "Backward memory (peak extra GiB, B = 1)"), ("table", memory[keep])]
+    profile = profile_summary(table)
+    if not profile.empty:
+        blocks += [("h3", "GPU time of one fwd+bwd by kernel (ms; head dim 128, N = 8192, causal, B·H = 64; CUPTI)"),
+                   ("table", profile)]
     paper = table[table["section"] == "paper"] if "section" in table else table.iloc[0:0]
     if not paper.empty:
         keep = [c for c in ("metric", "seq_len", "causal", "method", "paper", "ours", "difference", "paper_scale",

@@ -336,25 +336,28 @@ def kernel_claims(bench: pd.DataFrame | None, memory: pd.DataFrame | None, paper
 
 
 def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.DataFrame | None,
-                 hardware: dict, paper: pd.DataFrame | None = None, recorded: dict | None = None) -> pd.DataFrame:
+                 hardware: dict, paper: pd.DataFrame | None = None, recorded: dict | None = None,
+                 profile: pd.DataFrame | None = None) -> pd.DataFrame:
     """The kernel's build check, its latency and backward memory where a Hopper GPU measured them, and the paper's
     kernel statements beside ours.
 
     ``section`` says which: ``build`` (one row per compiled kernel: its FP8 wgmma count against its matmuls, other
     MMAs, registers, spills), ``latency`` (per method and shape, with ``speedup_vs_cudnn_bf16``: SDPA cuDNN BF16's
-    fwd+bwd time over this method's, and ``speedup_vs_fa3_class`` the FA3-class baseline's where it ran), ``memory``, ``paper`` (the paper's values and ours, :func:`kernel_claims`) and
-    ``status`` (what was not measured, and why). Without a Hopper GPU, ``recorded`` (``{"bench", "memory",
-    "provenance"}``: frames and ``{gpu, date, commit}`` of each, from files a Hopper GPU wrote earlier) stands in for
-    the measurements, every such row labelled in ``source`` with where, when and at which commit it was recorded.
+    fwd+bwd time over this method's, and ``speedup_vs_fa3_class`` the FA3-class baseline's where it ran), ``memory``,
+    ``profile`` (``profile``: per method, each kernel's GPU time in one fwd+bwd at the reference shape), ``paper`` (the
+    paper's values and ours, :func:`kernel_claims`) and ``status`` (what was not measured, and why). Without a Hopper
+    GPU, ``recorded`` (``{"bench", "memory", "profile", "provenance"}``: frames and ``{gpu, date, commit}`` of each,
+    from files a Hopper GPU wrote earlier) stands in for the measurements, every such row labelled in ``source`` with
+    where, when and at which commit it was recorded.
     """
     parts = [check.assign(section="build")]
     hopper = bool(hardware.get("hopper"))
     device = hardware.get("device") or "no CUDA device"
-    sources = {name: f"measured by this run on {device}" for name in ("bench", "memory")}
+    sources = {name: f"measured by this run on {device}" for name in ("bench", "memory", "profile")}
     gpu = device
     if not hopper and recorded:
-        bench, memory = recorded.get("bench"), recorded.get("memory")
-        sources = {name: recorded_source(recorded["provenance"][name]) for name in ("bench", "memory")
+        bench, memory, profile = recorded.get("bench"), recorded.get("memory"), recorded.get("profile")
+        sources = {name: recorded_source(recorded["provenance"][name]) for name in ("bench", "memory", "profile")
                    if name in recorded.get("provenance", {})}
         gpu = recorded["provenance"]["bench"]["gpu"] if "bench" in sources else None
     if bench is not None and not bench.empty:
@@ -370,6 +373,8 @@ def kernel_table(check: pd.DataFrame, bench: pd.DataFrame | None, memory: pd.Dat
         parts.append(bench.assign(section="latency", source=sources.get("bench")))
     if memory is not None and not memory.empty:
         parts.append(memory.assign(section="memory", source=sources.get("memory")))
+    if profile is not None and not profile.empty:
+        parts.append(profile.assign(section="profile", source=sources.get("profile")))
     if paper is not None:
         claims = kernel_claims(bench, memory, paper, gpu)
         which = claims["metric"].eq("backward_extra_gib").map({True: "memory", False: "bench"})

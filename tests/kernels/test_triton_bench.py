@@ -34,6 +34,18 @@ def test_the_config_file_carries_every_choice_and_flags_override_it(tmp_path):
         load_with_flags(bench.BenchConfig, path, {})
 
 
+def test_the_profile_is_asked_for_by_flag_or_config_and_names_kernels_short(tmp_path, monkeypatch):
+    """``--profile`` (or config key ``profile``) adds the kernel-by-kernel profile to the run; its kernel names drop
+    template arguments and the ``void`` of CUDA's demangled names."""
+    seen = []
+    monkeypatch.setattr(bench, "run", lambda cfg, out: seen.append(cfg) or __import__("pandas").DataFrame())
+    assert bench.main(["--out", str(tmp_path), "--profile", "--methods", "matched"]) == 0
+    assert bench.main(["--out", str(tmp_path), "--methods", "matched"]) == 0
+    assert [c.profile for c in seen] == [True, False] and seen[0].profile_seq_len == 8192
+    assert bench.kernel_name("void dm_fwd_wide<true, 2>(Params, Maps)") == "dm_fwd_wide"
+    assert bench.kernel_name("_attn_fwd_kernel") == "_attn_fwd_kernel" and len(bench.kernel_name("k" * 99)) == 70
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_refuses_to_run_without_cuda(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):

@@ -142,6 +142,14 @@ def test_page_labels_recorded_kernel_numbers_and_bounds(synthetic):
         assert "≤ 1" in page and "≥ 1" in page  # the kernel's latency statements as bounds on the ratio
     kernel = pd.read_csv(root / "report" / "tables" / "kernel_latency.csv")
     assert set(kernel[kernel["section"] == "latency"]["source"]) == {label}
+    # the recorded kernel profile: one line per method, its step's GPU time and its longest kernels
+    profile = pd.read_csv(RECORDED / "kernel_profile.csv")
+    page = (root / "report" / "report.md").read_text()
+    assert "GPU time of one fwd+bwd by kernel" in page
+    for method, kernels in profile.groupby("method"):
+        longest = kernels.sort_values("ms_per_step").iloc[-1]
+        assert f"{longest['kernel']} {longest['ms_per_step']:.3f}" in page
+        assert f"{kernels['ms_per_step'].sum():.3f}".rstrip("0") in page
 
 
 def test_gains_are_read_in_the_step_window(synthetic, tmp_path):

@@ -201,8 +201,14 @@ def _recorded(folder, gpu="NVIDIA H200", date="2026-11-29 10:12 UTC", commit="64
     memory = pd.DataFrame([{"method": "matched", "seq_len": 16384, "heads": 16, "head_dim": 128, "causal": True,
                             "peak_extra_backward_gib": 0.25}])
     header = f"date {date}, commit {commit}, GPU {gpu}, torch 2.11.0+cu130; B·H = 64, bf16 inputs"
+    profile = pd.DataFrame([{"method": m, "kernel": k, "calls_per_step": 1.0, "ms_per_step": ms}
+                            for m, k, ms in (("matched", "_attn_bwd_dkdv", 2.0), ("matched", "_attn_fwd", 0.5),
+                                             ("matched", "_attn_bwd_delta", 0.4), ("matched", "_attn_bwd_dq", 0.9),
+                                             ("matched", "_quant_pass_kernel", 0.1),
+                                             ("sdpa_cudnn_bf16", "cudnn_flash_bprop", 1.5))])
     for name, frame, title in (("kernel_bench", bench, "Kernel benchmark"),
-                               ("kernel_memory", memory, "Backward memory")):
+                               ("kernel_memory", memory, "Backward memory"),
+                               ("kernel_profile", profile, "Kernel time per step")):
         frame.to_csv(folder / f"{name}.csv", index=False)
         (folder / f"{name}.md").write_text(f"# {title}\n\n{header}\n\n" + frame.to_markdown(index=False) + "\n")
     return bench, memory
@@ -221,6 +227,8 @@ def test_kernel_table_falls_back_to_recorded_measurements(synthetic, tmp_path, p
     latency = table[table["section"] == "latency"].set_index("method")
     assert latency.loc["matched", "fwd_bwd_ms"] == 3.0 and set(latency["source"]) == {label}
     assert set(table[table["section"] == "memory"]["source"]) == {label}
+    profile = table[table["section"] == "profile"]
+    assert set(profile["source"]) == {label} and len(profile) == 6
     assert label in table[table["section"] == "status"]["status"].item()
     assert "no Hopper GPU" in table[table["section"] == "status"]["status"].item()
     claim = table[(table["section"] == "paper") & (table["metric"] == "fwd_bwd_ms_over_sdpa_cudnn_bf16_hd128")]

@@ -73,7 +73,7 @@ HOW = {
     "pip install tensorboard": "parse: pip exists; tests/models/train/test_train_display.py covers its absence (network)",
     "dm-sweep --out sweep.csv": "parse (the full sweep takes minutes on 2 cores; the pipeline runs it reduced)",
     "dm-sweep --spreads -1": "run: exit 2, one line naming --spreads, nothing written",
-    "python benchmarks/kernel_bench.py --out benchmarks/results --memory": "parse (Hopper GPU)",
+    "python benchmarks/kernel_bench.py --out benchmarks/results --memory --profile": "parse (Hopper GPU)",
     "benchmarks/train_bench.py h200": "fragment: the preset parses (Hopper GPU)",
     "tools/device/profile_step.py --pins": "fragment: the option parses (Hopper GPU)",
     "dm-model-info NAME": "run: NAME = tiny; parse: every size",
@@ -451,9 +451,9 @@ def _words(command: str) -> list[str]:
 def test_sweep_and_benchmarks_parse():
     args = parse("dm-sweep", _words("dm-sweep --out sweep.csv")[1:])
     assert args.out == "sweep.csv"
-    python, script, *argv = _words("python benchmarks/kernel_bench.py --out benchmarks/results --memory")
+    python, script, *argv = _words("python benchmarks/kernel_bench.py --out benchmarks/results --memory --profile")
     args = parse(script, argv)
-    assert args.out == "benchmarks/results" and args.memory is True
+    assert args.out == "benchmarks/results" and args.memory is True and args.profile is True
     script, *argv = _words("benchmarks/train_bench.py h200")  # a preset named in a sentence; --out is required
     assert parse(script, [*argv, "--out", "x.json"]).preset == "h200"
     script, *argv = _words("tools/device/profile_step.py --pins")  # an option named in a sentence

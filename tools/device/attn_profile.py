@@ -1,4 +1,5 @@
-"""Where one fwd+bwd of the FP8 attention spends its GPU time, kernel by kernel (``torch.profiler``, CUPTI).
+"""Where one fwd+bwd of the FP8 attention spends its GPU time, kernel by kernel (``torch.profiler``, CUPTI), under
+the switches of this call (``dm-kernel-bench --profile`` gives the same table for the report).
 
 ``python3 tools/device/attn_profile.py --out DIR [--methods matched_factored ...] [--seq-len 8192] [--iters 10]``
 prints, per method, a table of every kernel the step launches (Triton's, the CUDA library's, PyTorch's) with its
@@ -12,59 +13,23 @@ compare (kernels/NOTES.md). Times are CUPTI's kernel durations, summed: no launc
 import argparse
 import json
 import os
-import re
 import sys
 
 import pandas as pd
 import torch
-from torch.profiler import ProfilerActivity, profile
+
+from deltamatch.kernels.bench import kernel_profile, profile_step
 
 
-
-def short_name(name: str) -> str:
-    """A kernel's name without its template arguments and Triton's mangled suffix."""
-    name = re.sub(r"<.*", "", name)
-    name = re.sub(r"^void ", "", name)
-    return name[:70]
-
-
-def make_step(method: str, n: int, b: int = 4, h: int = 16, d: int = 128):
-    """One fwd+bwd of ``method`` (an FP8 mode, or a baseline of ``dm-kernel-bench``: ``sdpa_cudnn_bf16``,
-    ``fa4_cute_bf16``, ...) at (B, N, H, D), causal, on random inputs, warmed up (three steps run)."""
-    from deltamatch.kernels.bench import _attention
-
-    attend = _attention(method, True)
-    q, k, v, do = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_()
-
-    def step():
-        torch.autograd.grad(attend(q, k, v), (q, k, v), do)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    return step
+def make_step(method: str, n: int):
+    """One causal fwd+bwd of ``method`` (an FP8 mode, or a baseline of ``dm-kernel-bench``: ``sdpa_cudnn_bf16``,
+    ``fa4_cute_bf16``, ...) at B 4, N, H 16, D 128, warmed up (``bench.profile_step``)."""
+    return profile_step(method, n)
 
 
 def profile_method(method: str, n: int, iters: int) -> pd.DataFrame:
-    step = make_step(method, n)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA or e.device_time_total <= 0:
-            continue
-        name = short_name(e.name)
-        calls, us = rows.get(name, (0, 0.0))
-        rows[name] = (calls + 1, us + e.device_time_total)
-    df = pd.DataFrame([dict(kernel=k, calls_per_step=c / iters, ms_per_step=us / iters / 1e3)
-                       for k, (c, us) in rows.items()])
-    df = df.sort_values("ms_per_step", ascending=False).reset_index(drop=True)
-    df["share"] = df["ms_per_step"] / df["ms_per_step"].sum()
-    return df
+    """``bench.kernel_profile`` without its method column."""
+    return kernel_profile(method, n, iters).drop(columns="method")
 
 
 def main(argv=None) -> int:

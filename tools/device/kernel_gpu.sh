@@ -112,7 +112,9 @@ if has bench; then
     python3 -m deltamatch.kernels.bench --out "$OUT/bench" --head-dims 128 --seq-lens 4096 8192 16384 \
       --causal-only 2>&1 | grep -v "shapes:" | tee "$OUT/bench.log"
   else
-    python3 -m deltamatch.kernels.bench --out "$OUT/bench" --memory 2>&1 | grep -v "shapes:" | tee "$OUT/bench.log"
+    python3 -m deltamatch.kernels.bench --out "$OUT/bench" --memory --profile 2>&1 | grep -v "shapes:" \
+      | tee "$OUT/bench.log"
+    tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"  # six tables, one file back (the tool returns 8)
   fi
   stamp bench done
 fi

@@ -33,3 +33,7 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"
   echo "pip install -e . failed; using the PYTHONPATH shim" | tee -a "$OUT/install.log"
 fi
 python3 -c "import importlib.util, torch, triton; fla = importlib.util.find_spec('fla') and __import__('fla'); print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__ if fla else '(not carried)', torch.cuda.get_device_name())"
+# The machine's .git may predate the commit sent (the tree is copied, the history not always): every table written here
+# names DM_COMMIT where the command sets it (deltamatch/provenance.py), else that older HEAD.
+[[ -n ${DM_COMMIT:-} ]] || echo "DM_COMMIT unset: tables written here name this copy's git HEAD," \
+  "$(git rev-parse --short HEAD 2>/dev/null || echo unknown), which may predate the commit sent"
