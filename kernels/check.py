@@ -206,28 +206,16 @@ def quant_specs(head_dim: int) -> list[KernelSpec]:
                                   ("v", triton_quant.BLOCK_KV, False)):
         specs.append(KernelSpec("quant_pass", variant, triton_quant._quant_pass_kernel,
                                 {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"),
-                                 **_fp32("scale_ptr", "amax_ptr")}, 0,
+                                 "scale_ptr": "*fp32"}, 0,
                                 constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False,
                                                 STORE_MODE=triton_quant.STORE_MODE),
                                 options=dict(num_warps=triton_quant._warps(rows, head_dim))))
-    for variant, rows, centre in (("k_fold_amax", triton_quant.BLOCK_KV, True),
-                                  ("v_fold_amax", triton_quant.BLOCK_KV, False)):  # FOLD_AMAX_SWITCH's forms
-        specs.append(KernelSpec("quant_pass", variant, triton_quant._quant_pass_kernel,
-                                {"x_ptr": "*bf16", "mean_ptr": "*fp32", **_fp8("x8_ptr", "x8t_ptr"),
-                                 **_fp32("scale_ptr", "amax_ptr")}, 0,
-                                constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=rows, CENTRE=centre, ROUND_FP32=False,
-                                                STORE_MODE=triton_quant.STORE_MODE, STORES=triton_quant.LAYOUTS["token"],
-                                                FOLD_AMAX=True),
-                                options=dict(num_warps=triton_quant._warps(rows, head_dim))))
-    for mode, code in (("matched_fold_amax", 0), *triton_quant.DELTA_CODES.items()):  # the fold first: dO's forms
-        fold = mode.endswith("fold_amax")
+    for mode, code in triton_quant.DELTA_CODES.items():
         specs.append(KernelSpec("quant_do_delta_pass", f"do_{mode}", triton_quant._quant_do_delta_pass_kernel,
                                 {"do_ptr": "*bf16", "o_ptr": "*bf16", **_fp8("do8_ptr", "do8t_ptr"),
-                                 **_fp32("scale_ptr", "delta_ptr", "amax_ptr")}, 0,
+                                 **_fp32("scale_ptr", "delta_ptr")}, 0,
                                 constexprs=dict(HEAD_DIM=head_dim, BLOCK_ROWS=triton_quant.BLOCK_Q, DELTA=code,
-                                                ROUND_FP32=False, STORE_MODE=triton_quant.STORE_MODE,
-                                                **(dict(STORES=triton_quant.LAYOUTS["token"], FOLD_AMAX=True)
-                                                   if fold else {})),
+                                                ROUND_FP32=False, STORE_MODE=triton_quant.STORE_MODE),
                                 options=dict(num_warps=triton_quant._warps(triton_quant.BLOCK_Q, head_dim))))
     return specs
 

@@ -18,8 +18,7 @@ import torch
 from deltamatch.kernels.inputs import validate_attention_inputs
 from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected, k_fragment_order
 from deltamatch.kernels.triton_fwd import attention_forward, cuda_forward_variant, forward_config
-from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, FOLD_AMAX_SWITCH, ONE_READ_SWITCH, centring_stats,
-                                             env_switch,
+from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, ONE_READ_SWITCH, centring_stats, env_switch,
                                              quantize_block_and_channel, quantize_do_and_delta, quantize_operand,
                                              quantize_per_channel, token_mean)
 from deltamatch.methods import implemented_by
@@ -56,22 +55,13 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward
             v8, sv, v8t_c, sv_c = quantize_block_and_channel(v, BLOCK_KV, "v")
         else:
             k_mean = token_mean(k)
-            # with a backward to follow, K's and V's block passes can fold the amax of their per-channel copies
-            # (FOLD_AMAX_SWITCH: the same bits, three launches fewer a step with dO's)
-            fold = backward and bool(env_switch(FOLD_AMAX_SWITCH))
-            k_amax, v_amax = (torch.zeros(k.shape[0], k.shape[2], k.shape[3], device=k.device, dtype=torch.float32)
-                              for _ in range(2)) if fold else (None, None)
-            k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts="token",
-                                         amax_into=k_amax)
-            if fold:  # V̂ token-major for dP̂ first, its pass forming V̂ᶜ's amax
-                v8, _, sv = quantize_operand(v, BLOCK_KV, name="v", layouts="token", amax_into=v_amax)
+            k8, _, sk = quantize_operand(k, BLOCK_KV, centre=True, name="k", mean=k_mean, layouts="token")
             # the 128-key CUDA forward reads V̂ᶜ in its A fragments' key order (cuda_lib.fwd_wide)
-            _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel", fragment_order=bool(wide), amax=v_amax)
+            _, v8t_c, sv_c = quantize_per_channel(v, "v", layouts="channel", fragment_order=bool(wide))
             if backward:  # V̂ token-major for dP̂, K̂ᶜ for dQ: the backward's alone
-                if not fold:
-                    v8, _, sv = quantize_operand(v, BLOCK_KV, name="v", layouts="token")
+                v8, _, sv = quantize_operand(v, BLOCK_KV, name="v", layouts="token")
                 _, k8t_c, sk_c = quantize_per_channel(k, "k", mean=k_mean, layouts="channel",
-                                                      fragment_order=k_fragment, amax=k_amax)
+                                                      fragment_order=k_fragment)
         config = forward_config(q.shape[-1], factored=True)
         if wide:
             from deltamatch.kernels import cuda_lib
@@ -114,12 +104,9 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
         return attention_backward(saved, do8, None, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes,
                                   dtypes, ds_stats=ds_stats, factored=factored)
     layouts = "token" if mode == "matched_factored" else "both"  # its dV reads dÔ per channel (triton_bwd)
-    do_amax = None
-    if factored and env_switch(FOLD_AMAX_SWITCH):  # dÔᶜ's amax from dÔ's pass (the same bits, a launch fewer)
-        do_amax = torch.zeros(do.shape[0], do.shape[2], do.shape[3], device=do.device, dtype=torch.float32)
-    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts, amax_into=do_amax)
+    do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts)
     return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,
-                              ds_stats=ds_stats, factored=dict(factored, do=do, do_amax=do_amax) if factored else None)
+                              ds_stats=ds_stats, factored=dict(factored, do=do) if factored else None)
 
 
 class _TritonFP8Attention(torch.autograd.Function):

@@ -780,8 +780,7 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             elif cuda and not factored["do_fragment"]:
                 do8t_c = do8t_c[..., fragment_token_order(do8t_c.shape[-1], do8t_c.device)].contiguous()
         else:
-            _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", fragment_order=cuda,
-                                                   amax=factored.get("do_amax"))
+            _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", fragment_order=cuda)
         k8t = factored["k8t"]
         if not cuda and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # the forward ordered it for CUDA's dQ
             k8t = _natural_order(k8t)

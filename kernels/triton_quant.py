@@ -82,12 +82,6 @@ ONE_READ_SWITCH = "DELTAMATCH_KERNEL_ONE_READ"
 forms K's mean and centred amax with ``centring_stats``. Off by default: on the H200 (session 17, kernels/NOTES.md)
 these launches took 9.27 ms of kernel time a step against 9.04 for the passes they replace (the one-read pass
 0.14–0.24 ms against 0.07–0.08 for each of the two it replaces; the column sums, maxima and minima 0.13)."""
-FOLD_AMAX_SWITCH = "DELTAMATCH_KERNEL_FOLD_AMAX"
-"""``1``: matched_factored folds the per-channel amax of K (centred), V and dO into their block-scaled passes
-(``quantize_operand`` / ``quantize_do_and_delta`` with ``amax_into``), so that their per-channel passes skip their own
-amax launch: three launches and three reads of a bf16 operand fewer a step, the same bits (a max is exact and
-order-free). Opt-in until timed on the H200 (kernels/NOTES.md; the amax launches took 0.176 ms of the 8.06 ms step in
-session 23's profile, Q̂''s row-scaled one among them, which nothing else can form)."""
 
 
 def env_switch(name: str) -> bool | None:
@@ -209,32 +203,28 @@ def _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM: tl.constexpr):
 def _quant_pass_kernel(
     x_ptr, mean_ptr,  # x (B, N, H, D) any float dtype; mean (B, H, D) fp32 when CENTRE
     x8_ptr, x8t_ptr, scale_ptr,  # codes (B, H, N_pad, D), (B, H, D, N_pad); scales (B, H, N_pad / BLOCK_ROWS)
-    amax_ptr,  # (B, H, D) fp32 the block's per-channel max |x| folds into when FOLD_AMAX
     stride_xb, stride_xn, stride_xh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, CENTRE: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, FOLD_AMAX: tl.constexpr = False,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
     pid_r, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    x, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
+    _, codes, scale = _quant_block(x_ptr, mean_ptr, b, h, H, N, stride_xb, stride_xn, stride_xh, rows,
                                    HEAD_DIM, CENTRE, ROUND_FP32)
     _store_codes(x8_ptr, x8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
-    if FOLD_AMAX:  # x: the (centred) values, zero past N, as the per-channel pass forms them
-        _fold_channel_amax(amax_ptr, bh, x, HEAD_DIM)
 
 
 @triton.jit
 def _quant_do_delta_pass_kernel(
     do_ptr, o_ptr,  # dO (B, N, H, D) and O (B, N, H, D) bf16
     do8_ptr, do8t_ptr, scale_ptr, delta_ptr,  # codes, scales (B, H, N_pad / 128), δ (B, H, N_pad) fp32
-    amax_ptr,  # (B, H, D) fp32 the block's per-channel max |dO| folds into when FOLD_AMAX
     stride_db, stride_dn, stride_dh, stride_ob, stride_on, stride_oh,
     N, N_PAD, H,
     HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, DELTA: tl.constexpr, ROUND_FP32: tl.constexpr,
-    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3, FOLD_AMAX: tl.constexpr = False,
+    STORE_MODE: tl.constexpr, STORES: tl.constexpr = 3,
 ):
     """Quantise dO and, for DELTA == 1 (stale) or 2 (consistent), write δ_i = Σ_k dO_ik O_ik (resp. dÔ_ik)."""
     pid_r, bh = tl.program_id(0), tl.program_id(1)
@@ -244,8 +234,6 @@ def _quant_do_delta_pass_kernel(
                                     HEAD_DIM, False, ROUND_FP32)
     _store_codes(do8_ptr, do8t_ptr, codes, bh, pid_r, N_PAD, HEAD_DIM, BLOCK_ROWS, STORE_MODE, STORES)
     tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK_ROWS) + pid_r, scale)
-    if FOLD_AMAX:
-        _fold_channel_amax(amax_ptr, bh, do, HEAD_DIM)
     if DELTA != 0:
         offs_d = tl.arange(0, HEAD_DIM)
         o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -484,18 +472,13 @@ def _check_amax(amax: torch.Tensor | None, x: torch.Tensor, what: str) -> None:
 
 
 def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, name: str = "x",
-                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both",
-                     amax_into: torch.Tensor | None = None):
+                     mean: torch.Tensor | None = None, *, store_mode: int | None = None, layouts: str = "both"):
     """Codes ``(x8, x8t)`` and scales of a public-layout ``(B, N, H, D)`` tensor; ``centre`` subtracts the token mean
     (``mean``, when the caller has it already: ``token_mean(x)``).
 
     ``name`` is the operand's name in errors (``q``, ``k``, ``v``); ``store_mode`` overrides ``STORE_MODE`` (every
-    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out.
-    ``amax_into``: a contiguous FP32 (B, H, D) tensor, zero on entry, into which the pass folds the per-channel max
-    |x| of the (centred) values by atomic max: the amax ``quantize_per_channel(x, mean=mean)`` would form in a launch of
-    its own, bit for bit, to be passed to it as ``amax`` (``FOLD_AMAX_SWITCH``)."""
+    mode stores the same bits); ``layouts`` (a ``LAYOUTS`` key) the code layouts written, None for one left out."""
     _check_public(x, name)
-    _check_amax(amax_into, x, "amax_into")
     b, n, h, d = x.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
@@ -508,10 +491,9 @@ def quantize_operand(x: torch.Tensor, block_rows: int, centre: bool = False, nam
         mean = scales  # unused
     grid = (n_pad // block_rows, b * h)
     _quant_pass_kernel[grid](
-        x, mean, *_code_args(x8, x8t), scales, scales if amax_into is None else amax_into,  # scales: never read
-        x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
+        x, mean, *_code_args(x8, x8t), scales, x.stride(0), x.stride(1), x.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=block_rows, CENTRE=centre, ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode, layouts), FOLD_AMAX=amax_into is not None, num_warps=_warps(block_rows, d),
+        **store_flags(store_mode, layouts), num_warps=_warps(block_rows, d),
     )
     return x8, x8t, scales
 
@@ -666,13 +648,12 @@ DELTA_CODES = {"matched": 0, "stale": 1, "consistent": 2}
 
 
 def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store_mode: int | None = None,
-                          layouts: str = "both", amax_into: torch.Tensor | None = None):
+                          layouts: str = "both"):
     """dÔ codes, scales and (for ``stale``/``consistent``) δ (B, H, N_pad); δ is left unwritten for the methods whose
-    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode``, ``layouts`` and
-    ``amax_into`` (dO's per-channel amax, for dÔᶜ) as ``quantize_operand``'s."""
+    δ is matched's (``matched``, ``matched_factored``: the δ pass forms it). ``store_mode`` and ``layouts`` as
+    ``quantize_operand``'s."""
     _check_public(do, "do")
     _check_public(o, "o")
-    _check_amax(amax_into, do, "amax_into")
     b, n, h, d = do.shape
     n_pad = padded_len(n)
     layouts = stored_layouts(layouts)
@@ -680,9 +661,9 @@ def quantize_do_and_delta(do: torch.Tensor, o: torch.Tensor, mode: str, *, store
     scales = torch.empty((b, h, n_pad // BLOCK_Q), device=do.device, dtype=torch.float32)
     delta = torch.empty((b, h, n_pad), device=do.device, dtype=torch.float32)
     _quant_do_delta_pass_kernel[(n_pad // BLOCK_Q, b * h)](
-        do, o, *_code_args(do8, do8t), scales, delta, delta if amax_into is None else amax_into,  # δ: never read
+        do, o, *_code_args(do8, do8t), scales, delta,
         do.stride(0), do.stride(1), do.stride(2), o.stride(0), o.stride(1), o.stride(2), n, n_pad, h,
         HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, DELTA=DELTA_CODES[get_method(mode).delta], ROUND_FP32=round_fp32_in_kernels(),
-        **store_flags(store_mode, layouts), FOLD_AMAX=amax_into is not None, num_warps=_warps(BLOCK_Q, d),
+        **store_flags(store_mode, layouts), num_warps=_warps(BLOCK_Q, d),
     )
     return do8, do8t, scales, delta

@@ -52,11 +52,8 @@ def test_the_default_covers_both_masks_and_every_quant_variant():
             assert s.constexprs.get("TMA", False) == (launched_tma != s.variant.endswith(("-pointers", "-tma"))), s
     assert not any(s.variant.endswith(("-tma", "-pointers")) for s in check.kernel_specs(128))  # launched only
     assert {s.variant for s in check.attention_specs(64, True, load_variants=True)} == {"causal", "causal-tma"}
-    assert {v for n, v in variants if n == "quant_pass"} == {"q", "k", "v", "k_fold_amax", "v_fold_amax"}
-    assert {v for n, v in variants if n == "quant_do_delta_pass"} == {"do_matched", "do_stale", "do_consistent",
-                                                                      "do_matched_fold_amax"}
-    folds = [s for s in specs if s.variant.endswith("fold_amax")]  # DELTAMATCH_KERNEL_FOLD_AMAX's launches
-    assert len(folds) == 3 and all(s.constexprs["FOLD_AMAX"] and s.constexprs["STORES"] == 1 for s in folds)
+    assert {v for n, v in variants if n == "quant_pass"} == {"q", "k", "v"}
+    assert {v for n, v in variants if n == "quant_do_delta_pass"} == {"do_matched", "do_stale", "do_consistent"}
     for name in ("attn_fwd", "attn_bwd_delta_matched", "attn_bwd_dk", "attn_bwd_dv", "attn_bwd_dq"):  # matched_factored
         factored = [s for s in specs if (s.name, s.variant) == (name, "causal-factored")]
         assert len(factored) == 1 and factored[0].constexprs.get("FACTORED", name == "attn_bwd_delta_matched"), name

@@ -292,28 +292,6 @@ def test_every_verified_store_mode_stores_the_bits_of_the_pointer_stores(d, n):
                 assert same(out[j], pointers[j], j), (name, lay, j)
 
 
-@pytest.mark.parametrize("n, causal", [(1000, True), (8192, True), (1000, False)])
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_folded_amax_gives_the_defaults_bits(monkeypatch, d, n, causal):
-    """``DELTAMATCH_KERNEL_FOLD_AMAX=1`` (K's, V's and dO's per-channel amax folded into their block passes by atomic
-    max, in whatever order the blocks arrive): matched_factored's O, dQ, dK and dV the default's bits, GQA and ragged
-    N, on the hardware's atomics; and the folded amax exactly max |fl(x − mean)|."""
-    from deltamatch.kernels import triton_quant as tq
-
-    q, k, v, do = make(b=2, n=n, h=4, hk=2, d=d)
-    monkeypatch.delenv(tq.FOLD_AMAX_SWITCH, raising=False)
-    base = run(triton_fn(causal, "matched_factored"), q, k, v, do)
-    monkeypatch.setenv(tq.FOLD_AMAX_SWITCH, "1")
-    folded = run(triton_fn(causal, "matched_factored"), q, k, v, do)
-    for i, (a, b) in enumerate(zip(folded, base)):
-        assert torch.equal(a, b), ("o", "dq", "dk", "dv")[i]
-    mean = tq.token_mean(k)
-    amax = torch.zeros(2, 2, d, device="cuda")
-    tq.quantize_operand(k, tq.BLOCK_KV, centre=True, mean=mean, layouts="token", amax_into=amax)
-    centred = k.float().transpose(1, 2) - mean[:, :, None]
-    assert torch.equal(amax.view(torch.int32), centred.abs().amax(dim=2).view(torch.int32))
-
-
 @pytest.mark.parametrize("n", [1000, 8192])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_one_read_gives_both_factored_copies_of_the_two_passes(d, n):

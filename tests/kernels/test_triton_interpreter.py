@@ -142,7 +142,7 @@ def _factored_outliers(gen) -> list[dict]:
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_fwd import FACTORED_PAIRED_SWITCH, FACTORED_WIDE_SWITCH
-    from deltamatch.kernels.triton_quant import FOLD_AMAX_SWITCH, ONE_READ_SWITCH
+    from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
     rows = []
     for causal, n, h, h_kv, d in ((True, 130, 4, 2, 128), (False, 70, 2, 1, 64)):
@@ -159,9 +159,6 @@ def _factored_outliers(gen) -> list[dict]:
         os.environ[ONE_READ_SWITCH] = "1"  # K, V and dO's two copies from one read each, K's mean from its own pass
         outs["one_read"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
         del os.environ[ONE_READ_SWITCH]
-        os.environ[FOLD_AMAX_SWITCH] = "1"  # K's, V's and dO's per-channel amax folded into their block passes
-        outs["fold_amax"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
-        del os.environ[FOLD_AMAX_SWITCH]
         os.environ[FACTORED_PAIRED_SWITCH] = "1"  # the forward's unmasked key tiles two at a time
         outs["paired"] = [t.double() for t in _grads_of(outs_fn, q, k, v, do, torch.bfloat16)]
         del os.environ[FACTORED_PAIRED_SWITCH]
@@ -180,7 +177,6 @@ def _factored_outliers(gen) -> list[dict]:
             o_alone = triton_attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), causal,
                                        "matched_factored")
         row["o"]["no_grad_equal"] = torch.equal(o_alone.double(), outs["kernel"][0])
-        row["o"]["fold_amax_equal"] = all(torch.equal(a, b) for a, b in zip(outs["fold_amax"], outs["kernel"]))
         row["o"]["paired_differs"] = not torch.equal(outs["paired"][0], outs["kernel"][0])
         row["o"]["wide_differs"] = not torch.equal(outs["wide"][0], outs["kernel"][0])
         rows.append(row)
@@ -266,8 +262,6 @@ def test_factored_layout_matches_its_reference_simulation_with_outlier_channels(
     # and one wide tile; row block 1's diagonal a masked wide tile, as is every row block's at N = 70
     assert all(row["o"]["wide_differs"] for row in measured["factored"])
     assert all(row["o"]["no_grad_equal"] for row in measured["factored"])  # O without a backward to follow
-    # DELTAMATCH_KERNEL_FOLD_AMAX: O, dQ, dK and dV the default's bits
-    assert all(row["o"]["fold_amax_equal"] for row in measured["factored"])
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-causal{c[1]}-n{c[2]}" for c in CASES])
@@ -474,55 +468,6 @@ def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
 
 if __name__ == "__main__":
     child_main(_measure)
-
-
-def test_the_fold_switch_hands_each_block_pass_amax_to_its_per_channel_pass(monkeypatch):
-    """``DELTAMATCH_KERNEL_FOLD_AMAX=1``: K's and V's block passes fold an amax (``amax_into``) that their per-channel
-    passes then take (``amax``), V's block pass first; dO's pass folds one that reaches the backward beside dO; Q̂''s
-    row-scaled copy is not among them; without a backward to follow, nothing is folded. Stand-ins record the calls."""
-    from deltamatch.kernels import triton_attention as ta
-
-    calls = []
-
-    def operand(x, block, *, name, layouts, amax_into=None, **_):
-        calls.append(("block", name, amax_into))
-        return torch.zeros(1, dtype=torch.uint8), None, torch.ones(1)
-
-    def per_channel(x, name, *, layouts, amax=None, **_):
-        calls.append(("channel", name, amax))
-        return None, torch.zeros(1, dtype=torch.uint8), torch.ones(1)
-
-    def do_pass(do, o, mode, *, layouts, amax_into=None):
-        calls.append(("block", "do", amax_into))
-        return torch.zeros(1, dtype=torch.uint8), None, torch.ones(1), torch.zeros(1)
-
-    def backward(*args, factored=None, **_):
-        calls.append(("backward", factored["do_amax"]))
-        return None, None, None
-
-    for name, stand_in in (("quantize_operand", operand), ("quantize_per_channel", per_channel),
-                           ("token_mean", lambda k: torch.zeros(1)), ("cuda_forward_variant", lambda *a: None),
-                           ("attention_forward", lambda *a, **kw: (torch.zeros(a[6], dtype=a[7]), torch.zeros(1))),
-                           ("cuda_kernels_selected", lambda *a, **kw: False), ("k_fragment_order", lambda *a: False),
-                           ("quantize_do_and_delta", do_pass), ("attention_backward", backward)):
-        monkeypatch.setattr(ta, name, stand_in)
-    monkeypatch.delenv(ta.ONE_READ_SWITCH, raising=False)
-    monkeypatch.setenv(ta.FOLD_AMAX_SWITCH, "1")
-    q, k, v = (torch.randn(1, 64, 2, 128, dtype=torch.bfloat16) for _ in range(3))
-    o, saved, factored = ta.fp8_forward(q, k, v, True, "matched_factored", 128 ** -0.5, backward=True)
-    ta.fp8_backward(saved, factored, o, torch.randn_like(q), True, "matched_factored", 128 ** -0.5,
-                    (q.shape, k.shape), (q.dtype, q.dtype))
-    folded = {name: amax for kind, name, amax in (c for c in calls if c[0] == "block")}
-    assert folded["q"] is None and all(isinstance(folded[n], torch.Tensor) for n in ("k", "v", "do"))
-    taken = {name: amax for kind, name, amax in (c for c in calls if c[0] == "channel")}
-    assert taken["k"] is folded["k"] and taken["v"] is folded["v"]
-    assert calls.index(("block", "v", folded["v"])) < calls.index(("channel", "v", folded["v"]))
-    assert calls[-1] == ("backward", folded["do"])
-    assert folded["k"].shape == (1, 2, 128) and folded["k"].dtype == torch.float32 and not folded["k"].any()
-    calls[:] = []
-    with torch.no_grad():
-        ta.fp8_forward(q, k, v, True, "matched_factored", 128 ** -0.5, backward=False)
-    assert all(amax is None for *_, amax in calls), calls
 
 
 def test_a_forward_without_a_backward_skips_the_backwards_copies(monkeypatch):

@@ -105,43 +105,6 @@ def _measure() -> dict:
         del os.environ[STORE_UNUSED_SWITCH]
     out["block_and_channel"] = _block_and_channel(gen)
     out["fragment_order"] = _fragment_order(gen)
-    out["fold_amax"] = _fold_amax(gen)
-    return out
-
-
-FOLD_AMAX_CASES = [  # (name, dtype, b, n, h, d, block rows, centred, dO pass)
-    ("k centred", "bfloat16", 1, 70, 2, 128, 64, True, False),
-    ("v", "float16", 2, 130, 2, 64, 64, False, False),
-    ("dO", "bfloat16", 1, 200, 3, 64, 128, False, True),
-]
-
-
-def _fold_amax(gen) -> dict:
-    """The per-channel amax a block-scaled pass folds (``amax_into``: FOLD_AMAX_SWITCH) against PyTorch's max |fl(x −
-    mean)| over the tokens, the pass's own outputs against the pass without the fold, and the per-channel pass given
-    that amax against the one forming its own; the amax tensor a lower bound on entry (a NaN-poisoned one would fail)."""
-    from deltamatch.kernels.triton_quant import quantize_do_and_delta, quantize_operand, quantize_per_channel
-
-    out = {}
-    for name, dtype, b, n, h, d, rows, centred, do_pass in FOLD_AMAX_CASES:
-        x, _ = _case_input(dtype, b, n, h, d, False, False, gen)
-        mean = x.mean(dim=1, dtype=torch.float32) if centred else None
-        amax = torch.zeros(b, h, d)
-        if do_pass:
-            o = torch.randn(x.shape, generator=gen).to(x.dtype)
-            folded = quantize_do_and_delta(x, o, "matched_factored", layouts="token", amax_into=amax)[:3]
-            plain = quantize_do_and_delta(x, o, "matched_factored", layouts="token")[:3]
-        else:
-            folded = quantize_operand(x, rows, centre=centred, mean=mean, layouts="token", amax_into=amax)
-            plain = quantize_operand(x, rows, centre=centred, mean=mean, layouts="token")
-        inner = x.float().transpose(1, 2) - (mean[:, :, None] if centred else 0)
-        given = quantize_per_channel(x, "x", mean=mean, layouts="channel", amax=amax)
-        own = quantize_per_channel(x, "x", mean=mean, layouts="channel")
-        out[name] = dict(amax_exact=bool(torch.equal(_bits(amax), _bits(inner.abs().amax(dim=2)))),
-                         pass_unchanged=[a is None and c is None or bool(torch.equal(_bits(a), _bits(c)))
-                                         for a, c in zip(folded, plain)],
-                         per_channel_equal=[a is None and c is None or bool(torch.equal(_bits(a), _bits(c)))
-                                            for a, c in zip(given, own)])
     return out
 
 
@@ -263,25 +226,6 @@ def test_one_read_gives_both_factored_copies_bit_for_bit(measured, case):
     if case[7]:
         assert m["mean_close"] and m["amax_exact"], m
         assert m["own_amax"] == [True] * 4, m
-
-
-@pytest.mark.parametrize("case", FOLD_AMAX_CASES, ids=[c[0] for c in FOLD_AMAX_CASES])
-def test_a_block_pass_folds_the_per_channel_amax_bit_for_bit(measured, case):
-    """K's (centred), V's and dO's block-scaled passes with ``amax_into``: the folded amax is max over tokens of
-    |fl(x − mean)| exactly, the pass's codes and scales are those it writes without the fold, and the per-channel
-    pass given that amax writes the codes and scales it writes with its own amax launch (ragged N, 64- and 128-row
-    blocks)."""
-    m = measured["fold_amax"][case[0]]
-    assert m["amax_exact"], m
-    assert m["pass_unchanged"] == [True] * 3 and m["per_channel_equal"] == [True] * 3, m
-
-
-def test_the_fold_refuses_an_amax_of_the_wrong_shape():
-    from deltamatch.kernels.triton_quant import quantize_operand
-
-    x = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"amax_into must be a contiguous FP32 \(B, H, D\) = \(1, 2, 64\)"):
-        quantize_operand(x, 64, amax_into=torch.zeros(1, 2, 32))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

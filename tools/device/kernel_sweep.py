@@ -208,9 +208,9 @@ def _store_diagnostics(x, elems) -> dict:
 
     def q_pass(stores, mode=STORE_MODE, out=(x8, x8t, scales)):
         flags = store_flags(mode)  # sets Triton's allocator for the TMA modes, once, outside the timing
-        return lambda: _quant_pass_kernel[grid](x, scales, *out, amax, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q,
-                                                CENTRE=False, ROUND_FP32=round_fp32_in_kernels(),
-                                                **{**flags, "STORES": stores}, num_warps=_warps(BLOCK_Q, d))
+        return lambda: _quant_pass_kernel[grid](x, scales, *out, *shape, HEAD_DIM=d, BLOCK_ROWS=BLOCK_Q, CENTRE=False,
+                                                ROUND_FP32=round_fp32_in_kernels(), **{**flags, "STORES": stores},
+                                                num_warps=_warps(BLOCK_Q, d))
 
     def outputs(mode):  # each mode's codes and scales in buffers of its own, filled with 0xff (an E4M3 NaN) first
         out = (*code_buffers(x), torch.empty_like(scales))
@@ -336,13 +336,11 @@ def block_pass_rows(d=128, n=SEQ) -> list[dict]:
         for warps in (_warps(block_rows, d), *BLOCK_PASS_WARPS):
             if centre is None:
                 def run():
-                    _quant_do_delta_pass_kernel[grid](x, o, x8, x8, scales, scales, scales, *shape[:3], *shape[:3],
-                                                      *shape[3:],
+                    _quant_do_delta_pass_kernel[grid](x, o, x8, x8, scales, scales, *shape[:3], *shape[:3], *shape[3:],
                                                       BLOCK_ROWS=block_rows, DELTA=0, num_warps=warps, **flags)
             else:
                 def run():
-                    _quant_pass_kernel[grid](x, mean, x8, x8, scales, scales, *shape, BLOCK_ROWS=block_rows,
-                                             CENTRE=centre,
+                    _quant_pass_kernel[grid](x, mean, x8, x8, scales, *shape, BLOCK_ROWS=block_rows, CENTRE=centre,
                                              num_warps=warps, **flags)
             x8.view(torch.uint8).fill_(0xFF)
             timed = _bits_and_times((run,), (x8, scales), reference, f"block pass {name} {warps} warps")
