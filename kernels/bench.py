@@ -227,12 +227,30 @@ def fa4_unavailable() -> str | None:
     return None
 
 
-def _write(df: pd.DataFrame, path: str, header: str) -> None:
-    with atomic_path(path) as tmp:
-        if path.endswith(".csv"):
-            df.to_csv(tmp, index=False)
-        else:
-            tmp.write_text(header + "\n\n" + df.to_markdown(index=False, floatfmt=".3f") + "\n")
+def _write(df: pd.DataFrame, out_dir: str, stem: str, header: str) -> None:
+    """``stem``.csv and ``stem``.md (the table under ``header``) in ``out_dir``, each written whole or not at all."""
+    for ext in ("csv", "md"):
+        with atomic_path(os.path.join(out_dir, f"{stem}.{ext}")) as tmp:
+            if ext == "csv":
+                df.to_csv(tmp, index=False)
+            else:
+                tmp.write_text(header + "\n\n" + df.to_markdown(index=False, floatfmt=".3f") + "\n")
+
+
+def _each_method(methods: list[str], skipped: dict, measure: Callable, **where) -> pd.DataFrame:
+    """``measure(method)`` (a row as a dict, or a frame) of every method not ``skipped``, as one frame; a method that
+    cannot run here gives a row with ``where`` and its error, and the others go on."""
+    parts = []
+    for method in methods:
+        if method in skipped:
+            continue
+        try:
+            out = measure(method)
+        except Exception as exc:  # a baseline that cannot run this shape: record why, keep going
+            out = dict(method=method, **where, error=repr(exc)[:200])
+        parts.append(out if isinstance(out, pd.DataFrame) else pd.DataFrame([out]))
+        torch.cuda.empty_cache()
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def run(cfg: BenchConfig, out_dir: str) -> pd.DataFrame:
@@ -243,60 +261,37 @@ def run(cfg: BenchConfig, out_dir: str) -> pd.DataFrame:
     os.makedirs(out_dir, exist_ok=True)
     skipped = {m: r for m in cfg.methods if (r := _available(m)) is not None}
     cases = [(d, n, c) for d in cfg.head_dims for n in cfg.seq_lens for c in cfg.causal if c or d == 128]
-    header = (f"# Kernel benchmark\n\ndate {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, "
-              f"commit {commit()}, GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; "
-              f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention"
-              + "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items()))
-    rows, df = [], pd.DataFrame()
+    stamp = (f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, commit {commit()}, "
+             f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    not_run = "".join(f"\n\n{m} not run: {r}" for m, r in skipped.items())
+
+    def header(title: str, what: str) -> str:
+        return f"# {title}\n\n{stamp}; {what}{not_run}"
+
+    frames, df = [], pd.DataFrame()
     for d, n, causal in tqdm(cases, desc="shapes"):
         h = max(1, 2048 // d)
         b = max(1, cfg.batch_heads // h)
-        for method in cfg.methods:
-            if method in skipped:
-                continue
-            try:
-                rows.append(time_method(method, b, h, n, d, causal, cfg))
-            except Exception as exc:  # a baseline that cannot run this shape: record why, keep going
-                rows.append(dict(method=method, head_dim=d, seq_len=n, causal=causal, error=repr(exc)[:200]))
-            torch.cuda.empty_cache()
-        df = pd.DataFrame(rows)  # written after every shape: a run cut short keeps the shapes it timed
-        _write(df, os.path.join(out_dir, "kernel_bench.csv"), header)
-        _write(df, os.path.join(out_dir, "kernel_bench.md"), header)
+        frames.append(_each_method(cfg.methods, skipped, lambda m: time_method(m, b, h, n, d, causal, cfg),
+                                   head_dim=d, seq_len=n, causal=causal))
+        df = pd.concat(frames, ignore_index=True)  # written after every shape: a run cut short keeps the shapes timed
+        _write(df, out_dir, "kernel_bench",
+               header("Kernel benchmark", f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention "
+                                          "convention"))
     if cfg.memory:
-        mem = []
-        for n in cfg.memory_seq_lens:
-            for method in cfg.methods:
-                if method in skipped:
-                    continue
-                try:
-                    mem.append(peak_backward_memory(method, n))
-                except Exception as exc:
-                    mem.append(dict(method=method, seq_len=n, error=repr(exc)[:200]))
-                torch.cuda.empty_cache()
-        mem = pd.DataFrame(mem)
-        _write(mem, os.path.join(out_dir, "kernel_memory.csv"), header)
-        mem_header = header.replace("Kernel benchmark", "Backward memory").replace(
-            f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention",
-            "B = 1, H = 16, D = 128, causal, bf16 inputs; GiB allocated by the backward beyond what was live before it")
-        _write(mem, os.path.join(out_dir, "kernel_memory.md"), mem_header)
+        mem = [_each_method(cfg.methods, skipped, lambda m: peak_backward_memory(m, n), seq_len=n)
+               for n in cfg.memory_seq_lens]
+        mem = pd.concat(mem, ignore_index=True) if mem else pd.DataFrame()
+        _write(mem, out_dir, "kernel_memory",
+               header("Backward memory", "B = 1, H = 16, D = 128, causal, bf16 inputs; GiB allocated by the backward "
+                                         "beyond what was live before it"))
         print(mem.to_string(index=False, float_format="%.3f"))
     if cfg.profile:
-        parts = []
-        for method in cfg.methods:
-            if method in skipped:
-                continue
-            try:
-                parts.append(kernel_profile(method, cfg.profile_seq_len, cfg.profile_iters))
-            except Exception as exc:
-                parts.append(pd.DataFrame([dict(method=method, error=repr(exc)[:200])]))
-            torch.cuda.empty_cache()
-        prof = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-        _write(prof, os.path.join(out_dir, "kernel_profile.csv"), header)
-        prof_header = header.replace("Kernel benchmark", "Kernel time per step").replace(
-            f"B·H = {cfg.batch_heads}, bf16 inputs, TFLOP/s by the FlashAttention convention",
-            f"one causal fwd+bwd at B = 4, H = 16, D = 128, N = {cfg.profile_seq_len}, bf16 inputs; CUPTI kernel time "
-            f"per step, the mean of {cfg.profile_iters} steps")
-        _write(prof, os.path.join(out_dir, "kernel_profile.md"), prof_header)
+        prof = _each_method(cfg.methods, skipped, lambda m: kernel_profile(m, cfg.profile_seq_len, cfg.profile_iters))
+        _write(prof, out_dir, "kernel_profile",
+               header("Kernel time per step", f"one causal fwd+bwd at B = 4, H = 16, D = 128, N = "
+                                              f"{cfg.profile_seq_len}, bf16 inputs; CUPTI kernel time per step, the "
+                                              f"mean of {cfg.profile_iters} steps"))
         print(prof.to_string(index=False, float_format="%.3f"))
     return df
 

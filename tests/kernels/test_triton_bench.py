@@ -46,6 +46,43 @@ def test_the_profile_is_asked_for_by_flag_or_config_and_names_kernels_short(tmp_
     assert bench.kernel_name("_attn_fwd_kernel") == "_attn_fwd_kernel" and len(bench.kernel_name("k" * 99)) == 70
 
 
+def test_run_writes_every_table_and_records_a_method_that_cannot_run(tmp_path, monkeypatch):
+    """``run`` with its measurements stood in for (no GPU here): each table as CSV and as Markdown under its own
+    header (date, commit, GPU, torch, then what it measured, then the methods not run and why); a method that raises
+    keeps its row with the error, and the others go on."""
+    import pandas as pd
+
+    from deltamatch.reports.inputs import bench_provenance
+
+    def timed(method, b, h, n, d, causal, cfg):
+        if method == "matched" and n == 4096:
+            raise RuntimeError("out of memory")
+        return dict(method=method, head_dim=d, seq_len=n, batch=b, heads=h, causal=causal, fwd_bwd_ms=1.0)
+
+    for name, stand_in in (
+            ("time_method", timed),
+            ("peak_backward_memory", lambda m, n: dict(method=m, seq_len=n, peak_extra_backward_gib=0.5)),
+            ("kernel_profile", lambda m, n, iters: pd.DataFrame([dict(method=m, kernel=k, ms_per_step=ms)
+                                                                  for k, ms in (("fwd", 1.0), ("bwd", 2.0))])),
+            ("_available", lambda m: "not here" if m == "cudnn_fp8" else None)):
+        monkeypatch.setattr(bench, name, stand_in)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    cfg = bench.BenchConfig(head_dims=[128], seq_lens=[4096, 8192], causal=[True], memory=True, profile=True,
+                            memory_seq_lens=[16384], methods=["matched", "sdpa_cudnn_bf16", "cudnn_fp8"])
+    df = bench.run(cfg, str(tmp_path))
+    assert list(zip(df["method"], df["seq_len"])) == [("matched", 4096), ("sdpa_cudnn_bf16", 4096),
+                                                      ("matched", 8192), ("sdpa_cudnn_bf16", 8192)]
+    assert df["error"].notna().tolist() == [True, False, False, False] and "out of memory" in df["error"][0]
+    for stem, title, rows in (("kernel_bench", "Kernel benchmark", 4), ("kernel_memory", "Backward memory", 2),
+                              ("kernel_profile", "Kernel time per step", 4)):
+        assert len(pd.read_csv(tmp_path / f"{stem}.csv")) == rows, stem
+        text = (tmp_path / f"{stem}.md").read_text()
+        assert text.startswith(f"# {title}\n\ndate ") and "cudnn_fp8 not run: not here" in text, stem
+        assert bench_provenance(tmp_path / f"{stem}.md")["gpu"] == "NVIDIA H200", stem
+    assert "N = 8192" in (tmp_path / "kernel_profile.md").read_text()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_refuses_to_run_without_cuda(tmp_path):
     with pytest.raises(ValueError, match="CUDA"):

@@ -15,21 +15,9 @@ import json
 import os
 import sys
 
-import pandas as pd
 import torch
 
 from deltamatch.kernels.bench import kernel_profile, profile_step
-
-
-def make_step(method: str, n: int):
-    """One causal fwd+bwd of ``method`` (an FP8 mode, or a baseline of ``dm-kernel-bench``: ``sdpa_cudnn_bf16``,
-    ``fa4_cute_bf16``, ...) at B 4, N, H 16, D 128, warmed up (``bench.profile_step``)."""
-    return profile_step(method, n)
-
-
-def profile_method(method: str, n: int, iters: int) -> pd.DataFrame:
-    """``bench.kernel_profile`` without its method column."""
-    return kernel_profile(method, n, iters).drop(columns="method")
 
 
 def main(argv=None) -> int:
@@ -45,7 +33,7 @@ def main(argv=None) -> int:
         parser.error("--out is required (but with --once)")
     if args.once:
         for method in args.methods:
-            step = make_step(method, args.seq_len)
+            step = profile_step(method, args.seq_len)
             for _ in range(args.iters):
                 step()
         torch.cuda.synchronize()
@@ -54,7 +42,7 @@ def main(argv=None) -> int:
     switches = {k: v for k, v in os.environ.items() if k.startswith("DELTAMATCH_KERNEL_")}
     out, md = {}, []
     for method in args.methods:
-        df = profile_method(method, args.seq_len, args.iters)
+        df = kernel_profile(method, args.seq_len, args.iters).drop(columns="method")
         total = df["ms_per_step"].sum()
         out[method] = dict(total_ms=total, kernels=df.to_dict(orient="records"))
         md += [f"### {method}, N = {args.seq_len}, switches {switches or 'none'}: {total:.3f} ms of kernels per step",
