@@ -42,7 +42,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -81,6 +81,9 @@ SIGNATURES = {
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
     "dm_delta_wide": ((_P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
+    "dm_quant_stats": ((_P, _I, _P), _I),
+    "dm_quant_dual": ((_P, _I, _P), _I),
+    "dm_quant_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
 """The head dim the factored dV kernel is built for."""
@@ -189,6 +192,15 @@ class DeltaFactoredParams(ctypes.Structure):
                 ("b", _I), ("h", _I), ("h_kv", _I), ("n", _I), ("n_pad", _I), ("qk_scale", _F), ("causal", _I)]
 
 
+class QuantParams(ctypes.Structure):
+    """``dm::quant_passes::Params`` of ``kernels/cuda/quant_passes.cu``, field for field."""
+
+    _fields_ = [("x", _P), ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
+                *((name, _I) for name in ("b", "h", "n", "n_pad", "n_blocks", "block_rows", "centre", "fragment_order",
+                                          "in_fp16")),
+                *((name, _P) for name in ("part", "tickets", "mean", "scale_c", "x8", "sx", "x8t"))]
+
+
 def library_path() -> Path:
     return Path(os.environ.get(LIBRARY_ENV) or BUILD_DIR / LIBRARY)
 
@@ -211,7 +223,8 @@ def _open(path: str) -> tuple[ctypes.CDLL | None, str]:
                          ("dm_dkdv_factored_params_size", DkdvFactoredParams),
                          ("dm_dq_factored_params_size", DqFactoredParams),
                          ("dm_fwd_factored_params_size", FwdFactoredParams),
-                         ("dm_delta_factored_params_size", DeltaFactoredParams)):
+                         ("dm_delta_factored_params_size", DeltaFactoredParams),
+                         ("dm_quant_params_size", QuantParams)):
         if (size := getattr(lib, name)()) != ctypes.sizeof(mirror):
             return None, f"{path}: {mirror.__name__} is {size} bytes there, {ctypes.sizeof(mirror)} here"
     return lib, ""
@@ -666,3 +679,60 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
                                  float(qk_scale), int(causal))
     _call(_library(), entry, ctypes.byref(params), variants.index(variant), *_launch_args(delta))
     return delta, rs, irs
+
+
+QUANT_STATS_ROWS = 128
+"""Rows per CTA of ``dm_quant_stats`` (``kernels/cuda/quant_passes.cu``'s ``kStatsRows``)."""
+
+
+def quant_reason(x: torch.Tensor) -> str:
+    """Why ``quantize_block_and_channel`` cannot take ``x``, or ``""``: a CUDA (B, N, H, D) tensor of bf16 or fp16 at
+    D = 128 whose rows are 16-byte aligned (D contiguous, every stride a multiple of 8 elements)."""
+    if x.dim() != 4:
+        return f"x has {x.dim()} dims, expected (B, N, H, D)"
+    if x.device.type != "cuda":
+        return f"x is on {x.device}, expected a CUDA tensor"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return f"x is {x.dtype}, expected torch.bfloat16 or torch.float16"
+    if x.shape[-1] != DV_HEAD_DIM:
+        return f"head dim {x.shape[-1]}: the CUDA quantisation is built for D = {DV_HEAD_DIM} only"
+    if x.shape[1] == 0:
+        return "x has no tokens"
+    if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:3]) or x.data_ptr() % 16:
+        return f"x's rows are not 16-byte aligned (strides {tuple(x.stride())})"
+    return ""
+
+
+def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool = False,
+                               fragment_order: bool = False) -> tuple[torch.Tensor, ...]:
+    """Both of an operand's factored-layout copies from two reads of ``x`` (``kernels/cuda/quant_passes.cu``):
+    ``(x8, sx, x8t, sxc, mean)``. ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx``
+    (B, H, N_pad / block_rows) their scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in
+    ``triton_quant.fragment_token_order`` with ``fragment_order``) and ``sxc`` (B, H, D) their scales; ``centre``
+    subtracts the token mean ``mean`` (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are
+    the bits of ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean
+    is Σx / N folded in a fixed order (deterministic, not ``token_mean``'s bits). ``block_rows``: 64 (K, V) or 128
+    (dO)."""
+    if reason := quant_reason(x):
+        raise ValueError(reason)
+    if block_rows not in (64, 128):
+        raise ValueError(f"block_rows {block_rows}: expected 64 (K, V) or 128 (Q, dO)")
+    b, n, h, d = x.shape
+    n_pad = -(-n // 128) * 128
+    n_blocks = -(-n // QUANT_STATS_ROWS)
+    device = x.device
+    x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=device)
+    x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=device)
+    sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=device)
+    sxc = torch.empty((b, h, d), dtype=torch.float32, device=device)
+    mean = torch.empty((b, h, d), dtype=torch.float32, device=device) if centre else None
+    part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=device)
+    tickets = torch.zeros(b * h, dtype=torch.int32, device=device)
+    params = QuantParams(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), b, h, n, n_pad, n_blocks, block_rows,
+                         int(centre), int(fragment_order), int(x.dtype == torch.float16), part.data_ptr(),
+                         tickets.data_ptr(), mean.data_ptr() if centre else 0, sxc.data_ptr(), x8.data_ptr(),
+                         sx.data_ptr(), x8t.data_ptr())
+    lib = _library()
+    _call(lib, "dm_quant_stats", ctypes.byref(params), *_launch_args(x))
+    _call(lib, "dm_quant_dual", ctypes.byref(params), *_launch_args(x))
+    return x8, sx, x8t, sxc, mean

@@ -16,7 +16,8 @@ import math
 import torch
 
 from deltamatch.kernels.inputs import validate_attention_inputs
-from deltamatch.kernels.triton_bwd import attention_backward, cuda_kernels_selected, k_fragment_order
+from deltamatch.kernels.triton_bwd import (attention_backward, cuda_kernels_selected, cuda_quant_selected,
+                                          k_fragment_order)
 from deltamatch.kernels.triton_fwd import attention_forward, cuda_forward_variant, forward_config
 from deltamatch.kernels.triton_quant import (BLOCK_KV, BLOCK_Q, ONE_READ_SWITCH, centring_stats, env_switch,
                                              quantize_block_and_channel, quantize_do_and_delta, quantize_operand,
@@ -48,7 +49,13 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward
         # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
         q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts="token")
         k8t = v8t = None
-        if env_switch(ONE_READ_SWITCH):  # both copies of K and of V from one read each (slower on the H200)
+        if backward and cuda_quant_selected(k) and cuda_quant_selected(v):  # each copy pair from two reads
+            from deltamatch.kernels import cuda_lib
+
+            k8, sk, k8t_c, sk_c, _ = cuda_lib.quantize_block_and_channel(k, BLOCK_KV, centre=True,
+                                                                         fragment_order=k_fragment)
+            v8, sv, v8t_c, sv_c, _ = cuda_lib.quantize_block_and_channel(v, BLOCK_KV, fragment_order=bool(wide))
+        elif env_switch(ONE_READ_SWITCH):  # both copies of K and of V from one read each (slower on the H200)
             k_mean, k_amax = centring_stats(k)
             k8, sk, k8t_c, sk_c = quantize_block_and_channel(k, BLOCK_KV, "k", mean=k_mean, amax=k_amax,
                                                              fragment_order=k_fragment)
@@ -96,9 +103,15 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
     """Quantise dO (and form the stale / consistent δ), run the backward kernels: ``(dq, dk, dv)``. ``ds_stats``:
     the dS row-sum diagnostics of ``triton_bwd.attention_backward``."""
     do = do.contiguous()
-    if factored and env_switch(ONE_READ_SWITCH):  # dÔ block-scaled (dP) and per channel (dV) from one read
+    cuda_quant = factored is not None and cuda_quant_selected(do)
+    if factored and (cuda_quant or env_switch(ONE_READ_SWITCH)):  # dÔ block-scaled (dP) and per channel (dV)
         fragment = k_fragment_order(do.shape[-1], do.dtype)  # the order the CUDA dK/dV reads dÔᶜ in
-        do8, sdo, do8t_c, sdoc = quantize_block_and_channel(do, BLOCK_Q, "do", fragment_order=fragment)
+        if cuda_quant:
+            from deltamatch.kernels import cuda_lib
+
+            do8, sdo, do8t_c, sdoc, _ = cuda_lib.quantize_block_and_channel(do, BLOCK_Q, fragment_order=fragment)
+        else:
+            do8, sdo, do8t_c, sdoc = quantize_block_and_channel(do, BLOCK_Q, "do", fragment_order=fragment)
         delta = torch.empty(do8.shape[:3], device=do.device, dtype=torch.float32)  # the δ pass's
         factored = dict(factored, do8t=do8t_c, sdoc=sdoc, do_fragment=fragment)
         return attention_backward(saved, do8, None, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes,

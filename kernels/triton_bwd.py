@@ -596,6 +596,33 @@ def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool 
                         env_switch(CUDA_SWITCH) is not None or stats or not default_config)
 
 
+CUDA_QUANT_SWITCH = "DELTAMATCH_KERNEL_CUDA_QUANT"
+"""``matched_factored``'s K, V (forward) and dO (backward) quantised by the CUDA passes (``kernels/cuda/quant_passes.cu``:
+per-channel statistics, then both casts from a second read; ``cuda_lib.quantize_block_and_channel``) where Triton
+takes three or four launches each: ``1`` (an error where they cannot run), ``0`` Triton's launches. Unset:
+:data:`CUDA_QUANT_DEFAULT` where the library loads and takes the tensor (``cuda_lib.quant_reason``), a backward will
+follow, and ``DELTAMATCH_KERNEL_CUDA`` and ``DELTAMATCH_KERNEL_ONE_READ`` are unset. The codes and scales are
+Triton's bits given the same K mean; the mean is the CUDA fold's, not ``token_mean``'s."""
+CUDA_QUANT_DEFAULT = True
+"""Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset."""
+
+
+def cuda_quant_selected(x: torch.Tensor) -> bool:
+    """Whether ``matched_factored`` quantises ``x`` (K, V or dO) by the CUDA passes (:data:`CUDA_QUANT_SWITCH`)."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
+
+    switch = env_switch(CUDA_QUANT_SWITCH)
+    if switch is False or (switch is None and (not CUDA_QUANT_DEFAULT or env_switch(CUDA_SWITCH) is not None
+                                               or env_switch(ONE_READ_SWITCH))):
+        return False
+    _, reason = cuda_lib.load()
+    reason = reason or cuda_lib.quant_reason(x)
+    if reason and switch:
+        raise RuntimeError(f"{CUDA_QUANT_SWITCH}=1 but the CUDA quantisation cannot run: {reason}")
+    return not reason
+
+
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
     dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default

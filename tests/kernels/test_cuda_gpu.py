@@ -866,3 +866,69 @@ def test_factored_dv_runs_on_torchs_current_stream(dv_operands, variant):
                                    variant=variant)
     side.synchronize()
     assert torch.equal(got, expected)
+
+
+def _quant_input(b, n, h, dtype, seed):
+    """A (B, N, H, 128) view with the strides of a packed projection (the middle third of 3H heads), an outlier
+    channel, an offset channel (what K's centring removes) and an all-zero channel (scale 1)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn((b, n, 3 * h, 128), device="cuda", generator=gen)
+    x[..., 5] *= 40
+    x[..., 7] += 3
+    x[..., 9] = 0
+    return x.to(dtype)[:, :, h:2 * h]
+
+
+# one token, a ragged scale block (130), ragged statistics blocks (1000), the 8K reference length
+@pytest.mark.parametrize("n", [1, 130, 1000, 8192])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
+    """``cuda_lib.quantize_block_and_channel`` (kernels/cuda/quant_passes.cu) against the two Triton passes it replaces
+    in matched_factored's default step, given its K mean: the block-scaled token-major codes and scales of
+    ``quantize_operand`` and the per-channel channel-major codes and scales of ``quantize_per_channel``, bit for bit,
+    in natural and fragment token order, 64- and 128-row blocks, centred or not; the mean within FP32 summation order
+    of PyTorch's, and every output the same bits on a second run."""
+    from deltamatch.kernels import triton_quant as tq
+
+    bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
+    x = _quant_input(2, n, 3, dtype, seed=n)
+    for rows, centre in ((64, True), (64, False), (128, False)):
+        for fragment in (False, True):
+            ours = cuda_lib.quantize_block_and_channel(x, rows, centre=centre, fragment_order=fragment)
+            again = cuda_lib.quantize_block_and_channel(x, rows, centre=centre, fragment_order=fragment)
+            mean = ours[4]
+            x8, _, sx = tq.quantize_operand(x, rows, centre=centre, mean=mean, layouts="token")
+            _, x8t, sxc = tq.quantize_per_channel(x, "x", mean=mean, layouts="channel", fragment_order=fragment)
+            for i, want in enumerate((x8, sx, x8t, sxc)):
+                assert torch.equal(bits(ours[i]), bits(want)), (rows, centre, fragment, i)
+                assert torch.equal(bits(ours[i]), bits(again[i])), (rows, centre, fragment, i)
+            if centre:
+                assert torch.equal(bits(mean), bits(again[4]))
+                assert torch.allclose(mean, x.mean(dim=1, dtype=torch.float32), rtol=1e-5, atol=1e-6)
+            else:
+                assert mean is None
+
+
+@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
+def test_cuda_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
+    """matched_factored with K, V and dO quantised by the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QUANT=1``: three calls
+    a step) against the reference simulation and FP64, as the other CUDA kernels are held; ``0`` runs none."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_QUANT_SWITCH
+
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=17)
+    calls = []
+    quantize = cuda_lib.quantize_block_and_channel
+    monkeypatch.setattr(cuda_lib, "quantize_block_and_channel",
+                        lambda *a, **kw: calls.append(kw) or quantize(*a, **kw))
+    monkeypatch.setenv(CUDA_QUANT_SWITCH, "1")
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    assert [c.get("centre", False) for c in calls] == [True, False, False]  # K, V, then dO
+    monkeypatch.setenv(CUDA_QUANT_SWITCH, "0")
+    triton_passes = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    assert len(calls) == 3
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    assert_near_reference(ours, ref, exact)
+    assert_near_reference(triton_passes, ref, exact)

@@ -503,3 +503,53 @@ def test_a_forward_without_a_backward_skips_the_backwards_copies(monkeypatch):
     backward_copies = [("block", "v", "token"), ("channel", "k", "channel")]
     assert all(c in calls for c in backward_copies) and not any(c in alone for c in backward_copies), (calls, alone)
     assert [c for c in calls if c not in backward_copies] == alone  # the forward's own launches, in its order
+
+
+def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_QUANT`` unset: matched_factored's K, V and dO through the CUDA passes wherever the
+    library loads and takes the tensor (not here: no GPU, so Triton's); ``DELTAMATCH_KERNEL_CUDA`` or the one-read
+    switch set keep Triton's; asked for where it cannot run, an error that names the switch and the reason — and
+    ``cuda_lib.quantize_block_and_channel`` itself refuses what it is not built for before it needs a GPU."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_bwd import CUDA_QUANT_SWITCH, CUDA_SWITCH, cuda_quant_selected
+    from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
+
+    for name in (CUDA_SWITCH, CUDA_QUANT_SWITCH, ONE_READ_SWITCH):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    k = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    assert not cuda_quant_selected(k)
+    monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
+    assert not cuda_quant_selected(k)  # a CPU tensor
+    monkeypatch.setattr(cuda_lib, "quant_reason", lambda x: "")  # as if k were a CUDA tensor
+    assert cuda_quant_selected(k)
+    for name in (CUDA_SWITCH, ONE_READ_SWITCH):
+        monkeypatch.setenv(name, "1")
+        assert not cuda_quant_selected(k), name
+        monkeypatch.setenv(CUDA_QUANT_SWITCH, "1")
+        assert cuda_quant_selected(k), name
+        monkeypatch.delenv(CUDA_QUANT_SWITCH)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(CUDA_QUANT_SWITCH, "0")
+    assert not cuda_quant_selected(k)
+    monkeypatch.setenv(CUDA_QUANT_SWITCH, "2")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_CUDA_QUANT='2'"):
+        cuda_quant_selected(k)
+    monkeypatch.undo()
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    monkeypatch.setenv(CUDA_QUANT_SWITCH, "1")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_QUANT=1 but the CUDA quantisation cannot run: "
+                                           ".*missing"):
+        cuda_quant_selected(k)
+    # the wrapper's checks, each naming the problem
+    assert cuda_lib.quant_reason(k) == "x is on cpu, expected a CUDA tensor"
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))  # CUDA-like tensors
+    assert cuda_lib.quant_reason(k) == ""
+    for x, why in ((k[0], "x has 3 dims"), (k.float(), "torch.float32"), (k[..., :64], "head dim 64"),
+                   (k[:, :0], "no tokens")):
+        assert why in cuda_lib.quant_reason(x), (why, cuda_lib.quant_reason(x))
+    odd = torch.empty(1, 64, 2, 132, dtype=torch.bfloat16)[..., 2:130]  # rows 4 bytes off a 16-byte boundary
+    with pytest.raises(ValueError, match="rows are not 16-byte aligned"):
+        cuda_lib.quantize_block_and_channel(odd, 64)
+    with pytest.raises(ValueError, match="block_rows 32"):
+        cuda_lib.quantize_block_and_channel(torch.randn(1, 64, 6, 128, dtype=torch.bfloat16)[:, :, :2], 32)

@@ -1,0 +1,367 @@
+// matched_factored's quantisation of K, V and dO at D = 128: both copies of an operand from two reads of it, where
+// Triton's launches take three or four (kernels/NOTES.md, "quantisation from fewer reads": Triton's one-read program
+// lost to its own layout conversions, so this is the CUDA form that row asked for).
+//
+//   dm_quant_stats: one CTA per 128 rows of a (batch, head) reads x once and writes per-channel partials plainly
+//     (centred: Σx, max x, min x; else max |x|); the last CTA of the (batch, head) to finish (a ticket per (batch,
+//     head)) folds them in block order, so the result is deterministic: mean = Σx / N and the per-channel scale
+//     s_c = amax / 448 (1 where amax = 0), amax = max(fl(max x − mean), fl(mean − min x)) centred — which is
+//     max |fl(x − mean)| bit for bit: x ↦ fl(x − mean) does not decrease and negation is exact — else max |x|.
+//   dm_quant_dual: one CTA per scale block (64 rows for K and V, 128 for dO) reads x again and writes both casts:
+//     token-major codes with the block's own scale (triton_quant._quant_pass_kernel's arithmetic: s = amax / 448,
+//     code = e4m3(div.rn(x, s)) saturating) and channel-major codes with the channels' scales
+//     (_per_channel_quant_pass_kernel's), the latter through shared memory, optionally in fragment_token_order.
+//
+// Thread layout (both kernels, 256 threads): warp w holds channel chunks 4·(w % 4) .. +3 (8 channels = 16 bytes of
+// BF16 each) of rows 8·(w / 4) .. +7 of a 16-row slab; lane l holds chunk 4·(w % 4) + l % 4 of row l / 4. A warp's
+// load is 8 rows × 64 contiguous bytes. In the dual pass a lane's 8 channel codes go to shared memory as bytes at
+// [channel][token], the token's 16-byte chunk XORed with the lane's l % 4: the warp's 32 byte stores then touch 8
+// (natural order) or 16 (fragment order) distinct words in distinct banks, and the read-back of 16-token runs is
+// conflict-free too (kernels/NOTES.md, the Versions row of this change, has the count).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quant.cuh"
+
+namespace dm::quant_passes {
+
+constexpr int kHeadDim = 128;
+constexpr int kThreads = 256;
+constexpr int kStatsRows = 128;  // rows per dm_quant_stats CTA
+
+struct Params {
+  const void* x;  // (B, N, H, D) bf16 or fp16, D contiguous, rows 16-byte aligned
+  int64_t stride_b, stride_n, stride_h;  // elements
+  int b, h, n, n_pad, n_blocks;          // n_blocks: dm_quant_stats's CTAs per (batch, head)
+  int block_rows, centre, fragment_order, in_fp16;
+  float* part;      // (B·H, n_blocks, 3, D) partials
+  int* tickets;     // (B·H), zero on entry to dm_quant_stats
+  float* mean;      // (B, H, D), centre only
+  float* scale_c;   // (B, H, D) per-channel scales
+  uint8_t* x8;      // (B, H, N_pad, D) block-scaled codes
+  float* sx;        // (B, H, N_pad / block_rows) their scales
+  uint8_t* x8t;     // (B, H, D, N_pad) per-channel codes
+};
+
+struct Lane {
+  int chunk;         // 16-byte chunk of the row (8 channels)
+  int row_in_slab;   // 0..15
+  int swizzle;       // lane % 4: the XOR of the shared-memory chunk index in the dual pass
+};
+
+__device__ __forceinline__ Lane lane_of(int t) {
+  const int warp = t / 32, lane = t % 32;
+  return Lane{4 * (warp % 4) + lane % 4, 8 * (warp / 4) + lane / 4, lane % 4};
+}
+
+// A thread's view of x: its (batch, head)'s row 0 at its chunk.
+__device__ __forceinline__ const uint16_t* row_base(const Params& p, int bh, int chunk) {
+  const int b = bh / p.h, h = bh - b * p.h;
+  return static_cast<const uint16_t*>(p.x) + b * p.stride_b + h * p.stride_h + 8 * chunk;
+}
+
+// Eight elements of row `row` in FP32 (FP16: the input is half precision, else BF16). A row >= n reads row 0 instead,
+// so that a thread's loads issue back to back without a branch; ZERO then makes its values 0 (the casts), else they
+// stay row 0's (the statistics, where a repeated row changes no maximum or minimum).
+template <bool FP16, bool ZERO>
+__device__ __forceinline__ void load8(const Params& p, const uint16_t* base, int row, float (&v)[8]) {
+  const bool inside = row < p.n;
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + int64_t(inside ? row : 0) * p.stride_n));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (FP16) {
+      v[2 * i] = __half2float(__ushort_as_half(uint16_t(words[i] & 0xFFFF)));
+      v[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(words[i] >> 16)));
+    } else {
+      v[2 * i] = __uint_as_float(words[i] << 16);
+      v[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+    }
+    if (ZERO && !inside) v[2 * i] = v[2 * i + 1] = 0.0f;
+  }
+}
+
+__device__ __forceinline__ float infinity() { return __int_as_float(0x7F800000); }
+
+__device__ __forceinline__ float scale_from_amax(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
+
+// Per-channel partials of one 128-row block, then (last CTA of the (batch, head)) their fold in block order.
+template <bool FP16, bool CENTRE>
+__device__ __forceinline__ void stats_block(const Params& p) {
+  __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
+  __shared__ int last;
+  const int t = threadIdx.x;
+  const Lane ln = lane_of(t);
+  const int64_t bh = blockIdx.y;
+  const int blk = blockIdx.x, row0 = blk * kStatsRows;
+  const uint16_t* base = row_base(p, int(bh), ln.chunk);
+  float sum[8], hi[8], lo[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum[i] = 0.0f, hi[i] = CENTRE ? -infinity() : 0.0f, lo[i] = infinity();
+#pragma unroll
+  for (int s = 0; s < kStatsRows / 16; ++s) {
+    const int row = row0 + 16 * s + ln.row_in_slab;
+    float v[8];
+    load8<FP16, false>(p, base, row, v);  // a row >= n repeats row 0: no maximum or minimum moves, the sum skips it
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (CENTRE) {
+        sum[i] = __fadd_rn(sum[i], row < p.n ? v[i] : 0.0f);
+        hi[i] = fmaxf(hi[i], v[i]);
+        lo[i] = fminf(lo[i], v[i]);
+      } else {
+        hi[i] = fmaxf(hi[i], fabsf(v[i]));
+      }
+    }
+  }
+  // the 8 rows of a warp's row group: lanes l, l ^ 4, l ^ 8, l ^ 16 hold the same channels
+#pragma unroll
+  for (int m = 4; m < 32; m *= 2) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      hi[i] = fmaxf(hi[i], __shfl_xor_sync(0xFFFFFFFFu, hi[i], m));
+      if (CENTRE) {
+        sum[i] = __fadd_rn(sum[i], __shfl_xor_sync(0xFFFFFFFFu, sum[i], m));
+        lo[i] = fminf(lo[i], __shfl_xor_sync(0xFFFFFFFFu, lo[i], m));
+      }
+    }
+  }
+  if (t % 32 < 4) {
+    const int group = (t / 32) / 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      partial[group][0][8 * ln.chunk + i] = sum[i];
+      partial[group][1][8 * ln.chunk + i] = hi[i];
+      partial[group][2][8 * ln.chunk + i] = lo[i];
+    }
+  }
+  __syncthreads();
+  float* part = p.part + (bh * p.n_blocks + blk) * 3 * kHeadDim;
+  if (t < kHeadDim) {
+    part[t] = __fadd_rn(partial[0][0][t], partial[1][0][t]);
+    part[kHeadDim + t] = fmaxf(partial[0][1][t], partial[1][1][t]);
+    part[2 * kHeadDim + t] = fminf(partial[0][2][t], partial[1][2][t]);
+  }
+  // the last CTA of this (batch, head) folds: its partials are visible to it once every CTA's release has happened
+  __threadfence();
+  __syncthreads();
+  if (t == 0) last = atomicAdd(p.tickets + bh, 1) == p.n_blocks - 1;
+  __syncthreads();
+  if (!last || t >= kHeadDim) return;
+  __threadfence();
+  const float* parts = p.part + bh * p.n_blocks * 3 * kHeadDim;
+  float total = 0.0f, top = CENTRE ? -infinity() : 0.0f, bottom = infinity();
+  for (int k = 0; k < p.n_blocks; ++k) {  // block order: the mean's bits do not depend on which CTA ran last
+    const float* q = parts + k * 3 * kHeadDim;
+    total = __fadd_rn(total, __ldcg(q + t));
+    top = fmaxf(top, __ldcg(q + kHeadDim + t));
+    bottom = fminf(bottom, __ldcg(q + 2 * kHeadDim + t));
+  }
+  float amax = top;
+  if (CENTRE) {
+    const float mean = __fdiv_rn(total, float(p.n));
+    p.mean[bh * kHeadDim + t] = mean;
+    amax = fmaxf(__fsub_rn(top, mean), __fsub_rn(mean, bottom));
+  }
+  p.scale_c[bh * kHeadDim + t] = scale_from_amax(amax);
+}
+
+// Position of local token t (0..15 within its 16-group) in fragment_token_order: position 4q + j holds token
+// 2q + (j & 1) + 8 (j >> 1), so token t sits at 4 ((t >> 1) & 3) + 2 (t >> 3) + (t & 1).
+__device__ __forceinline__ int fragment_position(int t) { return 4 * ((t >> 1) & 3) + 2 * (t >> 3) + (t & 1); }
+
+// RN(a / b) for many a and one b > 0, div.rn's bits in three instructions a quotient: y = rcp.approx(b) refined once,
+// q = RN(a·y), t = RN(q·b − a) = −(a − q·b) (exact), q' = RN(q − y·t) — the fast path div.rn's own SASS takes
+// (MUFU.RCP, five FFMA) wherever its FCHK lets it, which it does for b in [2^-60, 2^60] and normal a with
+// |a / b| <= 448, the only quotients here (b = amax / 448 >= |a| / 448). The remainder is formed negated so that
+// a = −0 gives −0 (q = −0, t = +0, q' = −0 − (+0)); div.rn's fast path, which forms a − q·b, would give +0 and leaves
+// zeros to its slow path. Where |a / b| < 2^-11 the last bit may go to underflow, but every such value casts to a zero
+// code of a's sign (E4M3's smallest step is 2^-9). A scale outside the range takes __fdiv_rn (FAST = false).
+struct Divisor {
+  float b, y;
+};
+
+__device__ __forceinline__ bool in_fast_range(float b) { return b >= 0x1p-60f && b <= 0x1p60f; }
+
+__device__ __forceinline__ Divisor divisor(float b) {
+  float y0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y0) : "f"(b));
+  return Divisor{b, __fmaf_rn(y0, __fmaf_rn(y0, -b, 1.0f), y0)};
+}
+
+template <bool FAST>
+__device__ __forceinline__ float quotient(float a, const Divisor& d) {
+  if (!FAST) return __fdiv_rn(a, d.b);
+  const float q = __fmul_rn(a, d.y);
+  return __fmaf_rn(-d.y, __fmaf_rn(q, d.b, -a), q);
+}
+
+// The two casts of a thread's values: token-major codes to global memory (8 bytes a row), channel-major codes to the
+// shared tile (a byte each, at the swizzled position of the header).
+template <int ROWS, bool FRAGMENT, bool FAST>
+__device__ __forceinline__ void cast_block(const Params& p, const Lane& ln, int64_t bh, int row0,
+                                           const float (&x)[ROWS / 16][8], const Divisor& block,
+                                           const Divisor (&channel)[8], uint8_t* tile) {
+#pragma unroll
+  for (int s = 0; s < ROWS / 16; ++s) {
+    const int local = 16 * s + ln.row_in_slab, row = row0 + local;
+    uint32_t packed[2];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      packed[w] = cvt_e4m3x4(quotient<FAST>(x[s][4 * w], block), quotient<FAST>(x[s][4 * w + 1], block),
+                             quotient<FAST>(x[s][4 * w + 2], block), quotient<FAST>(x[s][4 * w + 3], block));
+    }
+    *reinterpret_cast<uint2*>(p.x8 + (bh * p.n_pad + row) * kHeadDim + 8 * ln.chunk) = make_uint2(packed[0], packed[1]);
+    const int pos = FRAGMENT ? 16 * s + fragment_position(ln.row_in_slab) : local;
+    const int run = (pos >> 4) ^ ln.swizzle;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint16_t pair = cvt_e4m3x2(quotient<FAST>(x[s][2 * w], channel[2 * w]),
+                                       quotient<FAST>(x[s][2 * w + 1], channel[2 * w + 1]));
+      const int ch = 8 * ln.chunk + 2 * w;
+      tile[ch * ROWS + 16 * run + (pos & 15)] = uint8_t(pair & 0xFF);
+      tile[(ch + 1) * ROWS + 16 * run + (pos & 15)] = uint8_t(pair >> 8);
+    }
+  }
+}
+
+// A thread's rows of one scale block in FP32, centred (K), and their max |x|; TAIL (the block that holds row n − 1 and
+// padding): rows >= n are zero.
+template <int ROWS, bool FP16, bool CENTRE, bool TAIL>
+__device__ __forceinline__ float load_block(const Params& p, const uint16_t* base, int row0, const Lane& ln,
+                                            const float (&mean)[8], float (&x)[ROWS / 16][8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int s = 0; s < ROWS / 16; ++s) {
+    const int row = row0 + 16 * s + ln.row_in_slab;
+    load8<FP16, TAIL>(p, base, row, x[s]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (CENTRE) x[s][i] = TAIL && row >= p.n ? 0.0f : __fsub_rn(x[s][i], mean[i]);
+      amax = fmaxf(amax, fabsf(x[s][i]));
+    }
+  }
+  return amax;
+}
+
+// One scale block: both casts of ROWS rows.
+template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT>
+__device__ __forceinline__ void dual_block(const Params& p) {
+  constexpr int kSlabs = ROWS / 16, kRuns = ROWS / 16;  // 16-row slabs; 16-token runs per channel
+  __shared__ __align__(16) uint8_t tile[kHeadDim * ROWS];  // channel-major codes, chunk index swizzled
+  __shared__ float warp_max[kThreads / 32];
+  const int t = threadIdx.x;
+  const Lane ln = lane_of(t);
+  const int64_t bh = blockIdx.y;
+  const int row0 = blockIdx.x * ROWS;
+  const uint16_t* base = row_base(p, int(bh), ln.chunk);
+  float x[kSlabs][8];
+  float mean[8], sc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
+    sc[i] = p.scale_c[bh * kHeadDim + 8 * ln.chunk + i];
+  }
+  float amax = row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false>(p, base, row0, ln, mean, x)
+                                   : load_block<ROWS, FP16, CENTRE, true>(p, base, row0, ln, mean, x);
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  if (t % 32 == 0) warp_max[t / 32] = amax;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);  // max is exact in any order
+  const float sb = scale_from_amax(amax);
+  if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blockIdx.x] = sb;
+  Divisor channel[8];
+  bool fast = in_fast_range(sb);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) channel[i] = divisor(sc[i]), fast = fast && in_fast_range(sc[i]);
+  if (fast) {  // every scale of this thread in range (all but absurd inputs): three instructions a quotient
+    cast_block<ROWS, FRAGMENT, true>(p, ln, bh, row0, x, divisor(sb), channel, tile);
+  } else {
+    cast_block<ROWS, FRAGMENT, false>(p, ln, bh, row0, x, divisor(sb), channel, tile);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kHeadDim * kRuns / kThreads; ++k) {
+    const int idx = t + k * kThreads, ch = idx / kRuns, run = idx % kRuns;
+    const int stored = run ^ ((ch >> 3) & 3);  // the writer's swizzle: its chunk (ch / 8) % 4 is its lane % 4
+    const uint4 codes = *reinterpret_cast<const uint4*>(tile + ch * ROWS + 16 * stored);
+    *reinterpret_cast<uint4*>(p.x8t + (bh * kHeadDim + ch) * p.n_pad + row0 + 16 * run) = codes;
+  }
+}
+
+}  // namespace dm::quant_passes
+
+#define DM_QUANT_STATS_KERNEL(NAME, FP16, CENTRE)                                                            \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads) NAME(const dm::quant_passes::Params p) { \
+    dm::quant_passes::stats_block<FP16, CENTRE>(p);                                                            \
+  }
+DM_QUANT_STATS_KERNEL(dm_quant_stats_centred_bf16, false, true)
+DM_QUANT_STATS_KERNEL(dm_quant_stats_absmax_bf16, false, false)
+DM_QUANT_STATS_KERNEL(dm_quant_stats_centred_fp16, true, true)
+DM_QUANT_STATS_KERNEL(dm_quant_stats_absmax_fp16, true, false)
+#undef DM_QUANT_STATS_KERNEL
+
+#define DM_QUANT_DUAL_KERNEL(ROWS, CENTRED, ORDER, DTYPE, FP16, CENTRE, FRAGMENT)                              \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
+      dm_quant_dual_##ROWS##CENTRED##_##ORDER##_##DTYPE(const dm::quant_passes::Params p) {                  \
+    dm::quant_passes::dual_block<ROWS, FP16, CENTRE, FRAGMENT>(p);                                           \
+  }
+#define DM_QUANT_DUAL_ORDERS(ROWS, CENTRED, DTYPE, FP16, CENTRE)                                               \
+  DM_QUANT_DUAL_KERNEL(ROWS, CENTRED, natural, DTYPE, FP16, CENTRE, false)                                     \
+  DM_QUANT_DUAL_KERNEL(ROWS, CENTRED, fragment, DTYPE, FP16, CENTRE, true)
+#define DM_QUANT_DUAL_FORMS(DTYPE, FP16)                                                                       \
+  DM_QUANT_DUAL_ORDERS(64, , DTYPE, FP16, false)                                                               \
+  DM_QUANT_DUAL_ORDERS(64, _centred, DTYPE, FP16, true)                                                        \
+  DM_QUANT_DUAL_ORDERS(128, , DTYPE, FP16, false)                                                              \
+  DM_QUANT_DUAL_ORDERS(128, _centred, DTYPE, FP16, true)
+DM_QUANT_DUAL_FORMS(bf16, false)
+DM_QUANT_DUAL_FORMS(fp16, true)
+#undef DM_QUANT_DUAL_FORMS
+#undef DM_QUANT_DUAL_ORDERS
+#undef DM_QUANT_DUAL_KERNEL
+
+extern "C" {
+
+int dm_quant_params_size() { return int(sizeof(dm::quant_passes::Params)); }
+
+// Per-channel statistics (mean and scales, or scales) of x: p.tickets zeroed, p.part, p.scale_c (and p.mean) set.
+int dm_quant_stats(const dm::quant_passes::Params* params, int device, cudaStream_t stream) {
+  using namespace dm::quant_passes;
+  const Params& p = *params;
+  if (p.n <= 0 || p.n_blocks != (p.n + kStatsRows - 1) / kStatsRows) return cudaErrorInvalidValue;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  const dim3 grid(p.n_blocks, p.b * p.h);
+  void (*const kernels[4])(const Params) = {dm_quant_stats_absmax_bf16, dm_quant_stats_centred_bf16,
+                                             dm_quant_stats_absmax_fp16, dm_quant_stats_centred_fp16};
+  kernels[2 * (p.in_fp16 != 0) + (p.centre != 0)]<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Both casts of x with the scales dm_quant_stats wrote: p.x8, p.sx (block_rows 64 or 128), p.x8t.
+int dm_quant_dual(const dm::quant_passes::Params* params, int device, cudaStream_t stream) {
+  using namespace dm::quant_passes;
+  const Params& p = *params;
+  if (p.n <= 0 || p.n_pad % 128 || (p.block_rows != 64 && p.block_rows != 128)) return cudaErrorInvalidValue;
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  const dim3 grid(p.n_pad / p.block_rows, p.b * p.h);
+  void (*const kernels[16])(const Params) = {
+      dm_quant_dual_64_natural_bf16,          dm_quant_dual_64_fragment_bf16,
+      dm_quant_dual_64_centred_natural_bf16,  dm_quant_dual_64_centred_fragment_bf16,
+      dm_quant_dual_128_natural_bf16,         dm_quant_dual_128_fragment_bf16,
+      dm_quant_dual_128_centred_natural_bf16, dm_quant_dual_128_centred_fragment_bf16,
+      dm_quant_dual_64_natural_fp16,          dm_quant_dual_64_fragment_fp16,
+      dm_quant_dual_64_centred_natural_fp16,  dm_quant_dual_64_centred_fragment_fp16,
+      dm_quant_dual_128_natural_fp16,         dm_quant_dual_128_fragment_fp16,
+      dm_quant_dual_128_centred_natural_fp16, dm_quant_dual_128_centred_fragment_fp16};
+  void (*const kernel)(const Params) = kernels[8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) +
+                                               2 * (p.centre != 0) + (p.fragment_order != 0)];
+  kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // extern "C"
