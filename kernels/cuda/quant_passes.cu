@@ -154,11 +154,25 @@ __device__ __forceinline__ void stats_block(const Params& p) {
   __threadfence();
   const float* parts = p.part + bh * p.n_blocks * 3 * kHeadDim;
   float total = 0.0f, top = CENTRE ? -infinity() : 0.0f, bottom = infinity();
-  for (int k = 0; k < p.n_blocks; ++k) {  // block order: the mean's bits do not depend on which CTA ran last
-    const float* q = parts + k * 3 * kHeadDim;
-    total = __fadd_rn(total, __ldcg(q + t));
-    top = fmaxf(top, __ldcg(q + kHeadDim + t));
-    bottom = fminf(bottom, __ldcg(q + 2 * kHeadDim + t));
+  // block order, so the mean's bits do not depend on which CTA ran last; eight blocks' loads in flight at a time, where
+  // a plain loop waits for each block's L2 round trip in turn (64 of them at 8K, at the end of the kernel)
+  constexpr int kBatch = 8;
+  for (int k0 = 0; k0 < p.n_blocks; k0 += kBatch) {
+    float v[kBatch][3];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float* q = parts + int64_t(min(k0 + j, p.n_blocks - 1)) * 3 * kHeadDim + t;
+#pragma unroll
+      for (int c = 0; c < 3; ++c) v[j][c] = __ldcg(q + c * kHeadDim);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (k0 + j < p.n_blocks) {
+        total = __fadd_rn(total, v[j][0]);
+        top = fmaxf(top, v[j][1]);
+        bottom = fminf(bottom, v[j][2]);
+      }
+    }
   }
   float amax = top;
   if (CENTRE) {
