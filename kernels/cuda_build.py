@@ -134,6 +134,7 @@ KERNELS = (
     *(CudaKernel(f"dm_quant_stats_{stat}_{dtype}", {}) for stat in ("centred", "absmax") for dtype in ("bf16", "fp16")),
     *(CudaKernel(f"dm_quant_dual_{rows}{centred}_{order}_{dtype}", {}) for rows in (64, 128)
       for centred in ("", "_centred") for order in ("natural", "fragment") for dtype in ("bf16", "fp16")),
+    *(CudaKernel(f"dm_quant_block_128_{dtype}", {}) for dtype in ("bf16", "fp16")),  # Q's token-major cast alone
 )
 
 

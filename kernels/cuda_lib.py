@@ -196,8 +196,8 @@ class QuantParams(ctypes.Structure):
     """``dm::quant_passes::Params`` of ``kernels/cuda/quant_passes.cu``, field for field."""
 
     _fields_ = [("x", _P), ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
-                *((name, _I) for name in ("b", "h", "n", "n_pad", "n_blocks", "block_rows", "centre", "fragment_order",
-                                          "in_fp16")),
+                *((name, _I) for name in ("b", "h", "n", "n_pad", "n_blocks", "stats_rows", "block_rows", "centre",
+                                          "fragment_order", "in_fp16", "channel")),
                 *((name, _P) for name in ("part", "tickets", "mean", "scale_c", "x8", "sx", "x8t"))]
 
 
@@ -682,7 +682,8 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
 
 
 QUANT_STATS_ROWS = 128
-"""Rows per CTA of ``dm_quant_stats`` (``kernels/cuda/quant_passes.cu``'s ``kStatsRows``)."""
+"""Rows per CTA of ``dm_quant_stats`` (a multiple of 128, ``kernels/cuda/quant_passes.cu``'s ``kStatsChunk``): the
+default of ``quantize_block_and_channel``'s ``stats_rows``."""
 
 
 def quant_reason(x: torch.Tensor) -> str:
@@ -703,24 +704,53 @@ def quant_reason(x: torch.Tensor) -> str:
     return ""
 
 
+def _quant_shape(x: torch.Tensor, block_rows: int, allowed: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """``(b, n, h, d, n_pad)`` of an ``x`` the CUDA quantisation takes (``quant_reason``), with ``block_rows`` one of
+    ``allowed``; else a ValueError naming the problem."""
+    if reason := quant_reason(x):
+        raise ValueError(reason)
+    if block_rows not in allowed:
+        raise ValueError(f"block_rows {block_rows}: {what}")
+    b, n, h, d = x.shape
+    return b, n, h, d, -(-n // 128) * 128
+
+
+def _quant_params(x: torch.Tensor, shape: tuple[int, ...], block_rows: int, **fields) -> QuantParams:
+    """``QuantParams`` of ``x`` (``shape``: ``_quant_shape``'s) with the other ``fields``."""
+    b, n, h, _, n_pad = shape
+    return QuantParams(x=x.data_ptr(), stride_b=x.stride(0), stride_n=x.stride(1), stride_h=x.stride(2), b=b, h=h,
+                       n=n, n_pad=n_pad, block_rows=block_rows, in_fp16=int(x.dtype == torch.float16), **fields)
+
+
+def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block-scaled token-major codes ``(B, H, N_pad, D)`` of ``x`` and their scales ``(B, H, N_pad / 128)``
+    (``dm_quant_block_128_*``): the bits of ``triton_quant.quantize_operand(x, 128, layouts="token")``, Q's pass in
+    matched_factored's forward. ``block_rows``: 128 only (``quant_reason`` says what else ``x`` must be)."""
+    shape = b, n, h, d, n_pad = _quant_shape(x, block_rows, (128,), "the token-major pass alone is built for "
+                                             "128-row blocks (Q's)")
+    x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=x.device)
+    sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=x.device)
+    params = _quant_params(x, shape, block_rows, x8=x8.data_ptr(), sx=sx.data_ptr(), channel=0)
+    _call(_library(), "dm_quant_dual", ctypes.byref(params), *_launch_args(x))
+    return x8, sx
+
+
 def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool = False,
-                               fragment_order: bool = False) -> tuple[torch.Tensor, ...]:
+                               fragment_order: bool = False,
+                               stats_rows: int = QUANT_STATS_ROWS) -> tuple[torch.Tensor, ...]:
     """Both of an operand's factored-layout copies from two reads of ``x`` (``kernels/cuda/quant_passes.cu``):
     ``(x8, sx, x8t, sxc, mean)``. ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx``
     (B, H, N_pad / block_rows) their scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in
     ``triton_quant.fragment_token_order`` with ``fragment_order``) and ``sxc`` (B, H, D) their scales; ``centre``
     subtracts the token mean ``mean`` (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are
     the bits of ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean
-    is Σx / N folded in a fixed order (deterministic, not ``token_mean``'s bits). ``block_rows``: 64 (K, V) or 128
-    (dO)."""
-    if reason := quant_reason(x):
-        raise ValueError(reason)
-    if block_rows not in (64, 128):
-        raise ValueError(f"block_rows {block_rows}: expected 64 (K, V) or 128 (Q, dO)")
-    b, n, h, d = x.shape
-    n_pad = -(-n // 128) * 128
-    n_blocks = -(-n // QUANT_STATS_ROWS)
+    is Σx / N folded in a fixed order (deterministic, not ``token_mean``'s bits; it depends on ``stats_rows``, the
+    rows a CTA of the statistics pass reads, a multiple of 128). ``block_rows``: 64 (K, V) or 128 (dO)."""
+    shape = b, n, h, d, n_pad = _quant_shape(x, block_rows, (64, 128), "expected 64 (K, V) or 128 (Q, dO)")
+    if stats_rows <= 0 or stats_rows % 128:
+        raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
     device = x.device
+    n_blocks = -(-n // stats_rows)
     x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=device)
     x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=device)
     sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=device)
@@ -728,10 +758,10 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
     mean = torch.empty((b, h, d), dtype=torch.float32, device=device) if centre else None
     part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=device)
     tickets = torch.zeros(b * h, dtype=torch.int32, device=device)
-    params = QuantParams(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), b, h, n, n_pad, n_blocks, block_rows,
-                         int(centre), int(fragment_order), int(x.dtype == torch.float16), part.data_ptr(),
-                         tickets.data_ptr(), mean.data_ptr() if centre else 0, sxc.data_ptr(), x8.data_ptr(),
-                         sx.data_ptr(), x8t.data_ptr())
+    params = _quant_params(x, shape, block_rows, n_blocks=n_blocks, stats_rows=stats_rows, centre=int(centre),
+                           fragment_order=int(fragment_order), channel=1, part=part.data_ptr(),
+                           tickets=tickets.data_ptr(), mean=mean.data_ptr() if centre else None,
+                           scale_c=sxc.data_ptr(), x8=x8.data_ptr(), sx=sx.data_ptr(), x8t=x8t.data_ptr())
     lib = _library()
     _call(lib, "dm_quant_stats", ctypes.byref(params), *_launch_args(x))
     _call(lib, "dm_quant_dual", ctypes.byref(params), *_launch_args(x))

@@ -47,7 +47,12 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward
     factored = None
     if mode == "matched_factored":
         # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
-        q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts="token")
+        if cuda_quant_selected(q):
+            from deltamatch.kernels import cuda_lib
+
+            (q8, sq), q8t = cuda_lib.quantize_block(q, BLOCK_Q), None
+        else:
+            q8, q8t, sq = quantize_operand(q, BLOCK_Q, name="q", layouts="token")
         k8t = v8t = None
         if backward and cuda_quant_selected(k) and cuda_quant_selected(v):  # each copy pair from two reads
             from deltamatch.kernels import cuda_lib

@@ -597,18 +597,20 @@ def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool 
 
 
 CUDA_QUANT_SWITCH = "DELTAMATCH_KERNEL_CUDA_QUANT"
-"""``matched_factored``'s K, V (forward) and dO (backward) quantised by the CUDA passes (``kernels/cuda/quant_passes.cu``:
-per-channel statistics, then both casts from a second read; ``cuda_lib.quantize_block_and_channel``) where Triton
-takes three or four launches each: ``1`` (an error where they cannot run), ``0`` Triton's launches. Unset:
-:data:`CUDA_QUANT_DEFAULT` where the library loads and takes the tensor (``cuda_lib.quant_reason``), a backward will
-follow, and ``DELTAMATCH_KERNEL_CUDA`` and ``DELTAMATCH_KERNEL_ONE_READ`` are unset. The codes and scales are
-Triton's bits given the same K mean; the mean is the CUDA fold's, not ``token_mean``'s."""
+"""``matched_factored``'s Q, K, V (forward) and dO (backward) quantised by the CUDA passes
+(``kernels/cuda/quant_passes.cu``): K, V and dO by per-channel statistics, then both casts from a second read
+(``cuda_lib.quantize_block_and_channel``), where Triton takes three or four launches each, and Q's block-scaled codes
+by one pass (``cuda_lib.quantize_block``). ``1`` (an error where they cannot run), ``0`` Triton's launches. Unset:
+:data:`CUDA_QUANT_DEFAULT` where the library loads and takes the tensor (``cuda_lib.quant_reason``; K and V only where
+a backward will follow, since a forward alone writes one copy of each), and ``DELTAMATCH_KERNEL_CUDA`` and
+``DELTAMATCH_KERNEL_ONE_READ`` are unset. The codes and scales are Triton's bits given the same K mean; the mean is the
+CUDA fold's, not ``token_mean``'s."""
 CUDA_QUANT_DEFAULT = True
 """Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset."""
 
 
 def cuda_quant_selected(x: torch.Tensor) -> bool:
-    """Whether ``matched_factored`` quantises ``x`` (K, V or dO) by the CUDA passes (:data:`CUDA_QUANT_SWITCH`)."""
+    """Whether ``matched_factored`` quantises ``x`` (Q, K, V or dO) by the CUDA passes (:data:`CUDA_QUANT_SWITCH`)."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 

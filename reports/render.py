@@ -185,7 +185,7 @@ def profile_summary(table: pd.DataFrame) -> pd.DataFrame:
     out = []
     for method, kernels in rows.groupby("method", sort=False):
         kernels = kernels.sort_values("ms_per_step", ascending=False)
-        out.append({"method": method, "ms_per_step": kernels["ms_per_step"].sum(),
+        out.append({"method": method, "ms_per_step": round(kernels["ms_per_step"].sum(), 3),  # CUPTI's µs
                     "longest_kernels": "; ".join(f"{k} {ms:.3f}" for k, ms in
                                                  zip(kernels["kernel"], kernels["ms_per_step"].head(PROFILE_TOP)))})
     return pd.DataFrame(out)

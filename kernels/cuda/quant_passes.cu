@@ -2,7 +2,7 @@
 // Triton's launches take three or four (kernels/NOTES.md, "quantisation from fewer reads": Triton's one-read program
 // lost to its own layout conversions, so this is the CUDA form that row asked for).
 //
-//   dm_quant_stats: one CTA per 128 rows of a (batch, head) reads x once and writes per-channel partials plainly
+//   dm_quant_stats: one CTA per p.stats_rows rows of a (batch, head) reads x once and writes per-channel partials plainly
 //     (centred: Σx, max x, min x; else max |x|); the last CTA of the (batch, head) to finish (a ticket per (batch,
 //     head)) folds them in block order, so the result is deterministic: mean = Σx / N and the per-channel scale
 //     s_c = amax / 448 (1 where amax = 0), amax = max(fl(max x − mean), fl(mean − min x)) centred — which is
@@ -10,7 +10,8 @@
 //   dm_quant_dual: one CTA per scale block (64 rows for K and V, 128 for dO) reads x again and writes both casts:
 //     token-major codes with the block's own scale (triton_quant._quant_pass_kernel's arithmetic: s = amax / 448,
 //     code = e4m3(div.rn(x, s)) saturating) and channel-major codes with the channels' scales
-//     (_per_channel_quant_pass_kernel's), the latter through shared memory, optionally in fragment_token_order.
+//     (_per_channel_quant_pass_kernel's), the latter through shared memory, optionally in fragment_token_order;
+//     with p.channel 0 (dm_quant_block_128_*) the token-major cast alone, Q's 128-row blocks, no statistics needed.
 //
 // Thread layout (both kernels, 256 threads): warp w holds channel chunks 4·(w % 4) .. +3 (8 channels = 16 bytes of
 // BF16 each) of rows 8·(w / 4) .. +7 of a 16-row slab; lane l holds chunk 4·(w % 4) + l % 4 of row l / 4. A warp's
@@ -30,13 +31,14 @@ namespace dm::quant_passes {
 
 constexpr int kHeadDim = 128;
 constexpr int kThreads = 256;
-constexpr int kStatsRows = 128;  // rows per dm_quant_stats CTA
+constexpr int kStatsChunk = 128;  // rows a dm_quant_stats CTA loads at a time (8 per thread in flight)
 
 struct Params {
   const void* x;  // (B, N, H, D) bf16 or fp16, D contiguous, rows 16-byte aligned
   int64_t stride_b, stride_n, stride_h;  // elements
-  int b, h, n, n_pad, n_blocks;          // n_blocks: dm_quant_stats's CTAs per (batch, head)
-  int block_rows, centre, fragment_order, in_fp16;
+  int b, h, n, n_pad, n_blocks;          // n_blocks: dm_quant_stats's CTAs per (batch, head), cdiv(n, stats_rows)
+  int stats_rows;                        // rows per dm_quant_stats CTA, a multiple of 128
+  int block_rows, centre, fragment_order, in_fp16, channel;  // channel 0: dm_quant_dual writes the token-major half only
   float* part;      // (B·H, n_blocks, 3, D) partials
   int* tickets;     // (B·H), zero on entry to dm_quant_stats
   float* mean;      // (B, H, D), centre only
@@ -96,24 +98,29 @@ __device__ __forceinline__ void stats_block(const Params& p) {
   const int t = threadIdx.x;
   const Lane ln = lane_of(t);
   const int64_t bh = blockIdx.y;
-  const int blk = blockIdx.x, row0 = blk * kStatsRows;
+  const int blk = blockIdx.x, row0 = blk * p.stats_rows, rows_end = min(row0 + p.stats_rows, p.n);
   const uint16_t* base = row_base(p, int(bh), ln.chunk);
   float sum[8], hi[8], lo[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum[i] = 0.0f, hi[i] = CENTRE ? -infinity() : 0.0f, lo[i] = infinity();
+  for (int chunk0 = row0; chunk0 < rows_end; chunk0 += kStatsChunk) {
+    float v[kStatsChunk / 16][8];
 #pragma unroll
-  for (int s = 0; s < kStatsRows / 16; ++s) {
-    const int row = row0 + 16 * s + ln.row_in_slab;
-    float v[8];
-    load8<FP16, false>(p, base, row, v);  // a row >= n repeats row 0: no maximum or minimum moves, the sum skips it
+    for (int s = 0; s < kStatsChunk / 16; ++s) {  // the chunk's loads first, all in flight
+      load8<FP16, false>(p, base, chunk0 + 16 * s + ln.row_in_slab, v[s]);  // a row >= n repeats row 0
+    }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (CENTRE) {
-        sum[i] = __fadd_rn(sum[i], row < p.n ? v[i] : 0.0f);
-        hi[i] = fmaxf(hi[i], v[i]);
-        lo[i] = fminf(lo[i], v[i]);
-      } else {
-        hi[i] = fmaxf(hi[i], fabsf(v[i]));
+    for (int s = 0; s < kStatsChunk / 16; ++s) {  // no maximum or minimum moves for a repeated row; the sum skips it
+      const bool inside = chunk0 + 16 * s + ln.row_in_slab < p.n;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (CENTRE) {
+          sum[i] = __fadd_rn(sum[i], inside ? v[s][i] : 0.0f);
+          hi[i] = fmaxf(hi[i], v[s][i]);
+          lo[i] = fminf(lo[i], v[s][i]);
+        } else {
+          hi[i] = fmaxf(hi[i], fabsf(v[s][i]));
+        }
       }
     }
   }
@@ -215,7 +222,7 @@ __device__ __forceinline__ float quotient(float a, const Divisor& d) {
 
 // The two casts of a thread's values: token-major codes to global memory (8 bytes a row), channel-major codes to the
 // shared tile (a byte each, at the swizzled position of the header).
-template <int ROWS, bool FRAGMENT, bool FAST>
+template <int ROWS, bool FRAGMENT, bool FAST, bool CHANNEL>
 __device__ __forceinline__ void cast_block(const Params& p, const Lane& ln, int64_t bh, int row0,
                                            const float (&x)[ROWS / 16][8], const Divisor& block,
                                            const Divisor (&channel)[8], uint8_t* tile) {
@@ -229,6 +236,7 @@ __device__ __forceinline__ void cast_block(const Params& p, const Lane& ln, int6
                              quotient<FAST>(x[s][4 * w + 2], block), quotient<FAST>(x[s][4 * w + 3], block));
     }
     *reinterpret_cast<uint2*>(p.x8 + (bh * p.n_pad + row) * kHeadDim + 8 * ln.chunk) = make_uint2(packed[0], packed[1]);
+    if (!CHANNEL) continue;
     const int pos = FRAGMENT ? 16 * s + fragment_position(ln.row_in_slab) : local;
     const int run = (pos >> 4) ^ ln.swizzle;
 #pragma unroll
@@ -261,11 +269,11 @@ __device__ __forceinline__ float load_block(const Params& p, const uint16_t* bas
   return amax;
 }
 
-// One scale block: both casts of ROWS rows.
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT>
+// One scale block: both casts of ROWS rows (CHANNEL false: the block-scaled token-major one alone, Q's).
+template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true>
 __device__ __forceinline__ void dual_block(const Params& p) {
   constexpr int kSlabs = ROWS / 16, kRuns = ROWS / 16;  // 16-row slabs; 16-token runs per channel
-  __shared__ __align__(16) uint8_t tile[kHeadDim * ROWS];  // channel-major codes, chunk index swizzled
+  __shared__ __align__(16) uint8_t tile[CHANNEL ? kHeadDim * ROWS : 16];  // channel-major codes, runs swizzled
   __shared__ float warp_max[kThreads / 32];
   const int t = threadIdx.x;
   const Lane ln = lane_of(t);
@@ -277,7 +285,7 @@ __device__ __forceinline__ void dual_block(const Params& p) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
-    sc[i] = p.scale_c[bh * kHeadDim + 8 * ln.chunk + i];
+    sc[i] = CHANNEL ? p.scale_c[bh * kHeadDim + 8 * ln.chunk + i] : 1.0f;
   }
   float amax = row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false>(p, base, row0, ln, mean, x)
                                    : load_block<ROWS, FP16, CENTRE, true>(p, base, row0, ln, mean, x);
@@ -294,10 +302,11 @@ __device__ __forceinline__ void dual_block(const Params& p) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) channel[i] = divisor(sc[i]), fast = fast && in_fast_range(sc[i]);
   if (fast) {  // every scale of this thread in range (all but absurd inputs): three instructions a quotient
-    cast_block<ROWS, FRAGMENT, true>(p, ln, bh, row0, x, divisor(sb), channel, tile);
+    cast_block<ROWS, FRAGMENT, true, CHANNEL>(p, ln, bh, row0, x, divisor(sb), channel, tile);
   } else {
-    cast_block<ROWS, FRAGMENT, false>(p, ln, bh, row0, x, divisor(sb), channel, tile);
+    cast_block<ROWS, FRAGMENT, false, CHANNEL>(p, ln, bh, row0, x, divisor(sb), channel, tile);
   }
+  if (!CHANNEL) return;
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kHeadDim * kRuns / kThreads; ++k) {
@@ -335,6 +344,15 @@ DM_QUANT_STATS_KERNEL(dm_quant_stats_absmax_fp16, true, false)
   DM_QUANT_DUAL_ORDERS(128, _centred, DTYPE, FP16, true)
 DM_QUANT_DUAL_FORMS(bf16, false)
 DM_QUANT_DUAL_FORMS(fp16, true)
+// the block-scaled token-major cast alone, 128-row blocks (Q's)
+extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)
+    dm_quant_block_128_bf16(const dm::quant_passes::Params p) {
+  dm::quant_passes::dual_block<128, false, false, false, false>(p);
+}
+extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)
+    dm_quant_block_128_fp16(const dm::quant_passes::Params p) {
+  dm::quant_passes::dual_block<128, true, false, false, false>(p);
+}
 #undef DM_QUANT_DUAL_FORMS
 #undef DM_QUANT_DUAL_ORDERS
 #undef DM_QUANT_DUAL_KERNEL
@@ -347,7 +365,10 @@ int dm_quant_params_size() { return int(sizeof(dm::quant_passes::Params)); }
 int dm_quant_stats(const dm::quant_passes::Params* params, int device, cudaStream_t stream) {
   using namespace dm::quant_passes;
   const Params& p = *params;
-  if (p.n <= 0 || p.n_blocks != (p.n + kStatsRows - 1) / kStatsRows) return cudaErrorInvalidValue;
+  if (p.n <= 0 || p.stats_rows <= 0 || p.stats_rows % kStatsChunk ||
+      p.n_blocks != (p.n + p.stats_rows - 1) / p.stats_rows) {
+    return cudaErrorInvalidValue;
+  }
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   const dim3 grid(p.n_blocks, p.b * p.h);
   void (*const kernels[4])(const Params) = {dm_quant_stats_absmax_bf16, dm_quant_stats_centred_bf16,
@@ -356,13 +377,19 @@ int dm_quant_stats(const dm::quant_passes::Params* params, int device, cudaStrea
   return cudaGetLastError();
 }
 
-// Both casts of x with the scales dm_quant_stats wrote: p.x8, p.sx (block_rows 64 or 128), p.x8t.
+// Both casts of x with the scales dm_quant_stats wrote: p.x8, p.sx (block_rows 64 or 128), p.x8t; with p.channel 0 the
+// block-scaled one alone (block_rows 128, no centring; no statistics needed).
 int dm_quant_dual(const dm::quant_passes::Params* params, int device, cudaStream_t stream) {
   using namespace dm::quant_passes;
   const Params& p = *params;
   if (p.n <= 0 || p.n_pad % 128 || (p.block_rows != 64 && p.block_rows != 128)) return cudaErrorInvalidValue;
+  if (!p.channel && (p.block_rows != 128 || p.centre || p.fragment_order)) return cudaErrorInvalidValue;
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   const dim3 grid(p.n_pad / p.block_rows, p.b * p.h);
+  if (!p.channel) {
+    (p.in_fp16 ? dm_quant_block_128_fp16 : dm_quant_block_128_bf16)<<<grid, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   void (*const kernels[16])(const Params) = {
       dm_quant_dual_64_natural_bf16,          dm_quant_dual_64_fragment_bf16,
       dm_quant_dual_64_centred_natural_bf16,  dm_quant_dual_64_centred_fragment_bf16,

@@ -886,16 +886,21 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
     """``cuda_lib.quantize_block_and_channel`` (kernels/cuda/quant_passes.cu) against the two Triton passes it replaces
     in matched_factored's default step, given its K mean: the block-scaled token-major codes and scales of
     ``quantize_operand`` and the per-channel channel-major codes and scales of ``quantize_per_channel``, bit for bit,
-    in natural and fragment token order, 64- and 128-row blocks, centred or not; the mean within FP32 summation order
-    of PyTorch's, and every output the same bits on a second run."""
+    in natural and fragment token order, 64- and 128-row blocks, centred or not, 128 to 512 rows a statistics CTA; the
+    mean within FP32 summation order of PyTorch's, and every output the same bits on a second run. Q's pass alone
+    (``quantize_block``): ``quantize_operand``'s token-major codes and scales."""
     from deltamatch.kernels import triton_quant as tq
 
     bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
     x = _quant_input(2, n, 3, dtype, seed=n)
-    for rows, centre in ((64, True), (64, False), (128, False)):
+    q8, sq = cuda_lib.quantize_block(x)  # Q's pass: the token-major cast alone
+    want = tq.quantize_operand(x, 128, layouts="token")
+    assert torch.equal(bits(q8), bits(want[0])) and torch.equal(bits(sq), bits(want[2]))
+    for rows, centre, stats_rows in ((64, True, 128), (64, True, 512), (64, False, 256), (128, False, 128)):
         for fragment in (False, True):
-            ours = cuda_lib.quantize_block_and_channel(x, rows, centre=centre, fragment_order=fragment)
-            again = cuda_lib.quantize_block_and_channel(x, rows, centre=centre, fragment_order=fragment)
+            kw = dict(centre=centre, fragment_order=fragment, stats_rows=stats_rows)
+            ours = cuda_lib.quantize_block_and_channel(x, rows, **kw)
+            again = cuda_lib.quantize_block_and_channel(x, rows, **kw)
             mean = ours[4]
             x8, _, sx = tq.quantize_operand(x, rows, centre=centre, mean=mean, layouts="token")
             _, x8t, sxc = tq.quantize_per_channel(x, "x", mean=mean, layouts="channel", fragment_order=fragment)
@@ -911,8 +916,8 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
 
 @pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
 def test_cuda_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
-    """matched_factored with K, V and dO quantised by the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QUANT=1``: three calls
-    a step) against the reference simulation and FP64, as the other CUDA kernels are held; ``0`` runs none."""
+    """matched_factored with Q, K, V and dO quantised by the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QUANT=1``: four
+    calls a step) against the reference simulation and FP64, as the other CUDA kernels are held; ``0`` runs none."""
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_QUANT_SWITCH
@@ -922,12 +927,14 @@ def test_cuda_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, 
     quantize = cuda_lib.quantize_block_and_channel
     monkeypatch.setattr(cuda_lib, "quantize_block_and_channel",
                         lambda *a, **kw: calls.append(kw) or quantize(*a, **kw))
+    block = cuda_lib.quantize_block
+    monkeypatch.setattr(cuda_lib, "quantize_block", lambda *a: calls.append("q") or block(*a))
     monkeypatch.setenv(CUDA_QUANT_SWITCH, "1")
     ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
-    assert [c.get("centre", False) for c in calls] == [True, False, False]  # K, V, then dO
+    assert [c if c == "q" else c.get("centre", False) for c in calls] == ["q", True, False, False]  # Q, K, V, dO
     monkeypatch.setenv(CUDA_QUANT_SWITCH, "0")
     triton_passes = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
-    assert len(calls) == 3
+    assert len(calls) == 4
     ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
     exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
     assert_near_reference(ours, ref, exact)

@@ -551,5 +551,12 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
     odd = torch.empty(1, 64, 2, 132, dtype=torch.bfloat16)[..., 2:130]  # rows 4 bytes off a 16-byte boundary
     with pytest.raises(ValueError, match="rows are not 16-byte aligned"):
         cuda_lib.quantize_block_and_channel(odd, 64)
+    packed = torch.randn(1, 64, 6, 128, dtype=torch.bfloat16)[:, :, :2]  # a view the passes take
     with pytest.raises(ValueError, match="block_rows 32"):
-        cuda_lib.quantize_block_and_channel(torch.randn(1, 64, 6, 128, dtype=torch.bfloat16)[:, :, :2], 32)
+        cuda_lib.quantize_block_and_channel(packed, 32)
+    with pytest.raises(ValueError, match="stats_rows 100"):
+        cuda_lib.quantize_block_and_channel(packed, 64, stats_rows=100)
+    with pytest.raises(ValueError, match="block_rows 64: the token-major pass alone is built for 128-row blocks"):
+        cuda_lib.quantize_block(packed, 64)
+    with pytest.raises(ValueError, match="x has 3 dims"):
+        cuda_lib.quantize_block(packed[0])
