@@ -886,7 +886,7 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
     """``cuda_lib.quantize_block_and_channel`` (kernels/cuda/quant_passes.cu) against the two Triton passes it replaces
     in matched_factored's default step, given its K mean: the block-scaled token-major codes and scales of
     ``quantize_operand`` and the per-channel channel-major codes and scales of ``quantize_per_channel``, bit for bit,
-    in natural and fragment token order, 64- and 128-row blocks, centred or not, 128 to 512 rows a statistics CTA; the
+    in natural and fragment token order, 64- and 128-row blocks, centred or not, 128 to 1024 rows a statistics CTA; the
     mean within FP32 summation order of PyTorch's, and every output the same bits on a second run. Q's pass alone
     (``quantize_block``): ``quantize_operand``'s token-major codes and scales."""
     from deltamatch.kernels import triton_quant as tq
@@ -896,7 +896,7 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
     q8, sq = cuda_lib.quantize_block(x)  # Q's pass: the token-major cast alone
     want = tq.quantize_operand(x, 128, layouts="token")
     assert torch.equal(bits(q8), bits(want[0])) and torch.equal(bits(sq), bits(want[2]))
-    for rows, centre, stats_rows in ((64, True, 128), (64, True, 512), (64, False, 256), (128, False, 128)):
+    for rows, centre, stats_rows in ((64, True, 128), (64, True, 1024), (64, False, 256), (128, False, 512)):
         for fragment in (False, True):
             kw = dict(centre=centre, fragment_order=fragment, stats_rows=stats_rows)
             ours = cuda_lib.quantize_block_and_channel(x, rows, **kw)
