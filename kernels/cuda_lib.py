@@ -81,8 +81,8 @@ SIGNATURES = {
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
     "dm_delta_wide": ((_P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
-    "dm_quant_stats": ((_P, _I, _P), _I),
-    "dm_quant_dual": ((_P, _I, _P), _I),
+    "dm_quant_stats": ((_P, _I, _I, _P), _I),
+    "dm_quant_dual": ((_P, _I, _I, _P), _I),
     "dm_quant_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
@@ -196,8 +196,8 @@ class QuantParams(ctypes.Structure):
     """``dm::quant_passes::Params`` of ``kernels/cuda/quant_passes.cu``, field for field."""
 
     _fields_ = [("x", _P), ("stride_b", _I64), ("stride_n", _I64), ("stride_h", _I64),
-                *((name, _I) for name in ("b", "h", "n", "n_pad", "n_blocks", "stats_rows", "block_rows", "centre",
-                                          "fragment_order", "in_fp16", "channel")),
+                *((name, _I) for name in ("b", "h", "n", "n_pad", "n_blocks", "block_rows", "centre", "fragment_order",
+                                          "in_fp16")),
                 *((name, _P) for name in ("part", "tickets", "mean", "scale_c", "x8", "sx", "x8t"))]
 
 
@@ -732,8 +732,8 @@ def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor
                                              "128-row blocks (Q's)")
     x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=x.device)
     sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=x.device)
-    params = _quant_params(x, shape, block_rows, x8=x8.data_ptr(), sx=sx.data_ptr(), channel=0)
-    _call(_library(), "dm_quant_dual", ctypes.byref(params), *_launch_args(x))
+    params = _quant_params(x, shape, block_rows, x8=x8.data_ptr(), sx=sx.data_ptr())
+    _call(_library(), "dm_quant_dual", ctypes.byref(params), 0, *_launch_args(x))  # the token-major half alone
     return x8, sx
 
 
@@ -760,11 +760,11 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
     mean = torch.empty((b, h, d), dtype=torch.float32, device=device) if centre else None
     part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=device)
     tickets = torch.zeros(b * h, dtype=torch.int32, device=device)
-    params = _quant_params(x, shape, block_rows, n_blocks=n_blocks, stats_rows=stats_rows, centre=int(centre),
-                           fragment_order=int(fragment_order), channel=1, part=part.data_ptr(),
+    params = _quant_params(x, shape, block_rows, n_blocks=n_blocks, centre=int(centre),
+                           fragment_order=int(fragment_order), part=part.data_ptr(),
                            tickets=tickets.data_ptr(), mean=mean.data_ptr() if centre else None,
                            scale_c=sxc.data_ptr(), x8=x8.data_ptr(), sx=sx.data_ptr(), x8t=x8t.data_ptr())
     lib = _library()
-    _call(lib, "dm_quant_stats", ctypes.byref(params), *_launch_args(x))
-    _call(lib, "dm_quant_dual", ctypes.byref(params), *_launch_args(x))
+    _call(lib, "dm_quant_stats", ctypes.byref(params), stats_rows, *_launch_args(x))
+    _call(lib, "dm_quant_dual", ctypes.byref(params), 1, *_launch_args(x))
     return x8, sx, x8t, sxc, mean

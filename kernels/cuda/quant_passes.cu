@@ -2,7 +2,7 @@
 // Triton's launches take three or four (kernels/NOTES.md, "quantisation from fewer reads": Triton's one-read program
 // lost to its own layout conversions, so this is the CUDA form that row asked for).
 //
-//   dm_quant_stats: one CTA per p.stats_rows rows of a (batch, head) reads x once and writes per-channel partials plainly
+//   dm_quant_stats: one CTA per stats_rows rows of a (batch, head) reads x once and writes per-channel partials plainly
 //     (centred: Σx, max x, min x; else max |x|); the last CTA of the (batch, head) to finish (a ticket per (batch,
 //     head)) folds them in block order, so the result is deterministic: mean = Σx / N and the per-channel scale
 //     s_c = amax / 448 (1 where amax = 0), amax = max(fl(max x − mean), fl(mean − min x)) centred — which is
@@ -11,7 +11,7 @@
 //     token-major codes with the block's own scale (triton_quant._quant_pass_kernel's arithmetic: s = amax / 448,
 //     code = e4m3(div.rn(x, s)) saturating) and channel-major codes with the channels' scales
 //     (_per_channel_quant_pass_kernel's), the latter through shared memory, optionally in fragment_token_order;
-//     with p.channel 0 (dm_quant_block_128_*) the token-major cast alone, Q's 128-row blocks, no statistics needed.
+//     with its channel argument 0 (dm_quant_block_128_*) the token-major cast alone (Q's 128-row blocks, no statistics).
 //
 // Thread layout (both kernels, 256 threads): warp w holds channel chunks 4·(w % 4) .. +3 (8 channels = 16 bytes of
 // BF16 each) of rows 8·(w / 4) .. +7 of a 16-row slab; lane l holds chunk 4·(w % 4) + l % 4 of row l / 4. A warp's
@@ -36,9 +36,8 @@ constexpr int kStatsChunk = 128;  // rows a dm_quant_stats CTA loads at a time (
 struct Params {
   const void* x;  // (B, N, H, D) bf16 or fp16, D contiguous, rows 16-byte aligned
   int64_t stride_b, stride_n, stride_h;  // elements
-  int b, h, n, n_pad, n_blocks;          // n_blocks: dm_quant_stats's CTAs per (batch, head), cdiv(n, stats_rows)
-  int stats_rows;                        // rows per dm_quant_stats CTA, a multiple of 128
-  int block_rows, centre, fragment_order, in_fp16, channel;  // channel 0: dm_quant_dual writes the token-major half only
+  int b, h, n, n_pad, n_blocks;          // n_blocks: dm_quant_stats's CTAs per (batch, head), cdiv(n, rows a CTA)
+  int block_rows, centre, fragment_order, in_fp16;
   float* part;      // (B·H, n_blocks, 3, D) partials
   int* tickets;     // (B·H), zero on entry to dm_quant_stats
   float* mean;      // (B, H, D), centre only
@@ -47,6 +46,9 @@ struct Params {
   float* sx;        // (B, H, N_pad / block_rows) their scales
   uint8_t* x8t;     // (B, H, D, N_pad) per-channel codes
 };
+// (The statistics' rows a CTA and the dual pass's channel flag are arguments of their own: 8 more bytes in this struct
+// made ptxas build the dual pass with 32 more instructions of address arithmetic, and the H200 ran it 10% slower,
+// session 24's call 7.)
 
 struct Lane {
   int chunk;         // 16-byte chunk of the row (8 channels)
@@ -90,15 +92,15 @@ __device__ __forceinline__ float infinity() { return __int_as_float(0x7F800000);
 
 __device__ __forceinline__ float scale_from_amax(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 
-// Per-channel partials of one 128-row block, then (last CTA of the (batch, head)) their fold in block order.
+// Per-channel partials of one block of stats_rows rows, then (last CTA of the (batch, head)) their fold in block order.
 template <bool FP16, bool CENTRE>
-__device__ __forceinline__ void stats_block(const Params& p) {
+__device__ __forceinline__ void stats_block(const Params& p, int stats_rows) {
   __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
   __shared__ int last;
   const int t = threadIdx.x;
   const Lane ln = lane_of(t);
   const int64_t bh = blockIdx.y;
-  const int blk = blockIdx.x, row0 = blk * p.stats_rows, rows_end = min(row0 + p.stats_rows, p.n);
+  const int blk = blockIdx.x, row0 = blk * stats_rows, rows_end = min(row0 + stats_rows, p.n);
   const uint16_t* base = row_base(p, int(bh), ln.chunk);
   float sum[8], hi[8], lo[8];
 #pragma unroll
@@ -320,8 +322,9 @@ __device__ __forceinline__ void dual_block(const Params& p) {
 }  // namespace dm::quant_passes
 
 #define DM_QUANT_STATS_KERNEL(NAME, FP16, CENTRE)                                                            \
-  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads) NAME(const dm::quant_passes::Params p) { \
-    dm::quant_passes::stats_block<FP16, CENTRE>(p);                                                            \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
+      NAME(const dm::quant_passes::Params p, int stats_rows) {                                               \
+    dm::quant_passes::stats_block<FP16, CENTRE>(p, stats_rows);                                                \
   }
 DM_QUANT_STATS_KERNEL(dm_quant_stats_centred_bf16, false, true)
 DM_QUANT_STATS_KERNEL(dm_quant_stats_absmax_bf16, false, false)
@@ -361,32 +364,32 @@ extern "C" {
 
 int dm_quant_params_size() { return int(sizeof(dm::quant_passes::Params)); }
 
-// Per-channel statistics (mean and scales, or scales) of x: p.tickets zeroed, p.part, p.scale_c (and p.mean) set.
-int dm_quant_stats(const dm::quant_passes::Params* params, int device, cudaStream_t stream) {
+// Per-channel statistics (mean and scales, or scales) of x, stats_rows rows a CTA (a multiple of 128): p.tickets
+// zeroed, p.part, p.scale_c (and p.mean) set.
+int dm_quant_stats(const dm::quant_passes::Params* params, int stats_rows, int device, cudaStream_t stream) {
   using namespace dm::quant_passes;
   const Params& p = *params;
-  if (p.n <= 0 || p.stats_rows <= 0 || p.stats_rows % kStatsChunk ||
-      p.n_blocks != (p.n + p.stats_rows - 1) / p.stats_rows) {
+  if (p.n <= 0 || stats_rows <= 0 || stats_rows % kStatsChunk || p.n_blocks != (p.n + stats_rows - 1) / stats_rows) {
     return cudaErrorInvalidValue;
   }
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   const dim3 grid(p.n_blocks, p.b * p.h);
-  void (*const kernels[4])(const Params) = {dm_quant_stats_absmax_bf16, dm_quant_stats_centred_bf16,
-                                             dm_quant_stats_absmax_fp16, dm_quant_stats_centred_fp16};
-  kernels[2 * (p.in_fp16 != 0) + (p.centre != 0)]<<<grid, kThreads, 0, stream>>>(p);
+  void (*const kernels[4])(const Params, int) = {dm_quant_stats_absmax_bf16, dm_quant_stats_centred_bf16,
+                                                  dm_quant_stats_absmax_fp16, dm_quant_stats_centred_fp16};
+  kernels[2 * (p.in_fp16 != 0) + (p.centre != 0)]<<<grid, kThreads, 0, stream>>>(p, stats_rows);
   return cudaGetLastError();
 }
 
-// Both casts of x with the scales dm_quant_stats wrote: p.x8, p.sx (block_rows 64 or 128), p.x8t; with p.channel 0 the
+// Both casts of x with the scales dm_quant_stats wrote: p.x8, p.sx (block_rows 64 or 128), p.x8t; with channel 0 the
 // block-scaled one alone (block_rows 128, no centring; no statistics needed).
-int dm_quant_dual(const dm::quant_passes::Params* params, int device, cudaStream_t stream) {
+int dm_quant_dual(const dm::quant_passes::Params* params, int channel, int device, cudaStream_t stream) {
   using namespace dm::quant_passes;
   const Params& p = *params;
   if (p.n <= 0 || p.n_pad % 128 || (p.block_rows != 64 && p.block_rows != 128)) return cudaErrorInvalidValue;
-  if (!p.channel && (p.block_rows != 128 || p.centre || p.fragment_order)) return cudaErrorInvalidValue;
+  if (!channel && (p.block_rows != 128 || p.centre || p.fragment_order)) return cudaErrorInvalidValue;
   if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
   const dim3 grid(p.n_pad / p.block_rows, p.b * p.h);
-  if (!p.channel) {
+  if (!channel) {
     (p.in_fp16 ? dm_quant_block_128_fp16 : dm_quant_block_128_bf16)<<<grid, kThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
