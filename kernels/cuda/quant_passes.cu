@@ -1,6 +1,6 @@
-// matched_factored's quantisation of K, V and dO at D = 128: both copies of an operand from two reads of it, where
-// Triton's launches take three or four (kernels/NOTES.md, "quantisation from fewer reads": Triton's one-read program
-// lost to its own layout conversions, so this is the CUDA form that row asked for).
+// matched_factored's quantisation of Q, K, V and dO at D = 128: both copies of K, V and dO from two reads of each,
+// where Triton's launches take three or four (kernels/NOTES.md, "quantisation from fewer reads": Triton's one-read
+// program lost to its own layout conversions, so this is the CUDA form that row asked for), and Q's one copy.
 //
 //   dm_quant_stats: one CTA per stats_rows rows of a (batch, head) reads x once and writes per-channel partials plainly
 //     (centred: Σx, max x, min x; else max |x|); the last CTA of the (batch, head) to finish (a ticket per (batch,
