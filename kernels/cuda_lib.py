@@ -681,11 +681,13 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
     return delta, rs, irs
 
 
-QUANT_STATS_ROWS = 1024
-"""Rows per CTA of ``dm_quant_stats`` (a multiple of 128, ``kernels/cuda/quant_passes.cu``'s ``kStatsChunk``): the
-default of ``quantize_block_and_channel``'s ``stats_rows``. On the H200 (session 24, ``tools/device/quant_bench.py``,
-CUPTI at B·H = 64, N = 8K) the centred statistics took 0.053 / 0.049 / 0.047 / 0.042 ms at 128 / 256 / 512 / 1024 rows,
-the absolute maxima 0.047 / 0.044 / 0.041 / 0.041."""
+QUANT_STATS_ROWS = {True: 1024, False: 128}
+"""Rows per CTA of ``dm_quant_stats`` (a multiple of 128, ``kernels/cuda/quant_passes.cu``'s ``kStatsChunk``), the
+default of ``quantize_block_and_channel``'s ``stats_rows``, by ``centre``. On the H200 (session 24, CUPTI at B·H = 64,
+N = 8K) alone (``tools/device/quant_bench.py``) the centred statistics took 0.053 / 0.049 / 0.047 / 0.042 ms at 128 /
+256 / 512 / 1024 rows and the max |x| ones 0.047 / 0.044 / 0.041 / 0.041; in the step (CUPTI, call 9) the centred
+kept their gain (0.054 → 0.041) and the max |x| did not (0.046 each at 128 rows in three calls, 0.0485 at 1024 in
+one), so those stay at 128."""
 
 
 def quant_reason(x: torch.Tensor) -> str:
@@ -739,7 +741,7 @@ def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor
 
 def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool = False,
                                fragment_order: bool = False,
-                               stats_rows: int = QUANT_STATS_ROWS) -> tuple[torch.Tensor, ...]:
+                               stats_rows: int | None = None) -> tuple[torch.Tensor, ...]:
     """Both of an operand's factored-layout copies from two reads of ``x`` (``kernels/cuda/quant_passes.cu``):
     ``(x8, sx, x8t, sxc, mean)``. ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx``
     (B, H, N_pad / block_rows) their scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in
@@ -747,8 +749,10 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
     subtracts the token mean ``mean`` (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are
     the bits of ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean
     is Σx / N folded in a fixed order (deterministic, not ``token_mean``'s bits; it depends on ``stats_rows``, the
-    rows a CTA of the statistics pass reads, a multiple of 128). ``block_rows``: 64 (K, V) or 128 (dO)."""
+    rows a CTA of the statistics pass reads, a multiple of 128; default ``QUANT_STATS_ROWS[centre]``). ``block_rows``:
+    64 (K, V) or 128 (dO)."""
     shape = b, n, h, d, n_pad = _quant_shape(x, block_rows, (64, 128), "expected 64 (K, V) or 128 (Q, dO)")
+    stats_rows = QUANT_STATS_ROWS[bool(centre)] if stats_rows is None else stats_rows
     if stats_rows <= 0 or stats_rows % 128:
         raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
     device = x.device
