@@ -711,12 +711,14 @@ def quant_reason(x: torch.Tensor) -> str:
 def _quant_shape(x: torch.Tensor, block_rows: int, allowed: tuple[int, ...], what: str) -> tuple[int, ...]:
     """``(b, n, h, d, n_pad)`` of an ``x`` the CUDA quantisation takes (``quant_reason``), with ``block_rows`` one of
     ``allowed``; else a ValueError naming the problem."""
+    from deltamatch.kernels.triton_quant import padded_len  # the code tensors' N_pad, the Triton passes' own
+
     if reason := quant_reason(x):
         raise ValueError(reason)
     if block_rows not in allowed:
         raise ValueError(f"block_rows {block_rows}: {what}")
     b, n, h, d = x.shape
-    return b, n, h, d, -(-n // 128) * 128
+    return b, n, h, d, padded_len(n)
 
 
 def _quant_params(x: torch.Tensor, shape: tuple[int, ...], block_rows: int, **fields) -> QuantParams:
