@@ -622,7 +622,7 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs (coords() too) is computed after the register split: a value live across it would be spilled
-  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
+  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
     // the loads' issuer; the two reducers, a thread of each of two other warps

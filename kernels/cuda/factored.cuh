@@ -33,6 +33,12 @@ constexpr int kTileSteps = kBlockM / 32;  // k = 32 steps of a product over one 
 struct Lane {
   int warp, g, q;
 };
+// This thread's warpgroup (threadIdx.x / 128) as a value ptxas knows to be warp-uniform: broadcast from lane 0
+// (CUTLASS's canonical_warp_group_idx). From threadIdx.x alone it lives in an ordinary register, and so does every
+// shared-memory address and wgmma descriptor derived from it (which half's K̂, V̂, Q̂ or dÔ a consumer reads): each
+// wgmma then takes its descriptors through R2UR. Broadcast, they stay on the uniform datapath.
+__device__ __forceinline__ int warpgroup_role() { return __shfl_sync(0xffffffffu, int(threadIdx.x / kThreads), 0); }
+
 __device__ __forceinline__ Lane lane() {
   return {int(threadIdx.x / 32) % 4, int(threadIdx.x % 32) / 4, int(threadIdx.x % 4)};
 }

@@ -13,6 +13,10 @@
 # Firecracker machines). The build, ldd and SASS check always run. Files under $OUT (at most 8; the device tool
 # returns at most 8): install.log, build.log (build, ldd, SASS-check log), cuda_check.jsonl, gpu_tests.log,
 # gpu_tests.jsonl, dv_bench.jsonl, profiles.tgz, ncu.txt.
+# ab: this tree against another commit's (.ab: `git archive REV deltamatch kernels models evals reports tools setup.py
+# pyproject.toml | tar -x -C .ab`, its library built by `python tools/device/ab_tree.py .ab kernels/cuda_build.py --out
+# build/cuda`; carry .ab): CUPTI of the reference step, the trees interleaved, and each kernel's time side by side
+# ($OUT/ab.tgz; tools/device/ab_compare.py).
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
 #   bash tools/device/cuda_gpu.sh [tests,bench,variants,ncu]
@@ -69,6 +73,20 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
   done
   tar czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"  # one file back (the tool returns 8)
   stamp "variants done"
+fi
+if has ab; then  # this tree against the .ab tree (another commit's files and library, carried): CUPTI of the step,
+  # interleaved, AB_ROUNDS rounds (default 2), then the kernels side by side
+  mkdir -p "$OUT/ab"
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    timeout 120 python3 tools/device/attn_profile.py --out "$OUT/ab" --tag "new_$round" > "$OUT/ab/new_$round.log" 2>&1
+    echo "  this tree (round $round): $(grep -m1 -o '[0-9.]* ms of kernels per step' "$OUT/ab/new_$round.log")"
+    timeout 120 python3 tools/device/ab_tree.py .ab tools/device/attn_profile.py --out "$OUT/ab" --tag "old_$round" \
+      > "$OUT/ab/old_$round.log" 2>&1
+    echo "  .ab tree (round $round): $(grep -m1 -o '[0-9.]* ms of kernels per step' "$OUT/ab/old_$round.log")"
+  done
+  python3 tools/device/ab_compare.py "$OUT/ab" | tee "$OUT/ab/compare.txt"
+  tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
+  stamp "ab done"
 fi
 if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
   metrics='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,lts__t_sectors.sum'

@@ -1,0 +1,51 @@
+"""Each kernel's CUPTI time per step in two trees side by side: the ``attn_profile_new_R.json`` and
+``attn_profile_old_R.json`` files of ``tools/device/cuda_gpu.sh ab`` (this tree, the ``.ab`` tree; rounds R).
+
+``python3 tools/device/ab_compare.py DIR [--method matched_factored]`` prints one row per kernel: its ms per step in
+each round of each tree, and the change of the means (new − old).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+import pandas as pd
+
+
+def load(folder: str, method: str) -> pd.DataFrame:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(folder, "attn_profile_*.json"))):
+        match = re.search(r"attn_profile_(new|old)_(\d+)\.json$", path)
+        if not match:
+            continue
+        with open(path) as f:
+            kernels = json.load(f)["methods"].get(method, {}).get("kernels", [])
+        rows += [dict(tree=match[1], round=int(match[2]), kernel=k["kernel"], ms=k["ms_per_step"]) for k in kernels]
+    if not rows:
+        raise SystemExit(f"{folder}: no attn_profile_{{new,old}}_R.json of method {method!r}")
+    return pd.DataFrame(rows)
+
+
+def compare(df: pd.DataFrame) -> pd.DataFrame:
+    table = df.pivot_table(index="kernel", columns=["tree", "round"], values="ms", aggfunc="sum")
+    table.columns = [f"{tree}_{rnd}" for tree, rnd in table.columns]
+    means = {tree: df[df.tree == tree].pivot_table(index="kernel", columns="round", values="ms", aggfunc="sum")
+             .mean(axis=1) for tree in ("new", "old")}
+    table["change"] = means["new"].reindex(table.index) - means["old"].reindex(table.index)
+    total = table.sum(numeric_only=True, min_count=1).rename("(step)")
+    return pd.concat([table.sort_values(table.columns[0], ascending=False), total.to_frame().T])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder")
+    parser.add_argument("--method", default="matched_factored")
+    args = parser.parse_args(argv)
+    print(compare(load(args.folder, args.method)).to_markdown(floatfmt=".3f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
