@@ -192,7 +192,7 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
   if (threadIdx.x == 0) load_query_rows<STAGES>(s, &maps.q, &maps.dout, p.n_pad);
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs is computed after the register split: a value live across it would be spilled
-  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
   const int start_cta = blockIdx.x * kCtaRows;
   const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (role == 0) {

@@ -36,7 +36,9 @@ struct Lane {
 // This thread's warpgroup (threadIdx.x / 128) as a value ptxas knows to be warp-uniform: broadcast from lane 0
 // (CUTLASS's canonical_warp_group_idx). From threadIdx.x alone it lives in an ordinary register, and so does every
 // shared-memory address and wgmma descriptor derived from it (which half's K̂, V̂, Q̂ or dÔ a consumer reads): each
-// wgmma then takes its descriptors through R2UR. Broadcast, they stay on the uniform datapath.
+// wgmma then takes its descriptors through R2UR. Broadcast, they stay on the uniform datapath. Taken where an A/B on
+// the H200 said so (kernels/NOTES.md, session 25): the dK/dV kernel with dQ 4.51 → 4.27 ms a step; the forward over
+// 128-key tiles lost 3% with it (ptxas laid its loop out anew) and the δ pass did not move, so they keep threadIdx.x.
 __device__ __forceinline__ int warpgroup_role() { return __shfl_sync(0xffffffffu, int(threadIdx.x / kThreads), 0); }
 
 __device__ __forceinline__ Lane lane() {

@@ -285,7 +285,7 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs is computed after the register split: a value live across it would be spilled
-  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
   const int start_m = blockIdx.x * kCtaRows;
   const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (role == 0) {
