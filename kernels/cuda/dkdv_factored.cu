@@ -81,7 +81,6 @@ struct __align__(1024) Smem {
   uint8_t dot[STAGES][kHeadDim * kBlockM];
   float lse[STAGES][kBlockM], delta[STAGES][kBlockM], irs[STAGES][kBlockM];  // irs: div.full(1, s)
   StageInfo info[STAGES];
-  float2 row_scales[STAGES];  // the stage's query tile: s_Q, s_dO (its 128-row block's), by the producer (RowScales)
   uint64_t full[STAGES], empty[STAGES], kv_full;
 };
 // What the DQ form adds after Smem (whose size is a multiple of 1024).
@@ -354,20 +353,6 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   DqClock::put(kTurnMaxClk, turn_max, r);
 }
 
-// The query tile's two scales into the stage (produce_walk's extra): loaded by the producer thread while it waits for
-// the stage, where a consumer's own loads of them came right before the tile's Sᵀ and dP̂ᵀ and their latency showed in
-// the dŜ body (ncu, session 25: the scale multiplies among the consumers' long-scoreboard stalls).
-struct RowScales {
-  const DkdvFactoredParams& p;
-  float2* dst;
-  template <typename W>
-  __device__ float2 fetch(const W& w) const {
-    const int64_t at = w.bh * (p.n_pad / 128) + w.start / 128;
-    return make_float2(p.sq[at], p.sdo[at]);
-  }
-  __device__ void put(int stage, float2 v) const { dst[stage] = v; }
-};
-
 template <int STAGES, typename Sched>
 __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
                                         Walk<STAGES, Sched> w) {
@@ -380,7 +365,7 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
     bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
     bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
     bulk_load(s.irs[st], p.irs + row, kBlockM * sizeof(float), full);
-  }, RowScales{p, s.row_scales});
+  });
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false>
@@ -396,9 +381,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   struct Scales {
     float row, dp;  // Sᵀ's (s_q·qk_scale)·s_k and dP̂ᵀ's s_v·s_do
   };
-  auto scales_of = [&](const Tile& t) {  // the stage's s_Q and s_dO, which the producer put there (RowScales)
-    const float2 at = s.row_scales[t.stage];
-    return Scales{__fmul_rn(__fmul_rn(at.x, p.qk_scale), s_k), __fmul_rn(s_v, at.y)};
+  auto scales_of = [&](const Tile& t) {  // read ahead of their use: global loads
+    const int64_t at = t.bh * (p.n_pad / 128) + t.start / 128;
+    return Scales{__fmul_rn(__fmul_rn(p.sq[at], p.qk_scale), s_k), __fmul_rn(s_v, p.sdo[at])};
   };
   // P̂ᵀ (·448, uncast) into st and dŜᵀ (uncast) into dpt, from Sᵀ and dP̂ᵀ of tile t
   auto form = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {

@@ -435,25 +435,14 @@ struct Walk {
   }
 };
 
-// What a producer adds to a stage beside its StageInfo: `fetch(walk)` before the wait for the stage (global loads,
-// whose latency the wait hides), `put(stage, value)` with the StageInfo, before the `full` arrival publishes both.
-struct NoStageExtra {
-  struct Value {};
-  template <typename W>
-  __device__ Value fetch(const W&) const { return {}; }
-  __device__ void put(int, Value) const {}
-};
-
-// The producer thread's loop: for each position of the walk, once its stage is free again, the stage's StageInfo (and
-// `extra`'s values) and `load(stage, walk, full)`, the TMA loads of `bytes` bytes counted on the stage's `full` barrier.
-template <int STAGES, typename Sched, typename Load, typename Extra = NoStageExtra>
+// The producer thread's loop: for each position of the walk, once its stage is free again, the stage's StageInfo and
+// `load(stage, walk, full)`, the TMA loads of `bytes` bytes counted on the stage's `full` barrier.
+template <int STAGES, typename Sched, typename Load>
 __device__ __forceinline__ void produce_walk(StageInfo* info, uint64_t* full, uint64_t* empty, Walk<STAGES, Sched> w,
-                                             uint32_t bytes, Load load, Extra extra = {}) {
+                                             uint32_t bytes, Load load) {
   for (int j = 0; !w.done(); ++j, w.advance()) {
-    const auto value = extra.fetch(w);
     if (j >= STAGES) mbar_wait(&empty[w.stage], w.phase ^ 1);
     info[w.stage] = {w.start, w.flags(), w.bh};
-    extra.put(w.stage, value);
     mbar_arrive_expect_tx(&full[w.stage], bytes);
     load(w.stage, w, &full[w.stage]);
   }
