@@ -42,3 +42,35 @@ def test_a_script_sees_the_other_trees_package_and_arguments(tmp_path):
 def test_a_folder_that_is_no_checkout_is_refused(tmp_path):
     done = subprocess.run([sys.executable, str(AB_TREE), str(tmp_path), "probe.py"], capture_output=True, text=True)
     assert done.returncode != 0 and "not a checkout of this project" in done.stderr
+
+
+AB_COMPARE = ROOT / "tools" / "device" / "ab_compare.py"
+
+
+def _profile(folder: Path, tree: str, round_: int, kernels: dict) -> None:
+    """An ``attn_profile_{tree}_{round}.json`` as tools/device/attn_profile.py writes it."""
+    import json
+
+    rows = [dict(kernel=k, calls_per_step=1.0, ms_per_step=v, share=0.0) for k, v in kernels.items()]
+    body = dict(seq_len=8192, switches={}, methods=dict(matched_factored=dict(total_ms=sum(kernels.values()),
+                                                                              kernels=rows)))
+    (folder / f"attn_profile_{tree}_{round_}.json").write_text(json.dumps(body))
+
+
+def test_ab_compare_puts_each_kernel_of_both_trees_side_by_side(tmp_path):
+    """The change is the mean over rounds of this tree minus the other's, per kernel and for the step; a kernel one
+    tree lacks has no change; a folder without profiles is an error that names it."""
+    _profile(tmp_path, "new", 1, {"dkdv": 4.20, "fwd": 1.40})
+    _profile(tmp_path, "new", 2, {"dkdv": 4.30, "fwd": 1.44})
+    _profile(tmp_path, "old", 1, {"dkdv": 4.50, "fwd": 1.40, "amax": 0.04})
+    _profile(tmp_path, "old", 2, {"dkdv": 4.60, "fwd": 1.42, "amax": 0.04})
+    done = subprocess.run([sys.executable, str(AB_COMPARE), str(tmp_path)], capture_output=True, text=True,
+                          check=True)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in done.stdout.splitlines()[2:]}
+    assert rows["dkdv"] == ["4.200", "4.300", "4.500", "4.600", "-0.300"]
+    assert rows["fwd"] == ["1.400", "1.440", "1.400", "1.420", "0.010"]
+    assert rows["amax"][-1] == "nan" and rows["amax"][2:4] == ["0.040", "0.040"]
+    assert rows["(step)"] == ["5.600", "5.740", "5.940", "6.060", "-0.330"]
+    empty = subprocess.run([sys.executable, str(AB_COMPARE), str(tmp_path / "none")], capture_output=True, text=True)
+    assert empty.returncode != 0 and "none" in empty.stderr and "attn_profile_" in empty.stderr

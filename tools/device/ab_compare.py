@@ -2,7 +2,8 @@
 ``attn_profile_old_R.json`` files of ``tools/device/cuda_gpu.sh ab`` (this tree, the ``.ab`` tree; rounds R).
 
 ``python3 tools/device/ab_compare.py DIR [--method matched_factored]`` prints one row per kernel: its ms per step in
-each round of each tree, and the change of the means (new − old).
+each round of each tree, and the change of the means (new − old; none for a kernel one tree does not launch), then the
+step's.
 """
 import argparse
 import glob
@@ -34,7 +35,9 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
     means = {tree: df[df.tree == tree].pivot_table(index="kernel", columns="round", values="ms", aggfunc="sum")
              .mean(axis=1) for tree in ("new", "old")}
     table["change"] = means["new"].reindex(table.index) - means["old"].reindex(table.index)
-    total = table.sum(numeric_only=True, min_count=1).rename("(step)")
+    total = table.drop(columns="change").sum(min_count=1).rename("(step)")
+    steps = {tree: df[df.tree == tree].groupby("round").ms.sum().mean() for tree in ("new", "old")}
+    total["change"] = steps["new"] - steps["old"]  # a kernel only one tree launches counts here too
     return pd.concat([table.sort_values(table.columns[0], ascending=False), total.to_frame().T])
 
 
