@@ -19,7 +19,7 @@
 # ($OUT/ab.tgz; tools/device/ab_compare.py).
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
-#   bash tools/device/cuda_gpu.sh [tests,bench,variants,ncu]
+#   [AB_ROUNDS=2] bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -74,7 +74,9 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
   tar czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"  # one file back (the tool returns 8)
   stamp "variants done"
 fi
-if has ab; then  # this tree against the .ab tree (another commit's files and library, carried): CUPTI of the step,
+if has ab && [[ ! -f .ab/deltamatch/__init__.py || ! -f .ab/build/cuda/libdm_attn_sm90.so ]]; then
+  echo "ab: no .ab tree with its library here (build it on the CPU machine and carry .ab; see the header)"
+elif has ab; then  # this tree against the .ab tree (another commit's files and library, carried): CUPTI of the step,
   # interleaved, AB_ROUNDS rounds (default 2), then the kernels side by side
   mkdir -p "$OUT/ab"
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
