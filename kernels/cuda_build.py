@@ -121,6 +121,7 @@ KERNELS = (
     CudaKernel("dm_delta_wide_w4", {_qgmma(128): 8}),
     CudaKernel("dm_delta_wide_w4p", {_qgmma(128): 28}),
     CudaKernel("dm_delta_wide_w4t", {_qgmma(128): 8}),  # w4 with the consumers' turns
+    CudaKernel("dm_delta_wide_w4po", {_qgmma(128): 28}),  # w4p with the second consumer started half a tile late
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

@@ -17,8 +17,12 @@
 //   kEachTile (w4): a tile's S and dÔ V̂ᵀ issued together, P formed while dÔ V̂ᵀ runs;
 //   kPipelined (w4p): the next tile's S issued before this tile's arithmetic, this tile's dÔ V̂ᵀ right before it, so
 //     the tensor cores hold work while the exponentials run (three 64-register tiles a thread: S twice, dÔ V̂ᵀ once);
-//   kTurns (w4t): w4 with the consumers taking turns to issue (FlashAttention-3's ping-pong).
-// The three give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
+//   kTurns (w4t): w4 with the consumers taking turns to issue (FlashAttention-3's ping-pong);
+//   kOffset (w4po): w4p with the second consumer started once the first has formed its first tile's P: half a tile
+//     behind from then on, with no per-tile turns (w4t's cost), if the stages do not bring them back into step. Both
+//     consumers wait on the same `full` barriers and reach their exponentials together in w4p (ncu: tensor 46% and
+//     XU 47% summing to ≈ 93%); this asks whether that lockstep, not the per-tile turns, is what w4t fixed and paid for.
+// The four give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -103,7 +107,7 @@ __device__ __forceinline__ void products(const float (&pt)[kKeys / 2], const flo
   }
 }
 
-enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2 };
+enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kOffset = 3 };
 
 template <int FORM>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
@@ -165,7 +169,16 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     products(st, dpt, t, s_v);
   };
   mbar_wait(&s.rows_full, 0);
-  if constexpr (FORM == kPipelined) {
+  if constexpr (FORM == kPipelined || FORM == kOffset) {
+    // kOffset: the first consumer lets the second start (named barrier 2, once) after its first tile's P
+    auto offset_start = [&](int j) {
+      if constexpr (FORM == kOffset) {
+        if (half == 0 && j == 0) turn_give(0);
+      }
+    };
+    if constexpr (FORM == kOffset) {
+      if (half == 1) turn_wait(1);
+    }
     float st_a[kKeys / 2], st_b[kKeys / 2];
     // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
     auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
@@ -177,6 +190,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       wgmma_wait<2>();  // S of tile j
       fence_operands(cur);
       probabilities<false>(cur, t, row, c, kKeys * j, p.n, p.causal);  // only the last tile is masked
+      offset_start(j);
       wgmma_wait<1>();  // dÔ V̂ᵀ of tile j; S of tile j + 1 may still run
       fence_operands(dpt);
       release(j);
@@ -185,6 +199,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     auto last = [&](float (&cur)[kKeys / 2], int j) {
       issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
       finish(cur, j);
+      offset_start(j);  // a CTA of one key tile: after it (the second consumer must not wait for ever)
     };
     wait_full(0);
     issue_ss<kKeys>(st_a, q8, s.k[0]);
@@ -278,17 +293,19 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4po, kOffset)
 #undef DM_DELTA_WIDE_KERNEL
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
-// arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t) (cuda_lib.DELTA_WIDE_VARIANTS). Operands
+// arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t), 3 w4p with the second consumer started
+// half a tile late (w4po) (cuda_lib.DELTA_WIDE_VARIANTS). Operands
 // as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 2) {
+  if (!valid_shape(*p) || variant < 0 || variant > 3) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps);
-  const Kernel kernels[3] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t};
+  const Kernel kernels[4] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t, dm_delta_wide_w4po};
   return launch_delta(kernels[variant], dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream);
 }
