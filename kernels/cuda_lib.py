@@ -128,11 +128,13 @@ FWD_VARIANTS = ("ws4", "ws4p")
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
-FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp")
+FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po")
 """The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
 before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
-to issue their products (FlashAttention-3's ping-pong). Not Triton's bits; the three give the same bits."""
+to issue their products (FlashAttention-3's ping-pong), ``w4po`` is ``w4p`` with the second consumer started once the
+first has formed its first tile's P (built in session 25, not yet timed). Not Triton's bits; the four give the same
+bits."""
 
 
 class DvFactoredParams(ctypes.Structure):

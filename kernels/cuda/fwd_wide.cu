@@ -151,7 +151,7 @@ __device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&pa
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false>
 __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
                                         int start_cta) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -201,6 +201,11 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
   mbar_wait(&s.rows_full, 0);
   if (tiles.tiles > 0) {
+    // OFFSET: the second consumer starts once the first has formed its first tile's P (named barrier 2, once): half
+    // a tile apart from then on, without PINGPONG's per-tile turns (tiles.tiles is the CTA's, the same for both)
+    if constexpr (OFFSET) {
+      if (half == 1) turn_wait(1);
+    }
     float c[2];
     wait_full(0);
     turn([&] { issue_ss<kKeys>(st, q8, s.k[0]); }, false);
@@ -208,6 +213,9 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     wgmma_wait<0>();
     fence_operands(st);
     softmax(0, c, alpha);
+    if constexpr (OFFSET) {
+      if (half == 0) turn_give(0);
+    }
     to_fragments(st, frag);
     if constexpr (PIPELINED) {
       // every wgmma group is issued and waited for unconditionally in the loop body (a conditional issue makes ptxas
@@ -261,7 +269,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
   const int start_cta = blockIdx.x * kCtaRows;
@@ -292,38 +300,41 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, PINGPONG>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
 }  // namespace fwd_wide
 }  // namespace dm
 
-#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG)                                       \
+#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET)                               \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
       NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps) {              \
     extern __shared__ uint8_t smem[];                                                               \
-    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG>(smem, p, maps);                           \
+    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET>(smem, p, maps);                   \
   }
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_promoted, true, true, true)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_unpromoted, false, true, true)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true, false, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_promoted, true, true, true, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_unpromoted, false, true, true, false)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4po_promoted, true, true, false, true)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4po_unpromoted, false, true, false, true)
 #undef DM_FWD_WIDE_KERNEL
 
 // variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p), 2 w4p with the
-// consumers taking turns to issue (w4pp)
+// consumers taking turns to issue (w4pp), 3 w4p with the second consumer started half a tile late (w4po)
 // (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order.
 extern "C" int dm_fwd_wide(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 2) {
+  if (!valid_shape(*p) || variant < 0 || variant > 3) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps);
-  const Kernel kernels[3][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
+  const Kernel kernels[4][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
                                 {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted},
-                                {dm_fwd_wide_w4pp_unpromoted, dm_fwd_wide_w4pp_promoted}};
+                                {dm_fwd_wide_w4pp_unpromoted, dm_fwd_wide_w4pp_promoted},
+                                {dm_fwd_wide_w4po_unpromoted, dm_fwd_wide_w4po_promoted}};
   return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd_wide::kSmemBytes, dm::fwd_wide::kKeys, *p, device,
                         stream);
 }
