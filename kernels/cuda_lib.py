@@ -117,9 +117,8 @@ Triton's pass takes eleven): ``w4`` issues a tile's S and dÔ V̂ᵀ together an
 issues the next tile's S before this tile's arithmetic, ``w4t`` is ``w4`` with the two consumers taking turns to issue
 (FlashAttention-3's ping-pong), ``w4po`` is ``w4p`` with the second consumer started once the first has formed its
 first tile's P (half a tile behind, no per-tile turns; built in session 25, not yet timed). The four give the same
-bits. On the H200 (CUPTI) ``w4p`` 1.217 ms at the reference
-shape, ``w4t`` 1.383 (session 21); the tile's halves in turn (1.305) and a third consumer warpgroup (``w6``, 1.30 in
-session 23) went: kernels/NOTES.md."""
+bits. On the H200 (CUPTI) ``w4p`` 1.217 ms at the reference shape, ``w4t`` 1.383 (session 21); the tile's halves in
+turn (1.305) and a third consumer warpgroup (``w6``, 1.30 in session 23) went: kernels/NOTES.md."""
 DQ_VARIANTS = ("ws3",)
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn. (FA3's ping-pong, ``ws3pp`` and the forward's ``ws4pp``, gained nothing on the H200 and went: kernels/NOTES.md.)"""

@@ -170,15 +170,13 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   };
   mbar_wait(&s.rows_full, 0);
   if constexpr (FORM == kPipelined || FORM == kOffset) {
-    // kOffset: the first consumer lets the second start (named barrier 2, once) after its first tile's P
+    // kOffset: the first consumer lets the second start after its first tile's P (stagger_wait / stagger_release)
     auto offset_start = [&](int j) {
       if constexpr (FORM == kOffset) {
-        if (half == 0 && j == 0) turn_give(0);
+        if (j == 0) stagger_release(half);
       }
     };
-    if constexpr (FORM == kOffset) {
-      if (half == 1) turn_wait(1);
-    }
+    if constexpr (FORM == kOffset) stagger_wait(half);
     float st_a[kKeys / 2], st_b[kKeys / 2];
     // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
     auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
@@ -298,8 +296,7 @@ DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4po, kOffset)
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
 // arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t), 3 w4p with the second consumer started
-// half a tile late (w4po) (cuda_lib.DELTA_WIDE_VARIANTS). Operands
-// as dm_delta_factored's.
+// half a tile late (w4po) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
   if (!valid_shape(*p) || variant < 0 || variant > 3) {

@@ -378,6 +378,16 @@ __device__ __forceinline__ void turn_give(int half) {
     asm volatile("bar.arrive 1, 256;\n" ::: "memory");
   }
 }
+// The `w4po` forms' staggered start (fwd_wide.cu, delta_wide.cu), once per CTA on the second half's turn barrier: the
+// second consumer waits before its first tile (stagger_wait), the first lets it go once its first tile's P is formed
+// (stagger_release), and from then on they run half a tile apart with no per-tile turns. Each consumer calls its own
+// exactly once, so the barrier completes once.
+__device__ __forceinline__ void stagger_wait(int half) {
+  if (half == 1) turn_wait(1);
+}
+__device__ __forceinline__ void stagger_release(int half) {
+  if (half == 0) turn_give(0);
+}
 
 constexpr int kUse0 = 1, kMasked0 = 4, kLast = 16;  // StageInfo flags: << h for half h
 

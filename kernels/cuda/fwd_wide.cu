@@ -201,11 +201,10 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
   mbar_wait(&s.rows_full, 0);
   if (tiles.tiles > 0) {
-    // OFFSET: the second consumer starts once the first has formed its first tile's P (named barrier 2, once): half
-    // a tile apart from then on, without PINGPONG's per-tile turns (tiles.tiles is the CTA's, the same for both)
-    if constexpr (OFFSET) {
-      if (half == 1) turn_wait(1);
-    }
+    // OFFSET: the second consumer starts once the first has formed its first tile's P (stagger_wait /
+    // stagger_release): half a tile apart from then on, without PINGPONG's per-tile turns (tiles.tiles is the CTA's,
+    // the same for both consumers, so both or neither reach these calls)
+    if constexpr (OFFSET) stagger_wait(half);
     float c[2];
     wait_full(0);
     turn([&] { issue_ss<kKeys>(st, q8, s.k[0]); }, false);
@@ -213,9 +212,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     wgmma_wait<0>();
     fence_operands(st);
     softmax(0, c, alpha);
-    if constexpr (OFFSET) {
-      if (half == 0) turn_give(0);
-    }
+    if constexpr (OFFSET) stagger_release(half);
     to_fragments(st, frag);
     if constexpr (PIPELINED) {
       // every wgmma group is issued and waited for unconditionally in the loop body (a conditional issue makes ptxas
