@@ -27,17 +27,15 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// Waits until the barrier's phase with this parity has completed. try_wait with a suspend-time hint (PTX ISA
-// "mbarrier.test_wait/try_wait": the thread may sleep until the phase completes or the hint's time, in ns, passes;
-// CUTLASS's ClusterBarrier::wait passes the same) rather than none, whose short default limit made a waiting thread
-// retry every few dozen cycles: in the dK/dV kernel the producer's and reducers' retries were 6.6% of all issued
-// instructions (ncu, session 25), slots the consumers on their schedulers could have used.
+// Spins until the barrier's phase with this parity has completed. No suspend-time hint: with CUTLASS's (0x989680 ns,
+// a sleep until the phase completes) the δ pass took 5.7% longer and the dK/dV kernel, whose producer and reducers'
+// retries are 6.6% of its issued instructions, did not move (kernels/NOTES.md, "the barrier waits sleep").
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nDM_MBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra DM_MBAR_WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity), "n"(0x989680)
+      "r"(parity)
       : "memory");
 }
 
