@@ -189,7 +189,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DeltaFactoredPara
 template <bool PIPELINED, int STAGES, int CONSUMER_REGS>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
-  if (threadIdx.x == 0) load_query_rows<STAGES>(s, &maps.q, &maps.dout, p.n_pad);
+  if (threadIdx.x == 0) {
+    load_query_rows<STAGES>(s, &maps.q, &maps.dout, int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows));
+  }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs is computed after the register split: a value live across it would be spilled
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..

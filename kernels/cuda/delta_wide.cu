@@ -255,11 +255,12 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
 template <int FORM>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
-  if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, p.n_pad);
+  const CtaTile cta = cta_from_last(kQuerySectionHeads);  // causal: the longest CTAs first
+  const int start_cta = int(cta.block) * kCtaRows;
+  const int64_t bh = cta.bh, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
-  const int start_cta = blockIdx.x * kCtaRows;
-  const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {

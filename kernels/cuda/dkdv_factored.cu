@@ -183,18 +183,15 @@ __device__ __forceinline__ void zero_ds_half(uint8_t* ds, int half) {
 }
 
 // The CTA's key block and kv head. Ordered (dq_sem): the launch order is key block by key block from the last (the
-// shortest first, causal: FA3's SPT order), the kv heads of a section of dq_section_heads interleaved, so that every
-// CTA a query tile's adds wait for was launched before the CTA that waits (no deadlock however few CTAs fit at once).
-// Unsigned, as blockIdx is: the consumers' index arithmetic from these compiles as it did from blockIdx (signed ints
-// here cost the unordered kernels 8 more bytes of stack and 2% of their time on the H200, session 14).
+// shortest first, causal: FA3's SPT order), the kv heads of a section of dq_section_heads interleaved (cta_from_last),
+// so that every CTA a query tile's adds wait for was launched before the CTA that waits (no deadlock however few CTAs
+// fit at once).
 struct CtaCoords {
   unsigned block, bh_kv;
 };
 __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
-  const unsigned blocks = gridDim.x, heads = gridDim.y, linear = blockIdx.y * blocks + blockIdx.x;
-  const unsigned size = p.dq_section_heads, first = linear / (size * blocks) * size;  // the section's first kv head
-  const unsigned section = min(size, heads - first), at = linear - first * blocks;
-  return {blocks - 1 - at / section, first + at % section};
+  const CtaTile cta = cta_from_last(unsigned(p.dq_section_heads));
+  return {cta.block, cta.bh};
 }
 
 // Where the dQ-in-dK/dV forms wait (tools/device/dq_clock.py), in a build with -DDM_DQ_CLOCK only: kClockSlots

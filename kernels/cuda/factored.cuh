@@ -467,12 +467,34 @@ __device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int
   return Walk<STAGES, KeySchedule>(KeySchedule(start_cta, n, causal), second, bh, 1);
 }
 
+// A CTA's 128-row block and head on a cta_grid (gridDim.x blocks of gridDim.y heads), taken in launch order from the
+// last block to the first, the heads of each section of `section` interleaved block by block. The hardware starts
+// CTAs in blockIdx order (x fastest), so: causal, a query-stationary kernel (the forward, the δ pass) starts its
+// longest CTAs first, and the shortest end the grid (FA3's reversed m-blocks; with one head a section, each head's
+// short CTAs would still be followed by the next head's long ones); a key-stationary one (dK/dV) starts its shortest
+// first (FA3's SPT order, which the ordered dQ needs). A section's heads share L2 while their blocks run. Unsigned, as
+// blockIdx is: the dK/dV consumers' index arithmetic compiles as it did from blockIdx (signed ints cost the unordered
+// dK/dV kernels 8 bytes of stack and 2% of their time on the H200, session 14).
+struct CtaTile {
+  unsigned block, bh;
+};
+__device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
+  const unsigned blocks = gridDim.x, heads = gridDim.y, linear = blockIdx.y * blocks + blockIdx.x;
+  const unsigned first = linear / (section * blocks) * section;  // the section's first head
+  const unsigned size = min(section, heads - first), at = linear - first * blocks;
+  return {blocks - 1 - at / size, first + at % size};
+}
+// Heads a section for the query-stationary kernels: a model of the launch (132 CTAs at a time, each CTA's time its key
+// tiles) puts the causal grid's tail at 3.8% of its time at N = 8K, B·H = 64 in blockIdx order, 2.8% with each head
+// reversed alone and 0.1% with sections of 2 to 8 heads; 4 heads' K̂ and V̂ at 8K are 8 MB of L2.
+constexpr unsigned kQuerySectionHeads = 4;
+
 // The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised, and Q̂ and dÔ of the CTA's two
-// 64-query halves loaded once (`s`: an Smem with full, empty, rows_full, q and dout; the caller then syncs the CTA).
+// 64-query halves loaded once from row `row` of the (B·H·N_pad) codes (`s`: an Smem with full, empty, rows_full, q and
+// dout; the caller then syncs the CTA).
 template <int STAGES, typename Smem>
-__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int n_pad) {
+__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int row) {
   init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
-  const int row = int(int64_t(blockIdx.y) * n_pad + blockIdx.x * kCtaRows);
   mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
 #pragma unroll
   for (int i = 0; i < kConsumers; ++i) {

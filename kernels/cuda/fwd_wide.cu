@@ -269,17 +269,18 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
 template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
-  const int start_cta = blockIdx.x * kCtaRows;
+  const CtaTile cta = cta_from_last(kQuerySectionHeads);  // causal: the longest CTAs first
+  const int start_cta = int(cta.block) * kCtaRows;
+  const int64_t bh = cta.bh, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (threadIdx.x == 0) {
     init_stage_barriers<kStages>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
-    const int row = int(int64_t(blockIdx.y) * p.n_pad + start_cta);
+    const int row = int(bh * p.n_pad + start_cta);
     mbar_arrive_expect_tx(&s.rows_full, kCtaRows * kHeadDim);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
-  const int64_t bh = blockIdx.y, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
