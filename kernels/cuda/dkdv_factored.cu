@@ -397,24 +397,13 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     rescale_channels(dk, p.sqc + prev * kHeadDim, p.sqc + next * kHeadDim);
   };
 
-  // Sᵀ and dP̂ᵀ of tile t, with its scales `sc`, formed into P̂ᵀ (·448, uncast) in st and dŜᵀ (uncast) in dpt: P
-  // from Sᵀ while dP̂ᵀ's wgmmas run (their own group), then dŜᵀ
+  // Sᵀ and dP̂ᵀ of tile t, waited for, then formed (form) with its scales `sc`
   auto s_dp_formed = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
-    issue_s_dp<true>(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
-    wgmma_wait<1>();
-    fence_operands(st);
-    if (t.masked) {  // two bodies: the unmasked one, most tiles, keeps no mask in registers across the wgmma
-      p_tile(st, s.lse[t.stage], sc.row, true, start_n, t.start, p.n, p.causal);
-    } else {
-      p_tile(st, s.lse[t.stage], sc.row, false, start_n, t.start, p.n, p.causal);
-    }
+    issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
     wgmma_wait<0>();
+    fence_operands(st);
     fence_operands(dpt);
-    if (t.masked) {
-      ds_from_p<true>(st, dpt, s.delta[t.stage], s.irs[t.stage], sc.dp, true, t.start, p.n);
-    } else {
-      ds_from_p<true>(st, dpt, s.delta[t.stage], s.irs[t.stage], sc.dp, false, t.start, p.n);
-    }
+    form(t, sc, st, dpt);
   };
   // Promoted: tile t's dV, then dK product through the temporary `part`, each added in FP32; the stage released
   auto promoted_products = [&](const Tile& t, float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2],

@@ -225,9 +225,7 @@ __device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2]
   wgmma_commit();
 }
 
-// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group (SPLIT: two, Sᵀ's first, so that wgmma_wait<1>() waits
-// for Sᵀ alone).
-template <bool SPLIT = false>
+// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.
 __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const uint8_t* k,
                                            const uint8_t* v, const uint8_t* q, const uint8_t* dout) {
   wgmma_fence();
@@ -235,7 +233,6 @@ __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt
   for (int kk = 0; kk < QTile::kSteps; ++kk) {
     WgmmaE4M3<kBlockM>::ss(st, QTile::desc(k, kk), QTile::desc(q, kk), kk > 0);
   }
-  if constexpr (SPLIT) wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < QTile::kSteps; ++kk) {
     WgmmaE4M3<kBlockM>::ss(dpt, QTile::desc(v, kk), QTile::desc(dout, kk), kk > 0);
@@ -272,24 +269,29 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], ui
 // dŜᵀ before its cast, in place in `dpt`, from Sᵀ (st) and dP̂ᵀ (dpt) of the 64-key block at start_n and the query
 // tile at start_m, as Triton's factored dK launch forms it: P = ex2.approx.ftz(fma(Sᵀ, row_scale, −lse2)), masked;
 // dS = P · fma(dP̂ᵀ, dp_scale, −δ); dŜᵀ = dS · div.full(1, s) (lse2 = 0, δ = 0, s = 1 for queries ≥ N, Triton's
-// masked-load values). In two passes, so that the first can run while dP̂ᵀ's wgmmas do: p_tile turns Sᵀ into P in
-// place, ds_from_p forms dŜᵀ from P and dP̂ᵀ (ds_tile: the two). WITH_P: `st` becomes P · 448 (P̂ᵀ before its cast,
-// Triton's dV launch), else it is left as P. INVERSES: `irs` holds div.full(1, s), as the δ pass writes it beside s
-// (the same bits; forming it here costs ≈ 8 instructions per query and tile: the division's range checks, MUFU.RCP and
-// its correction); else it holds s. lse, delta and irs: shared-memory arrays of the tile's queries, 8-byte aligned
-// (each thread's two adjacent queries as one LDS.64: in the dK/dV kernel with warpgroup_role 192 instructions fewer than
-// scalar loads, the stack unchanged; before it, the same loads spilled 48 bytes more).
-__device__ __forceinline__ void p_tile(float (&st)[kBlockM / 2], const float* lse, float row_scale, bool masked,
-                                       int start_n, int start_m, int n, bool causal) {
+// masked-load values). WITH_P: `st` becomes P · 448 (P̂ᵀ before its cast, Triton's dV launch), else it is left alone.
+// INVERSES: `irs` holds div.full(1, s), as the δ pass writes it beside s (the same bits; forming it here costs ≈ 8
+// instructions per query and tile: the division's range checks, MUFU.RCP and its correction); else it holds s.
+// lse, delta and irs: shared-memory arrays of the tile's queries, 8-byte aligned (24 LDS.64 a tile where scalar loads
+// took 48 LDS; in the dK/dV kernel with warpgroup_role 192 instructions fewer, the stack unchanged; before it, the
+// same loads spilled 48 bytes more).
+template <bool WITH_P, bool INVERSES = true>
+__device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse,
+                                        const float* delta, const float* irs, float row_scale, float dp_scale,
+                                        bool masked, int start_n, int start_m, int n, bool causal) {
   const auto [warp, g, q] = lane();
 #pragma unroll
   for (int i = 0; i < kBlockM / 8; ++i) {
-    const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * q);  // queries 8 i + 2 q and the next
+    // this thread's two queries of the 8-query group, 8 i + 2 q and the next: an 8-byte load from each row-term array
+    const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * i + 2 * q);
+    const float2 d2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * q);
+    const float2 s2 = *reinterpret_cast<const float2*>(irs + 8 * i + 2 * q);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const int query = start_m + 8 * i + 2 * q + c;
-      float l = c ? l2.y : l2.x;
-      if (masked && query >= n) l = 0.0f;
+      const int col = 8 * i + 2 * q + c, query = start_m + col;
+      float l = c ? l2.y : l2.x, d = c ? d2.y : d2.x, s = c ? s2.y : s2.x;
+      if (masked && query >= n) l = 0.0f, d = 0.0f, s = 1.0f;  // Triton's `other` of its masked loads (1 = 1 / 1)
+      const float inv_s = INVERSES ? s : div_full(1.0f, s);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int v = 2 * half + c, key = start_n + 16 * warp + g + 8 * half;
@@ -298,40 +300,12 @@ __device__ __forceinline__ void p_tile(float (&st)[kBlockM / 2], const float* ls
           const bool visible = key < n && query < n && (!causal || query >= key);
           pv = visible ? pv : 0.0f;
         }
-        st[4 * i + v] = pv;
-      }
-    }
-  }
-}
-template <bool WITH_P, bool INVERSES = true>
-__device__ __forceinline__ void ds_from_p(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* delta,
-                                          const float* irs, float dp_scale, bool masked, int start_m, int n) {
-  const auto [warp, g, q] = lane();
-#pragma unroll
-  for (int i = 0; i < kBlockM / 8; ++i) {
-    const float2 d2 = *reinterpret_cast<const float2*>(delta + 8 * i + 2 * q);
-    const float2 s2 = *reinterpret_cast<const float2*>(irs + 8 * i + 2 * q);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      float d = c ? d2.y : d2.x, s = c ? s2.y : s2.x;
-      if (masked && start_m + 8 * i + 2 * q + c >= n) d = 0.0f, s = 1.0f;  // Triton's `other` (1 = 1 / 1)
-      const float inv_s = INVERSES ? s : div_full(1.0f, s);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int v = 2 * half + c;
-        const float pv = st[4 * i + v];
-        dpt[4 * i + v] = __fmul_rn(__fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -d)), inv_s);
+        const float ds = __fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -d));
+        dpt[4 * i + v] = __fmul_rn(ds, inv_s);
         if constexpr (WITH_P) st[4 * i + v] = __fmul_rn(pv, 448.0f);
       }
     }
   }
-}
-template <bool WITH_P, bool INVERSES = true>
-__device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse,
-                                        const float* delta, const float* irs, float row_scale, float dp_scale,
-                                        bool masked, int start_n, int start_m, int n, bool causal) {
-  p_tile(st, lse, row_scale, masked, start_n, start_m, n, causal);
-  ds_from_p<WITH_P, INVERSES>(st, dpt, delta, irs, dp_scale, masked, start_m, n);
 }
 
 // The epilogue of a [64 rows, D] accumulator (keys of dK/dV, queries of dQ): finish(value, half, channel) of each
