@@ -55,7 +55,8 @@ class CudaKernel:
     matmuls. The PTX must hold as many ``wgmma.mma_async … e4m3`` in all."""
     spill_bytes: int = 0
     """The stack ptxas may give it (spilled registers), in bytes per thread: 0 for every kernel but the fused dK/dV,
-    whose consumers hold two FP32 accumulators at 240 registers and spill a few scalars, reloaded once per tile."""
+    whose consumers hold two FP32 accumulators at 240 registers and spill a few scalars, reloaded once per tile, and
+    the persistent δ pass, whose producer keeps its loop's state there."""
 
     def expected_wgmma(self) -> int:
         """How many e4m3 ``wgmma.mma_async`` the PTX must hold."""
@@ -122,6 +123,9 @@ KERNELS = (
     CudaKernel("dm_delta_wide_w4p", {_qgmma(128): 28}),
     CudaKernel("dm_delta_wide_w4t", {_qgmma(128): 8}),  # w4 with the consumers' turns
     CudaKernel("dm_delta_wide_w4po", {_qgmma(128): 28}),  # w4p with the second consumer started half a tile late
+    # w4p persistent: one CTA an SM, query tiles by a counter; its producer thread, at 24 registers after setmaxnreg,
+    # keeps the loop's state (the tile, the ring's count) on the stack: a few local loads and stores a key tile
+    CudaKernel("dm_delta_wide_w4pd", {_qgmma(128): 28}, spill_bytes=24),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

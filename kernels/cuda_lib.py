@@ -111,14 +111,16 @@ DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
 CTAs per SM (consumers at 104 registers), the default: 1.62 ms at the reference shape against ``ws4p``'s 1.80 (H200,
 session 11), still above Triton's 1.49, so the δ pass runs in CUDA only under ``DELTAMATCH_KERNEL_CUDA=1``."""
-DELTA_WIDE_VARIANTS = ("w4", "w4p", "w4t", "w4po")
+DELTA_WIDE_VARIANTS = ("w4", "w4p", "w4t", "w4po", "w4pd")
 """The δ pass over 128-key tiles (``dm_delta_wide``, ``kernels/cuda/delta_wide.cu``; six instructions an element where
 Triton's pass takes eleven): ``w4`` issues a tile's S and dÔ V̂ᵀ together and forms P while dÔ V̂ᵀ runs, ``w4p`` also
 issues the next tile's S before this tile's arithmetic, ``w4t`` is ``w4`` with the two consumers taking turns to issue
 (FlashAttention-3's ping-pong), ``w4po`` is ``w4p`` with the second consumer started once the first has formed its
-first tile's P (half a tile behind, no per-tile turns; built in session 25, not yet timed). The four give the same
-bits. On the H200 (CUPTI) ``w4p`` 1.217 ms at the reference shape, ``w4t`` 1.383 (session 21); the tile's halves in
-turn (1.305) and a third consumer warpgroup (``w6``, 1.30 in session 23) went: kernels/NOTES.md."""
+first tile's P (half a tile behind, no per-tile turns), ``w4pd`` is ``w4p`` persistent: one CTA an SM taking query
+tiles in the launch's order from a counter, the next tile's Q̂, dÔ and first key tiles loaded while the last one's
+terms are finished. The five give the same bits. On the H200 (CUPTI) at the reference shape ``w4p`` 1.217 ms, ``w4t``
+1.383 (session 21), ``w4po`` 1.363 (session 26); the tile's halves in turn (1.305) and a third consumer warpgroup
+(``w6``, 1.30 in session 23) went: kernels/NOTES.md."""
 DQ_VARIANTS = ("ws3",)
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn. (FA3's ping-pong, ``ws3pp`` and the forward's ``ws4pp``, gained nothing on the H200 and went: kernels/NOTES.md.)"""

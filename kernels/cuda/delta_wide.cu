@@ -47,6 +47,8 @@ struct __align__(1024) Smem {
   uint8_t k[kStages][kKeys * kHeadDim];
   uint8_t v[kStages][kKeys * kHeadDim];
   uint64_t full[kStages], empty[kStages], rows_full;
+  uint64_t rows_empty;  // w4pd: the consumers are done with q and dout (8 arrivals, one a consumer warp)
+  int tile;             // w4pd: the query tile in q and dout (a linear index of tile_from_last), −1: none left
 };
 constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
 
@@ -109,9 +111,12 @@ __device__ __forceinline__ void products(const float (&pt)[kKeys / 2], const flo
 
 enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kOffset = 3 };
 
+// One query tile's δ, s and 1/s. j0: how many key tiles the CTA's ring has taken before this query tile (its stages
+// and phases follow on); rows_parity: the parity of rows_full's phase to wait for, −1 if the caller has waited;
+// rows_empty: where each consumer warp arrives once its last wgmma has read q and dout (w4pd), or null.
 template <int FORM>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
-                                        int start_cta) {
+                                        int start_cta, int j0 = 0, int rows_parity = 0, uint64_t* rows_empty = nullptr) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
   const int start_m = start_cta + kBlockM * half;
@@ -126,9 +131,10 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
   const uint8_t* q8 = s.q[half];
   const uint8_t* do8 = s.dout[half];
-  auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
+  auto stage = [&](int j) { return (j0 + j) % kStages; };
+  auto wait_full = [&](int j) { mbar_wait(&s.full[stage(j)], ((j0 + j) / kStages) & 1); };
   auto release = [&](int j) {
-    if (releaser) mbar_arrive(&s.empty[j % kStages]);
+    if (releaser) mbar_arrive(&s.empty[stage(j)]);
   };
   // K̂'s and V̂'s scales of a tile, loaded a tile ahead (a load in the tile that uses them came right before the
   // exponentials that need them: ncu's long-scoreboard stalls); called once a tile, in order
@@ -168,7 +174,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     release(j);
     products(st, dpt, t, s_v);
   };
-  mbar_wait(&s.rows_full, 0);
+  if (rows_parity >= 0) mbar_wait(&s.rows_full, rows_parity);
   if constexpr (FORM == kPipelined || FORM == kOffset) {
     // kOffset: the first consumer lets the second start after its first tile's P (stagger_wait / stagger_release)
     auto offset_start = [&](int j) {
@@ -181,9 +187,9 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
     auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
       float c[2], s_v[2];
-      issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
+      issue_ss<kKeys>(dpt, do8, s.v[stage(j)]);
       wait_full(j + 1);
-      issue_ss<kKeys>(next, q8, s.k[(j + 1) % kStages]);
+      issue_ss<kKeys>(next, q8, s.k[stage(j + 1)]);
       scales(j, c, s_v);
       wgmma_wait<2>();  // S of tile j
       fence_operands(cur);
@@ -195,12 +201,12 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       products(cur, dpt, t, s_v);
     };
     auto last = [&](float (&cur)[kKeys / 2], int j) {
-      issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
+      issue_ss<kKeys>(dpt, do8, s.v[stage(j)]);
       finish(cur, j);
       offset_start(j);  // a CTA of one key tile: after it (the second consumer must not wait for ever)
     };
     wait_full(0);
-    issue_ss<kKeys>(st_a, q8, s.k[0]);
+    issue_ss<kKeys>(st_a, q8, s.k[stage(0)]);
     int j = 0;
 #pragma unroll 1
     while (true) {  // a tile count ≥ 1: every CTA sees a key
@@ -227,14 +233,15 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     for (int j = 0; j < tiles.tiles; ++j) {
       wait_full(j);
       if constexpr (FORM == kTurns) turn_wait(half);
-      issue_ss<kKeys>(st, q8, s.k[j % kStages]);
-      issue_ss<kKeys>(dpt, do8, s.v[j % kStages]);
+      issue_ss<kKeys>(st, q8, s.k[stage(j)]);
+      issue_ss<kKeys>(dpt, do8, s.v[stage(j)]);
       if constexpr (FORM == kTurns) {
         if (half == 0 || j + 1 < tiles.tiles) turn_give(half);
       }
       finish(st, j);
     }
   }
+  if (rows_empty != nullptr && releaser) mbar_arrive(rows_empty);  // every wgmma of this query tile has completed
   const float s_do = p.sdo[scale_at];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {  // every lane of the quad shuffles; its first writes
@@ -280,6 +287,76 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
   consume<FORM>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
+
+// w4pd: w4p persistent (FlashAttention-3's persistent tile scheduler). One CTA an SM; its producer thread takes query
+// tiles (the linear index of tile_from_last, so the longest first, as the other forms' launch order) from `taken`
+// (zeroed before the launch), each the next one free as it starts the last (an atomicAdd, its latency behind a whole tile), and for
+// each: once the consumers are done with the last tile's q and dout (rows_empty), the tile's index into the stage
+// (s.tile), Q̂ and dÔ (rows_full), then its key tiles into the ring, whose stages and phases run on across the query
+// tiles; past the last tile it sets s.tile = −1 and completes rows_full. The consumers wait on rows_full, read s.tile
+// and run consume() on it. So a query tile's first loads overlap the last one's row terms, quad reductions and stores,
+// and no CTA launch falls between query tiles.
+__device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps,
+                                                 int* taken) {
+  Smem& s = aligned_smem<Smem>(raw);
+  const unsigned blocks = unsigned(p.n + kCtaRows - 1) / kCtaRows, heads = unsigned(p.b * p.h);
+  const unsigned count = blocks * heads;
+  auto coords = [&](unsigned linear, int& start_cta, int64_t& bh, int64_t& bh_kv) {
+    const CtaTile t = tile_from_last(linear, blocks, heads, kQuerySectionHeads);
+    start_cta = int(t.block) * kCtaRows;
+    bh = t.bh;
+    bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  };
+  if (threadIdx.x == 0) {
+    mbar_init(&s.rows_empty, kConsumers * kThreads / 32);
+    init_stage_barriers<kStages>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+  }
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      int j0 = 0, it = 0;
+      for (unsigned linear = blockIdx.x; linear < count; ++it) {
+        const unsigned next = unsigned(atomicAdd(taken, 1)) + gridDim.x;
+        int start_cta;
+        int64_t bh, bh_kv;
+        coords(linear, start_cta, bh, bh_kv);
+        if (it > 0) mbar_wait(&s.rows_empty, (it - 1) & 1);
+        s.tile = int(linear);
+        load_query_tiles(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
+        const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
+        const int kv_row = int(bh_kv * p.n_pad);
+        for (int j = 0; j < tiles.tiles; ++j) {
+          const int g = j0 + j, st = g % kStages;
+          if (g >= kStages) mbar_wait(&s.empty[st], ((g / kStages) & 1) ^ 1);
+          mbar_arrive_expect_tx(&s.full[st], kTileBytes);
+          tma_load_2d(s.k[st], &maps.k, 0, kv_row + kKeys * j, &s.full[st]);
+          tma_load_2d(s.v[st], &maps.v, 0, kv_row + kKeys * j, &s.full[st]);
+        }
+        j0 += tiles.tiles;
+        linear = next;
+      }
+      if (it > 0) mbar_wait(&s.rows_empty, (it - 1) & 1);
+      s.tile = -1;
+      mbar_arrive(&s.rows_full);
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  int j0 = 0;
+  for (int it = 0;; ++it) {
+    mbar_wait(&s.rows_full, it & 1);
+    const int linear = *reinterpret_cast<volatile int*>(&s.tile);
+    if (linear < 0) break;
+    int start_cta;
+    int64_t bh, bh_kv;
+    coords(unsigned(linear), start_cta, bh, bh_kv);
+    consume<kPipelined>(s, p, role - 1, bh, bh_kv, start_cta, j0, -1, &s.rows_empty);
+    j0 += WideTiles(start_cta, p.n, p.causal, kCtaRows).tiles;
+  }
+}
+
 }  // namespace delta_wide
 }  // namespace dm
 
@@ -294,14 +371,38 @@ DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4po, kOffset)
 #undef DM_DELTA_WIDE_KERNEL
+extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
+    dm_delta_wide_w4pd(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps, int* taken) {
+  extern __shared__ uint8_t smem[];
+  dm::delta_wide::delta_persistent(smem, p, maps, taken);
+}
 
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
 // arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t), 3 w4p with the second consumer started
-// half a tile late (w4po) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+// half a tile late (w4po), 4 w4p persistent, one CTA an SM (w4pd; its count of tiles taken is an int allocated,
+// zeroed and freed on the stream around the launch) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 3) {
+  if (!valid_shape(*p) || variant < 0 || variant > 4) {
     return cudaErrorInvalidValue;
+  }
+  if (variant == 4) {
+    int sms = 0;
+    if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) {
+      return err;
+    }
+    const int64_t tiles = int64_t((p->n + kCtaRows - 1) / kCtaRows) * p->b * p->h;
+    int* taken = nullptr;
+    if (cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&taken), sizeof(int), stream); err != cudaSuccess) {
+      return err;
+    }
+    int err = cudaMemsetAsync(taken, 0, sizeof(int), stream);
+    if (err == cudaSuccess) {
+      err = launch_delta(dm_delta_wide_w4pd, dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream,
+                         dim3(unsigned(tiles < sms ? tiles : sms)), taken);
+    }
+    const cudaError_t freed = cudaFreeAsync(taken, stream);
+    return err != cudaSuccess ? err : freed;
   }
   using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps);
   const Kernel kernels[4] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t, dm_delta_wide_w4po};

@@ -478,29 +478,37 @@ __device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int
 struct CtaTile {
   unsigned block, bh;
 };
-__device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
-  const unsigned blocks = gridDim.x, heads = gridDim.y, linear = blockIdx.y * blocks + blockIdx.x;
+// (tile_from_last: the same for the `linear`-th tile of `blocks` x `heads`, for a persistent kernel's own order.)
+__device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
   const unsigned first = linear / (section * blocks) * section;  // the section's first head
   const unsigned size = min(section, heads - first), at = linear - first * blocks;
   return {blocks - 1 - at / size, first + at % size};
+}
+__device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
+  return tile_from_last(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
 }
 // Heads a section for the query-stationary kernels: a model of the launch (132 CTAs at a time, each CTA's time its key
 // tiles) puts the causal grid's tail at 3.8% of its time at N = 8K, B·H = 64 in blockIdx order, 2.8% with each head
 // reversed alone and 0.1% with sections of 2 to 8 heads; 4 heads' K̂ and V̂ at 8K are 8 MB of L2.
 constexpr unsigned kQuerySectionHeads = 4;
 
-// The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised, and Q̂ and dÔ of the CTA's two
-// 64-query halves loaded once from row `row` of the (B·H·N_pad) codes (`s`: an Smem with full, empty, rows_full, q and
-// dout; the caller then syncs the CTA).
-template <int STAGES, typename Smem>
-__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int row) {
-  init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+// The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised (load_query_rows), and Q̂ and dÔ of
+// the CTA's two 64-query halves loaded from row `row` of the (B·H·N_pad) codes, counted on rows_full
+// (load_query_tiles: once per query tile of a persistent CTA). `s`: an Smem with full, empty, rows_full, q and dout;
+// the caller then syncs the CTA.
+template <typename Smem>
+__device__ __forceinline__ void load_query_tiles(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int row) {
   mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
 #pragma unroll
   for (int i = 0; i < kConsumers; ++i) {
     tma_load_2d(s.q[i], q, 0, row + kBlockM * i, &s.rows_full);
     tma_load_2d(s.dout[i], dout, 0, row + kBlockM * i, &s.rows_full);
   }
+}
+template <int STAGES, typename Smem>
+__device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int row) {
+  init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
+  load_query_tiles(s, q, dout, row);
 }
 
 // A consumer's place in the ring of stages.
@@ -610,9 +618,10 @@ inline int launch_forward(void (*kernel)(const Params, const Maps), int smem, ui
 
 // A δ pass's launch (delta_factored.cu, delta_wide.cu: Maps holds q, dout, k, v) over 128-query CTAs: the device and
 // shared memory prepared, Q̂ and dÔ mapped in boxes of 64 rows, K̂ and V̂ in boxes of `key_rows`.
-template <typename Params, typename Maps>
-inline int launch_delta(void (*kernel)(const Params, const Maps), int smem, uint32_t key_rows, const Params& p,
-                        int device, cudaStream_t stream) {
+// `grid`: the launch's if not empty, else cta_grid's; `extra`: the kernel's arguments after the maps.
+template <typename Params, typename Maps, typename... Extra>
+inline int launch_delta(void (*kernel)(const Params, const Maps, Extra...), int smem, uint32_t key_rows,
+                        const Params& p, int device, cudaStream_t stream, dim3 grid = dim3(0), Extra... extra) {
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
@@ -622,7 +631,7 @@ inline int launch_delta(void (*kernel)(const Params, const Maps), int smem, uint
       !encode_rows(&maps.k, p.k8, kv_rows, key_rows) || !encode_rows(&maps.v, p.v8, kv_rows, key_rows)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);
+  kernel<<<grid.x ? grid : cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps, extra...);
   return cudaGetLastError();
 }
 

@@ -636,6 +636,23 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
         cuda_lib.delta_wide(*args, variant="ws4")
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_persistent_delta_pass_takes_query_tiles_in_turn(dk_operands, causal):
+    """``w4pd`` (one CTA an SM taking query tiles from a counter) where the tiles outnumber the SMs, so that CTAs take
+    two or three in turn, their key tiles running on through one ring of stages (2 × 8 heads × 17 tiles of 128 queries,
+    the last ragged, GQA 8 on 2): ``w4p``'s bits, every run."""
+    n = 2100
+    assert 2 * 8 * -(-n // 128) > torch.cuda.get_device_properties(0).multi_processor_count
+    ops = dk_operands(n, causal, 8, 2)
+    s = ops["saved"]
+    args = (s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"], s["lse2"], n, causal,
+            ops["qk_scale"])
+    want = cuda_lib.delta_wide(*args, variant="w4p")
+    for _ in range(3):
+        got = cuda_lib.delta_wide(*args, variant="w4pd")
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 # causal and not; a CTA with one query (129), a ragged second half (1000, GQA 4 on 2), the 8K reference length
 @pytest.mark.parametrize("variant", cuda_lib.DELTA_WIDE_VARIANTS)
 @pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, True, 4, 2), (1000, False, 4, 2),
