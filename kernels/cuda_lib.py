@@ -119,8 +119,9 @@ issues the next tile's S before this tile's arithmetic, ``w4t`` is ``w4`` with t
 first tile's P (half a tile behind, no per-tile turns), ``w4pd`` is ``w4p`` persistent: one CTA an SM taking query
 tiles in the launch's order from a counter, the next tile's Q̂, dÔ and first key tiles loaded while the last one's
 terms are finished. The five give the same bits. On the H200 (CUPTI) at the reference shape ``w4p`` 1.217 ms, ``w4t``
-1.383 (session 21), ``w4po`` 1.363 (session 26); the tile's halves in turn (1.305) and a third consumer warpgroup
-(``w6``, 1.30 in session 23) went: kernels/NOTES.md."""
+1.383 (session 21), ``w4po`` 1.363 against 1.223; ``w4pd`` 1.171 against 1.186 at 8K but the step's quick bench at 4K
+413 → 373 TFLOP/s (session 26), so ``w4p`` stays the default; the tile's halves in turn (1.305) and a third consumer
+warpgroup (``w6``, 1.30 in session 23) went: kernels/NOTES.md."""
 DQ_VARIANTS = ("ws3",)
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn. (FA3's ping-pong, ``ws3pp`` and the forward's ``ws4pp``, gained nothing on the H200 and went: kernels/NOTES.md.)"""
@@ -134,8 +135,8 @@ FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po")
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
 before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
 to issue their products (FlashAttention-3's ping-pong), ``w4po`` is ``w4p`` with the second consumer started once the
-first has formed its first tile's P (built in session 25, not yet timed). Not Triton's bits; the four give the same
-bits."""
+first has formed its first tile's P (2% slower than ``w4p`` on the H200, session 26). Not Triton's bits; the four give
+the same bits."""
 
 
 class DvFactoredParams(ctypes.Structure):

@@ -21,8 +21,10 @@
 //   kOffset (w4po): w4p with the second consumer started once the first has formed its first tile's P: half a tile
 //     behind from then on, with no per-tile turns (w4t's cost), if the stages do not bring them back into step. Both
 //     consumers wait on the same `full` barriers and reach their exponentials together in w4p (ncu: tensor 46% and
-//     XU 47% summing to ≈ 93%); this asks whether that lockstep, not the per-tile turns, is what w4t fixed and paid for.
-// The four give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
+//     XU 47% summing to ≈ 93%); this asked whether that lockstep, not the per-tile turns, is what w4t fixed and paid
+//     for. No: w4po took 11% longer than w4p on the H200 (session 26), so the consumers in step are the better schedule;
+//   w4pd (delta_persistent, below): w4p persistent, one CTA an SM taking query tiles from a counter (−1.2% at 8K).
+// The five give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
 #include <cuda_runtime.h>
 
 #include <cstdint>
