@@ -289,15 +289,14 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
   consume<FORM>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
-
 // w4pd: w4p persistent (FlashAttention-3's persistent tile scheduler). One CTA an SM; its producer thread takes query
 // tiles (the linear index of tile_from_last, so the longest first, as the other forms' launch order) from `taken`
-// (zeroed before the launch), each the next one free as it starts the last (an atomicAdd, its latency behind a whole tile), and for
-// each: once the consumers are done with the last tile's q and dout (rows_empty), the tile's index into the stage
-// (s.tile), Q̂ and dÔ (rows_full), then its key tiles into the ring, whose stages and phases run on across the query
-// tiles; past the last tile it sets s.tile = −1 and completes rows_full. The consumers wait on rows_full, read s.tile
-// and run consume() on it. So a query tile's first loads overlap the last one's row terms, quad reductions and stores,
-// and no CTA launch falls between query tiles.
+// (zeroed before the launch), each the next one free as it starts the last (an atomicAdd, its latency behind a whole
+// tile), and for each: once the consumers are done with the last tile's q and dout (rows_empty), the tile's index
+// into shared memory (s.tile), Q̂ and dÔ (rows_full), then its key tiles into the ring, whose stages and phases run on
+// across the query tiles; past the last tile it sets s.tile = −1 and completes rows_full. The consumers wait on
+// rows_full, read s.tile and run consume() on it. So a query tile's first loads overlap the last one's row terms, quad
+// reductions and stores, and no CTA launch falls between query tiles.
 __device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps,
                                                  int* taken) {
   Smem& s = aligned_smem<Smem>(raw);
@@ -398,7 +397,7 @@ extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int devi
     if (cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&taken), sizeof(int), stream); err != cudaSuccess) {
       return err;
     }
-    int err = cudaMemsetAsync(taken, 0, sizeof(int), stream);
+    int err = int(cudaMemsetAsync(taken, 0, sizeof(int), stream));
     if (err == cudaSuccess) {
       err = launch_delta(dm_delta_wide_w4pd, dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream,
                          dim3(unsigned(tiles < sms ? tiles : sms)), taken);
