@@ -57,6 +57,22 @@ def test_summary_shares_and_distributions():
     assert got["spun_by_launch_tenth"][0] == 10 and got["spun_by_launch_tenth"][3] == 14
 
 
+def test_occupancy_of_a_launch_with_a_tail():
+    """Two SMs over 200 ns: CTA 0 (reducer 1 unused: one tile) 0-100, CTA 2 0-90 (its reducers' earliest start and
+    latest end), CTA 1 100-200; a fourth ran no tile. Resident: 2 for 0-90, 1 after; so the halves hold 1.9 and 1.0 on
+    average, the SMs are idle half the time for 110 ns (0.275 of their time) and half of the last 20 ns."""
+    dq_clock = _module()
+    n = len(dq_clock.SLOTS)
+    raw = np.zeros((4, 2 * n), dtype=np.uint64)
+    raw[0, 1], raw[0, 2] = 1_000, 1_100  # globaltimer ns
+    raw[1, 1], raw[1, 2], raw[1, n + 1], raw[1, n + 2] = 1_100, 1_200, 1_120, 1_180
+    raw[2, 1], raw[2, 2], raw[2, n + 1], raw[2, n + 2] = 1_010, 1_060, 1_000, 1_090
+    got = dq_clock.occupancy(raw, sms=2, parts=2, samples=200)
+    assert got["resident_by_part"] == [pytest.approx(1.9), pytest.approx(1.0)]
+    assert got["idle_share"] == pytest.approx(0.275)
+    assert got["idle_share_last_tenth"] == pytest.approx(0.05)
+
+
 def test_a_diagnostic_build_needs_its_own_folder(capsys):
     from deltamatch.kernels import cuda_build
 

@@ -12,6 +12,9 @@ and its wait's read alone (8). The counters cost a few
 instructions per tile (the reducer's registers are few), so the times are not the plain library's; the shares are what
 to read.
 
+Beside them, how full the GPU was over the launch (``occupancy``: CTAs resident over its span, the SMs' idle share and
+its part in the grid's tail). ``--occupancy FILE.npy ...`` prints that for saved counters, without a GPU.
+
 Usage (repo root, on the H200): ``DELTAMATCH_CUDA_LIB=build/cuda_clock/libdm_attn_sm90.so python3
 tools/device/dq_clock.py --out DIR`` (writes DIR/clock_<form>.npy: the raw (CTAs, 16) counters, and DIR/clock.jsonl).
 """
@@ -84,13 +87,43 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
     return out
 
 
+def occupancy(raw: np.ndarray, sms: int, parts: int = 20, samples: int = 2000) -> dict:
+    """How full the GPU was over one launch: the CTAs resident at `samples` evenly spaced instants of the launch's span
+    (a CTA from its first reducer's start to its last reducer's end, globaltimer), their mean in each of `parts` equal
+    parts of the span, and the share of the SMs' time (`sms` CTAs resident at once, one a SM) with none, overall and in
+    the span's last tenth (the grid's tail); the rest falls between a CTA's end and the next one's start on an SM (its
+    launch, its prologue before the reducers start, its epilogue after their last add)."""
+    n = len(SLOTS)
+    first = np.where(raw[:, n + 1] > 0, np.minimum(raw[:, 1], raw[:, n + 1]), raw[:, 1]).astype(np.float64)
+    last = np.maximum(raw[:, 2], raw[:, n + 2]).astype(np.float64)
+    live = last > 0
+    first, last = first[live], last[live]
+    t0, t1 = first.min(), last.max()
+    at = t0 + (np.arange(samples) + 0.5) * (t1 - t0) / samples
+    resident = ((first[:, None] <= at) & (last[:, None] > at)).sum(axis=0)
+    idle = np.clip(sms - resident, 0, None) / sms
+    tail = samples - samples // 10
+    return dict(resident_by_part=[round(float(p.mean()), 1) for p in np.array_split(resident, parts)],
+                idle_share=round(float(idle.mean()), 4),
+                idle_share_last_tenth=round(float(idle[tail:].sum() / samples), 4))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="folder for clock_<form>.npy and clock.jsonl")
+    parser.add_argument("--out", help="folder for clock_<form>.npy and clock.jsonl")
+    parser.add_argument("--occupancy", nargs="+", metavar="NPY",
+                        help="no launch: print occupancy() of saved counters (clock_<form>_<rep>.npy) and stop")
+    parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU that ran them (occupancy)")
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--bh", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="launches read per form (each after a warm-up)")
     args = parser.parse_args(argv)
+    if args.occupancy:
+        for path in args.occupancy:
+            print(json.dumps(dict(file=path, **occupancy(np.load(path), args.sms))))
+        return 0
+    if not args.out:
+        parser.error("--out is required to launch")
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_quant import padded_len
 
@@ -125,7 +158,8 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             raw = read(lib, ctas, slots)
             np.save(os.path.join(args.out, f"clock_{form}_{rep}.npy"), raw)
-            row = dict(form=form, rep=rep, **summary(raw, blocks))
+            row = dict(form=form, rep=rep, **summary(raw, blocks),
+                       **occupancy(raw, torch.cuda.get_device_properties(0).multi_processor_count))
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(os.path.join(args.out, "clock.jsonl"), "w") as f:
