@@ -263,8 +263,9 @@ switch until the H200 has timed it). The pairs take precedence."""
 
 CUDA_FWD_SWITCH = "DELTAMATCH_KERNEL_CUDA_FWD"
 """``matched_factored``'s forward through the CUDA kernel over 128-key tiles (``kernels/cuda/fwd_wide.cu``, V̂ᶜ written
-in its fragment order): a variant of ``cuda_lib.FWD_WIDE_VARIANTS`` runs it (an error where it cannot run); ``0``: the forward :data:`triton_bwd.CUDA_SWITCH` picks (Triton's, or with that switch at ``1`` the
-CUDA kernel with Triton's bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128, bf16 or fp16, and
+in its fragment order): a variant of ``cuda_lib.FWD_WIDE_VARIANTS`` runs it (an error where it cannot run); ``0``:
+the forward :data:`triton_bwd.CUDA_SWITCH` picks (Triton's, or with that switch at ``1`` the CUDA kernel with Triton's
+bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128, bf16 or fp16, and
 ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's forward elsewhere."""
 CUDA_FWD_DEFAULT = "w4p"
 """The forward where :data:`CUDA_FWD_SWITCH` is unset: on the H200 (session 20 call 4, CUPTI at the reference shape,

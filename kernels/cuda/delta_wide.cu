@@ -264,9 +264,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
 template <int FORM>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
-  const CtaTile cta = cta_from_last(kQuerySectionHeads);  // causal: the longest CTAs first
-  const int start_cta = int(cta.block) * kCtaRows;
-  const int64_t bh = cta.bh, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
   if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
@@ -302,11 +300,8 @@ __device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactor
   Smem& s = aligned_smem<Smem>(raw);
   const unsigned blocks = unsigned(p.n + kCtaRows - 1) / kCtaRows, heads = unsigned(p.b * p.h);
   const unsigned count = blocks * heads;
-  auto coords = [&](unsigned linear, int& start_cta, int64_t& bh, int64_t& bh_kv) {
-    const CtaTile t = tile_from_last(linear, blocks, heads, kQuerySectionHeads);
-    start_cta = int(t.block) * kCtaRows;
-    bh = t.bh;
-    bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  auto tile = [&](unsigned linear) {
+    return query_tile(tile_from_last(linear, blocks, heads, kQuerySectionHeads), p);
   };
   if (threadIdx.x == 0) {
     mbar_init(&s.rows_empty, kConsumers * kThreads / 32);
@@ -320,9 +315,7 @@ __device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactor
       int j0 = 0, it = 0;
       for (unsigned linear = blockIdx.x; linear < count; ++it) {
         const unsigned next = unsigned(atomicAdd(taken, 1)) + gridDim.x;
-        int start_cta;
-        int64_t bh, bh_kv;
-        coords(linear, start_cta, bh, bh_kv);
+        const auto [start_cta, bh, bh_kv] = tile(linear);
         if (it > 0) mbar_wait(&s.rows_empty, (it - 1) & 1);
         s.tile = int(linear);
         load_query_tiles(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
@@ -350,9 +343,7 @@ __device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactor
     mbar_wait(&s.rows_full, it & 1);
     const int linear = *reinterpret_cast<volatile int*>(&s.tile);
     if (linear < 0) break;
-    int start_cta;
-    int64_t bh, bh_kv;
-    coords(unsigned(linear), start_cta, bh, bh_kv);
+    const auto [start_cta, bh, bh_kv] = tile(unsigned(linear));
     consume<kPipelined>(s, p, role - 1, bh, bh_kv, start_cta, j0, -1, &s.rows_empty);
     j0 += WideTiles(start_cta, p.n, p.causal, kCtaRows).tiles;
   }

@@ -487,6 +487,16 @@ __device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned bloc
 __device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
   return tile_from_last(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
 }
+// The query tile a CTA (or a persistent CTA's turn) runs: its first query, query head and kv head (GQA).
+struct QueryTile {
+  int start;
+  int64_t bh, bh_kv;
+};
+template <typename Params>
+__device__ __forceinline__ QueryTile query_tile(CtaTile t, const Params& p) {
+  const int64_t bh = t.bh;
+  return {int(t.block) * kCtaRows, bh, (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv)};
+}
 // Heads a section for the query-stationary kernels: a model of the launch (132 CTAs at a time, each CTA's time its key
 // tiles) puts the causal grid's tail at 3.8% of its time at N = 8K, B·H = 64 in blockIdx order, 2.8% with each head
 // reversed alone and 0.1% with sections of 2 to 8 heads; 4 heads' K̂ and V̂ at 8K are 8 MB of L2.

@@ -269,9 +269,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
 template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
-  const CtaTile cta = cta_from_last(kQuerySectionHeads);  // causal: the longest CTAs first
-  const int start_cta = int(cta.block) * kCtaRows;
-  const int64_t bh = cta.bh, bh_kv = (bh / p.h) * p.h_kv + (bh % p.h) / (p.h / p.h_kv);
+  const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
   if (threadIdx.x == 0) {
     init_stage_barriers<kStages>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
     const int row = int(bh * p.n_pad + start_cta);

@@ -48,6 +48,14 @@ def read(lib, ctas: int, slots: int) -> np.ndarray:
     return buf
 
 
+def spans(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each CTA's first reducer start and last reducer end (globaltimer ns; reducer 0 always runs, reducer 1 only
+    where the CTA has a second tile: 0 otherwise)."""
+    n = len(SLOTS)
+    first = np.minimum(raw[:, 1], np.where(raw[:, n + 1] > 0, raw[:, n + 1], raw[:, 1])).astype(np.float64)
+    return first, np.maximum(raw[:, 2], raw[:, n + 2]).astype(np.float64)
+
+
 def summary(raw: np.ndarray, blocks: int) -> dict:
     """The shares and distributions the module docstring names, from one launch's counters (rows in blockIdx order,
     which is launch order)."""
@@ -59,8 +67,7 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
     live = col["tiles"] > 0
     where = raw[:, 0]
     block = (where & 0xFFFF).astype(np.int64)
-    first = np.minimum(raw[:, 1], np.where(raw[:, n + 1] > 0, raw[:, n + 1], raw[:, 1])).astype(np.float64)
-    last = np.maximum(raw[:, 2], raw[:, n + 2]).astype(np.float64)
+    first, last = spans(raw)
     reducer_ns = col["end_ns"] - col["start_ns"]  # both reducers' time: the denominator of every share
     clk_per_ns = (col["end_clk"] - col["start_clk"])[live].sum() / reducer_ns[live].sum()
     total_clk = reducer_ns[live].sum() * clk_per_ns
@@ -93,9 +100,7 @@ def occupancy(raw: np.ndarray, sms: int, parts: int = 20, samples: int = 2000) -
     parts of the span, and the share of the SMs' time (`sms` CTAs resident at once, one a SM) with none, overall and in
     the span's last tenth (the grid's tail); the rest falls between a CTA's end and the next one's start on an SM (its
     launch, its prologue before the reducers start, its epilogue after their last add)."""
-    n = len(SLOTS)
-    first = np.where(raw[:, n + 1] > 0, np.minimum(raw[:, 1], raw[:, n + 1]), raw[:, 1]).astype(np.float64)
-    last = np.maximum(raw[:, 2], raw[:, n + 2]).astype(np.float64)
+    first, last = spans(raw)
     live = last > 0
     first, last = first[live], last[live]
     t0, t1 = first.min(), last.max()
