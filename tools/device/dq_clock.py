@@ -7,8 +7,9 @@ shares of it the reducer spent waiting for tiles' turns, for the consumers' prod
 buffer and for its last add's writes;
 the consumers' waits for the reducer (``dq_empty``) and for each other (``ds_full``); how many turns were not reached at
 the first poll; then the turn waits by key block (in eighths of the sequence) and by launch position (in tenths).
-Forms: any order, ordered with the launch order only (sync 3, the control), ordered (sync 0), its count alone (7)
-and its wait's read alone (8). The counters cost a few
+Forms (``--forms``; all by default): any order, ordered with the launch order only (sync 3, the control), ordered
+(sync 0), its count alone (7), its wait's read alone (8), and what ``cuda_lib`` dispatches (``dispatched``: ws3x,
+ordered, sync 11). The counters cost a few
 instructions per tile (the reducer's registers are few), so the times are not the plain library's; the shares are what
 to read.
 
@@ -38,6 +39,11 @@ SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "ful
 REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
            "spun")
 """The counters both reducers keep, summed per CTA (``turn_max_clk``, the longest wait, is their maximum)."""
+
+
+FORMS = (("any", "ws3", False, 0), ("order_only", "ws3", True, 3), ("ordered", "ws3", True, 0),
+         ("count_only", "ws3", True, 7), ("read_only", "ws3", True, 8), ("dispatched", "ws3x", True, 11))
+"""(form, dK/dV variant, ordered, dq_sync) of each launch."""
 
 
 def read(lib, ctas: int, slots: int) -> np.ndarray:
@@ -121,6 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU that ran them (occupancy)")
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--bh", type=int, default=64)
+    parser.add_argument("--forms", nargs="+", choices=[f[0] for f in FORMS], help="forms to launch (default: all)")
     parser.add_argument("--repeats", type=int, default=2, help="launches read per form (each after a warm-up)")
     args = parser.parse_args(argv)
     if args.occupancy:
@@ -146,20 +153,18 @@ def main(argv=None) -> int:
     blocks = padded_len(args.n) // 128
     ctas = blocks * args.bh
 
-    def launch(ordered, sync):
-        return fused("ws3", ordered, 0, sync)()
-
     rows = []
-    forms = (("any", False, 0), ("order_only", True, 3), ("ordered", True, 0), ("count_only", True, 7),
-             ("read_only", True, 8))
-    for form, ordered, sync in forms:
+    for form, variant, ordered, sync in FORMS:
+        if args.forms and form not in args.forms:
+            continue
+        launch = fused(variant, ordered, 0, sync)
         for rep in range(args.repeats):
             for _ in range(3):
-                launch(ordered, sync)
+                launch()
             torch.cuda.synchronize()
             if lib.dm_dq_clock_clear():
                 raise RuntimeError("dm_dq_clock_clear failed")
-            launch(ordered, sync)
+            launch()
             torch.cuda.synchronize()
             raw = read(lib, ctas, slots)
             np.save(os.path.join(args.out, f"clock_{form}_{rep}.npy"), raw)
