@@ -94,17 +94,21 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
 and dK, and ``ws3s`` (unpromoted only) runs each tile in turn. ``ws3x`` (with dQ only) is ``ws3`` with dQ's dŜ tile
 written by lane exchange, a 32-bit word a store (``to_fragments_exchanged``: 61 instructions fewer a thread and tile in
-the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same places, so ``ws3``'s bits."""
+the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same places, so ``ws3``'s bits. ``ws3xp``
+(with dQ, ordered, only) is ``ws3x`` persistent: one CTA an SM takes key blocks in the ordered launch's order from a
+counter and loads the next block's K̂ and V̂ while the last one's dK and dV are stored; ``ws3x``'s ordered bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x",)
+DKDV_DQ_ONLY = ("ws3x", "ws3xp")
+DKDV_ORDERED_ONLY = ("ws3xp",)
+"""The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
@@ -519,6 +523,8 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     if k8t is not None and variant not in DKDV_WITH_DQ:
         raise ValueError(f"variant {variant!r} is not built with dQ: expected one of {DKDV_WITH_DQ}")
+    if k8t is not None and not ordered and variant in DKDV_ORDERED_ONLY:
+        raise ValueError(f"variant {variant!r} is built with its dQ adds ordered only: pass ordered=True")
     if k8t is None and variant in DKDV_DQ_ONLY:
         raise ValueError(f"variant {variant!r} is built with dQ only: call dqdkdv_factored, or pass one of "
                          f"{tuple(v for v in DKDV_VARIANTS if v not in DKDV_DQ_ONLY)}")
@@ -550,7 +556,8 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         sem, heads = None, 0
         if ordered:
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
-            sem = torch.empty((b, h, n_pad // 64), dtype=torch.int32, device=device)  # zeroed by the launch
+            # a counter per query tile, and ws3xp's count of key blocks taken; zeroed by the launch
+            sem = torch.empty(b * h * (n_pad // 64) + 1, dtype=torch.int32, device=device)
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),
                  None if sem is None else sem.data_ptr(), heads, int(sync)]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),

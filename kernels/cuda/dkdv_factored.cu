@@ -82,6 +82,12 @@ struct __align__(1024) Smem {
   float lse[STAGES][kBlockM], delta[STAGES][kBlockM], irs[STAGES][kBlockM];  // irs: div.full(1, s)
   StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], kv_full;
+  // the persistent form (dkdv_persistent): kv_empty, once the consumers are done with a key block's K̂, V̂ and K̂ᶜᵀ
+  // (8 arrivals, one a consumer warp); the key blocks taken, item[i] (a linear index of tile_from_last, −1: none
+  // left), filled by the producer thread (item_full[i], 1 arrival) and read by the consumer warps and the reducers
+  // (item_empty[i], 8 + 2 arrivals)
+  uint64_t kv_empty, item_full[2], item_empty[2];
+  int item[2];
 };
 // What the DQ form adds after Smem (whose size is a multiple of 1024).
 struct __align__(1024) DqSmem {
@@ -277,9 +283,12 @@ __host__ __device__ constexpr bool stores_first(int sync) {
 // turn (an acquire round trip) and the wait for the add's writes (L2's reduction, 2-3 µs under load) — one reducer
 // made the ordered form wait on them (session 15, tools/device/dq_clock.py). What two left of its cost is the wait
 // for the writes itself (or an acquire or proxy fence in the read): once a tile it slows the consumers' loops ≈ 6%.
+// `j0`: the tiles the CTA walked before this key block (the persistent form), where the dQ buffers' turns and phases
+// go on from; returns the count after it. `drain`: wait for the last add's writes at the end (not between a persistent
+// CTA's key blocks).
 template <bool ORDERED, int STAGES, typename Sched>
-__device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w, int block,
-                                          int r) {
+__device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w,
+                                              int block, int r, uint32_t j0 = 0, bool drain = true) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
   const bool waits = p.dq_sync != kCountOnly;
@@ -305,7 +314,8 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   DqClock::put(kStartNs, DqClock::ns(), r);
   DqClock::put(kStartClk, DqClock::now(), r);
   unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
-  for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
+  uint32_t j = j0;
+  for (; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
@@ -338,7 +348,7 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
     count_clk += unsigned(DqClock::now() - t3);
     ++tiles;
   }
-  bulk_wait<0>();
+  if (drain) bulk_wait<0>();
   DqClock::put(kEndNs, DqClock::ns(), r);
   DqClock::put(kEndClk, DqClock::now(), r);
   DqClock::put(kTurnClk, turn_clk, r);
@@ -348,12 +358,13 @@ __device__ __forceinline__ void reduce_dq(DqSmem& x, const DkdvFactoredParams& p
   DqClock::put(kTiles, tiles, r);
   DqClock::put(kSpun, spun, r);
   DqClock::put(kTurnMaxClk, turn_max, r);
+  return j;
 }
 
 template <int STAGES, typename Sched>
-__device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
-                                        Walk<STAGES, Sched> w) {
-  produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+__device__ __forceinline__ uint32_t produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
+                                            Walk<STAGES, Sched> w, uint32_t j0 = 0) {
+  return produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
     const int64_t row = at.bh * p.n_pad + at.start;
     tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
     tma_load_2d(s.dout[st], &maps.dout, 0, int(row), full);
@@ -362,14 +373,27 @@ __device__ __forceinline__ void produce(Smem<STAGES>& s, const DkdvFactoredParam
     bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
     bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
     bulk_load(s.irs[st], p.irs + row, kBlockM * sizeof(float), full);
-  });
+  }, j0);
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false>
+// A consumer's key block: its batch, kv head and first key.
+struct KvBlock {
+  int b, h_kv, start_n;
+};
+// Where the epilogue stores a consumer's dK and dV: the block it was given (a persistent CTA's, read again from shared
+// memory after the tile loop instead of kept in registers through it).
+struct SameBlock {
+  __device__ KvBlock operator()(int b, int h_kv, int start_n) const { return {b, h_kv, start_n}; }
+};
+
+// With DQ, `ring` and `j0` (the stages and tiles walked before this key block) go on across a persistent CTA's key
+// blocks: K̂ and V̂ are those of kv_full's phase `kv_phase`, where `kv_empty` is set each warp arrives on it once the
+// key block's last product has read them, and `where` gives the block again for the epilogue.
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
-                                        int start_n) {
+                                        int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
+                                        uint64_t* kv_empty = nullptr, Where where = {}) {
   const bool releaser = threadIdx.x % 32 == 0;
-  Ring<STAGES> ring;
   auto take = [&](Tile& t) { return ring.take(s.info, s.full, s.empty, half, releaser, t); };
   const uint8_t* k = s.k[half];
   const uint8_t* v = s.v[half];
@@ -418,14 +442,14 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     finish_acc<true>(dk, part);
   };
 
-  auto epilogue = [&](const float (&dv)[kHeadDim / 2], const float (&dk)[kHeadDim / 2], int64_t bh) {
+  auto epilogue = [&](const float (&dv)[kHeadDim / 2], const float (&dk)[kHeadDim / 2], int64_t bh, KvBlock at) {
     const float* sdoc = p.sdoc + bh * kHeadDim;
     const float* sqc = p.sqc + bh * kHeadDim;
     const float scale = p.softmax_scale;
     store_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
-               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
     store_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk,
-               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, b, h_kv, start_n, p.n);
+               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
   };
 
   if constexpr (DQ) {
@@ -433,14 +457,15 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     DqSmem& x = dq_smem(s);
     const int t_in_group = threadIdx.x % kThreads;
     const uint8_t* kt = x.kt + half * (kHeadDim / 2) * kCtaRows;  // this half's 64 channels x 128 keys
-    mbar_wait(&s.kv_full, 0);
+    mbar_wait(&s.kv_full, kv_phase);
     float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};
     int64_t head = -1;
     Tile t;
     bool use;
     unsigned empty_clk = 0, peer_clk = 0, stage_clk = 0;  // DqClock's counts
     const auto loop_start = DqClock::now();
-    for (uint32_t j = 0;; ++j) {
+    uint32_t j = j0;
+    for (;; ++j) {
       const auto c = DqClock::now();
       if (!ring.next(s.info, s.full, half, t, use)) break;
       stage_clk += unsigned(DqClock::now() - c);
@@ -502,13 +527,15 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       fence_async_shared();
       mbar_arrive(&x.dq_full[j & 1]);
     }
+    j0 = j;
+    if (kv_empty && releaser) mbar_arrive(kv_empty);
     if (t_in_group == 0) {
       DqClock::put(kEmptyClk0 + half, empty_clk);
       DqClock::put(kPeerClk0 + half, peer_clk);
       DqClock::put(kStageClk0 + half, stage_clk);
       DqClock::put(kLoopClk0 + half, DqClock::now() - loop_start);
     }
-    if (head >= 0) epilogue(dv, dk, head);  // else no key of this half below N
+    if (head >= 0) epilogue(dv, dk, head, where(b, h_kv, start_n));  // else no key of this half below N
     return;
   }
 
@@ -583,7 +610,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     fence_operands(dv);
     fence_operands(dk);
   }
-  epilogue(dv, dk, cur.bh);
+  epilogue(dv, dk, cur.bh, KvBlock{b, h_kv, start_n});
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false>
@@ -643,8 +670,137 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   }
   claim_registers<kConsumerRegs>();
   const CtaCoords cta = coords();
+  Ring<STAGES> ring;
+  uint32_t j0 = 0;
   consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE>(s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv,
-                                                    cta.block * kCtaRows + kBlockN * (role - 1));
+                                                    cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
+}
+
+// ws3xp: ws3x ordered, persistent (FlashAttention-3's persistent tile scheduler, as the δ pass's w4pd). One CTA an
+// SM; its producer thread takes key blocks from `taken` (zeroed before the launch), each the linear index of
+// tile_from_last in the ordered launch's order (the shortest first, kv heads interleaved by dq_section_heads), the next
+// one as it starts the last (an atomicAdd, its latency behind a whole key block), and for each: the block's index into
+// the item ring (item_full, item_empty: two slots, read by the consumer warps and the reducers), then, once the
+// consumers are done with the last block's K̂, V̂ and K̂ᶜᵀ (kv_empty), this block's (kv_full, one phase a block),
+// then its query tiles into the ring, whose stages and phases run on across the blocks as the dŜ and dQ buffers'
+// turns do; past the last block it puts −1 into the item ring. So a block's K̂, V̂ and first tiles load while the last
+// block's dK and dV are scaled and stored and its last adds land, and no CTA launch falls between blocks. Every block
+// is taken from the counter, the first one too: a block's adds wait only for blocks taken before it, each held by a
+// CTA that runs (however few of the grid's CTAs are resident), so no wait can deadlock. The dQ adds and dK, dV are
+// ws3x's ordered bits.
+template <int STAGES>
+__device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps,
+                                                int* taken) {
+  using Sched = IncreasingSchedule;
+  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  DqSmem& x = dq_smem(s);
+  constexpr int kConsumerWarps = kConsumers * kThreads / 32;
+  if (threadIdx.x == 0) {
+    init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumerWarps);
+    mbar_init(&s.kv_empty, kConsumerWarps);
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(&s.item_full[i], 1);
+      mbar_init(&s.item_empty[i], kConsumerWarps + 2);
+      mbar_init(&x.ds_full[i], kConsumers * kThreads);
+      mbar_init(&x.ds_empty[i], kConsumers * kThreads);
+      mbar_init(&x.dq_full[i], kConsumers * kThreads);
+      mbar_init(&x.dq_empty[i], 1);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
+  // the key block of item slot `it` % 2, once filled: its linear index, or −1 (none left)
+  auto item = [&](uint32_t it) {
+    mbar_wait(&s.item_full[it & 1], (it >> 1) & 1);
+    return *reinterpret_cast<volatile int*>(&s.item[it & 1]);
+  };
+  // the key block and kv head of linear index `linear`, computed where a role uses them (after the register split:
+  // a value live across it would be spilled)
+  auto block_of = [&](unsigned linear) {
+    const unsigned blocks = unsigned(p.n + kCtaRows - 1) / kCtaRows, heads = unsigned(p.b * p.h_kv);
+    return tile_from_last(linear, blocks, heads, unsigned(p.dq_section_heads));
+  };
+  auto walk_of = [&](unsigned linear, unsigned& block, int64_t& bh_kv) {
+    const CtaTile t = block_of(linear);
+    block = t.block;
+    bh_kv = t.bh;
+    const int group = p.h / p.h_kv, b = int(t.bh) / p.h_kv, h_kv = int(t.bh) % p.h_kv;
+    const int start_n = int(t.block) * kCtaRows;
+    Sched second(start_n + kBlockN, p.n, p.causal);
+    if (start_n + kBlockN >= p.n) second.tiles = 0;  // no key of the second half exists
+    return Walk<STAGES, Sched>(Sched(start_n, p.n, p.causal), second, int64_t(b) * p.h + int64_t(h_kv) * group,
+                               group);
+  };
+  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
+  if (role == 0) {
+    release_registers<kProducerRegs>();
+    if (threadIdx.x == 0) {  // the loads' issuer
+      uint32_t j0 = 0;
+      unsigned linear = unsigned(atomicAdd(taken, 1));
+      for (uint32_t it = 0;; ++it) {
+        if (it >= 2) mbar_wait(&s.item_empty[it & 1], ((it >> 1) & 1) ^ 1);
+        const bool more = linear < unsigned((p.n + kCtaRows - 1) / kCtaRows) * unsigned(p.b * p.h_kv);
+        s.item[it & 1] = more ? int(linear) : -1;
+        mbar_arrive(&s.item_full[it & 1]);
+        if (!more) break;
+        const unsigned next = unsigned(atomicAdd(taken, 1));
+        unsigned block;
+        int64_t bh_kv;
+        const Walk<STAGES, Sched> walk = walk_of(linear, block, bh_kv);
+        const int row = int(bh_kv * p.n_pad + block * kCtaRows);
+        if (it > 0) mbar_wait(&s.kv_empty, (it - 1) & 1);
+        mbar_arrive_expect_tx(&s.kv_full, 3 * kCtaRows * kHeadDim);
+#pragma unroll
+        for (int i = 0; i < kConsumers; ++i) {
+          tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
+          tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
+        }
+        tma_load_2d(x.kt, &maps.kt, int(block * kCtaRows), int(bh_kv * kHeadDim), &s.kv_full);
+        j0 = produce(s, p, maps, walk, j0);
+        linear = next;
+      }
+    } else if (threadIdx.x == 32 || threadIdx.x == 64) {  // the two reducers
+      const int r = threadIdx.x / 32 - 1;
+      uint32_t j0 = 0;
+      for (uint32_t it = 0;; ++it) {
+        const int linear = item(it);
+        mbar_arrive(&s.item_empty[it & 1]);
+        if (linear < 0) break;
+        unsigned block;
+        int64_t bh_kv;
+        const Walk<STAGES, Sched> walk = walk_of(unsigned(linear), block, bh_kv);
+        j0 = reduce_dq<true>(x, p, walk, int(block), r, j0, false);
+      }
+      bulk_wait<0>();
+    }
+    return;
+  }
+  claim_registers<kConsumerRegs>();
+  const bool releaser = threadIdx.x % 32 == 0;
+  Ring<STAGES> ring;
+  uint32_t j0 = 0;
+  // the blocks this thread has taken, kept in local memory: one load and store a block, where a register live through
+  // the tile loop cost 15 of the accumulators' registers spilled inside it (the SASS)
+  volatile uint32_t taken_here = 0;
+  for (;;) {
+    const uint32_t it = taken_here;
+    taken_here = it + 1;
+    const int linear = item(it);
+    if (linear < 0) break;
+    const int half = role - 1;
+    const CtaTile t = block_of(unsigned(linear));
+    // the epilogue's block from the item slot again, which the producer refills only after this warp's arrival below
+    auto where = [&](int, int, int) {
+      const CtaTile again = block_of(unsigned(*reinterpret_cast<volatile int*>(&s.item[(taken_here - 1) & 1])));
+      return KvBlock{int(again.bh) / p.h_kv, int(again.bh) % p.h_kv, int(again.block) * kCtaRows + kBlockN * half};
+    };
+    ring.done = false;
+    consume<true, false, STAGES, true, true>(s, p, half, int(t.bh) / p.h_kv, int(t.bh) % p.h_kv,
+                                             int(t.block) * kCtaRows + kBlockN * half, ring, j0, it & 1,
+                                             &s.kv_empty, where);
+    __syncwarp();
+    if (releaser) mbar_arrive(&s.item_empty[it & 1]);
+  }
 }
 
 }  // namespace dkdv
@@ -670,6 +826,12 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, t
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq, true, false, 3, true, false, true)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, true, true)
 #undef DM_DKDV_KERNEL
+extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
+    dm_dkdv_factored_ws3xp_promoted_dq_ordered(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps,
+                                               int* taken) {
+  extern __shared__ uint8_t smem[];
+  dm::dkdv::dkdv_persistent<3>(smem, p, maps, taken);
+}
 
 // dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
 // block of 128 threads per 64 queries and query head; each thread reads the float4s a consumer thread wrote (dq_order),
@@ -755,17 +917,20 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 
 }  // namespace
 
+// variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
+// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
   if (!valid_shape(*p)) return cudaErrorInvalidValue;
-  const bool dq = p->dq_acc != nullptr;
-  const DkdvLaunch launch = dkdv_launch(variant, promote != 0, dq, p->dq_sem != nullptr);
-  if (!launch.kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
-  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(launch.kernel), launch.smem, device);
-      err != cudaSuccess) {
-    return err;
-  }
+  const bool dq = p->dq_acc != nullptr, persistent = variant == 4;
+  const DkdvLaunch launch = persistent ? DkdvLaunch{nullptr, dm::dkdv::smem_bytes<3, true>()}
+                                       : dkdv_launch(variant, promote != 0, dq, p->dq_sem != nullptr);
+  const void* kernel = persistent ? reinterpret_cast<const void*>(dm_dkdv_factored_ws3xp_promoted_dq_ordered)
+                                  : reinterpret_cast<const void*>(launch.kernel);
+  if (persistent && (!dq || p->dq_sem == nullptr || promote == 0)) return cudaErrorInvalidValue;
+  if (!kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
+  if (cudaError_t err = prepare_launch(kernel, launch.smem, device); err != cudaSuccess) return err;
   dm::dkdv::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
   const uint64_t channel_rows = uint64_t(p->b) * p->h * kHeadDim;
@@ -782,12 +947,24 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
     if (p->dq_sem == nullptr || !dm::dkdv::stores_first(p->dq_sync)) {
       if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
     }
-    if (p->dq_sem != nullptr) {
-      const size_t counters = size_t(p->b) * p->h * (n_pad / kBlockM) * sizeof(int);
+    if (p->dq_sem != nullptr) {  // and the int after them (ws3xp's count of key blocks taken)
+      const size_t counters = (size_t(p->b) * p->h * (n_pad / kBlockM) + 1) * sizeof(int);
       if (cudaError_t err = cudaMemsetAsync(p->dq_sem, 0, counters, stream); err != cudaSuccess) return err;
     }
   }
-  launch.kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, launch.smem, stream>>>(*p, maps);
+  const dim3 grid = cta_grid(p->n, p->b * p->h_kv);
+  if (persistent) {
+    int sms = 0;
+    if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) {
+      return err;
+    }
+    const int64_t blocks = int64_t(grid.x) * grid.y;
+    int* taken = p->dq_sem + size_t(p->b) * p->h * (n_pad / kBlockM);
+    dm_dkdv_factored_ws3xp_promoted_dq_ordered<<<unsigned(blocks < sms ? blocks : sms), kCtaThreads, launch.smem,
+                                                 stream>>>(*p, maps, taken);
+  } else {
+    launch.kernel<<<grid, kCtaThreads, launch.smem, stream>>>(*p, maps);
+  }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;
   dm_dkdv_dq_epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);
   return cudaGetLastError();

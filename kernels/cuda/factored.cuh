@@ -446,16 +446,21 @@ struct Walk {
 };
 
 // The producer thread's loop: for each position of the walk, once its stage is free again, the stage's StageInfo and
-// `load(stage, walk, full)`, the TMA loads of `bytes` bytes counted on the stage's `full` barrier.
+// `load(stage, walk, full)`, the TMA loads of `bytes` bytes counted on the stage's `full` barrier. `j0`: the stages the
+// ring has filled before this walk (a persistent CTA's earlier work), where its stages and phases go on from; returns
+// the count after it.
 template <int STAGES, typename Sched, typename Load>
-__device__ __forceinline__ void produce_walk(StageInfo* info, uint64_t* full, uint64_t* empty, Walk<STAGES, Sched> w,
-                                             uint32_t bytes, Load load) {
-  for (int j = 0; !w.done(); ++j, w.advance()) {
+__device__ __forceinline__ uint32_t produce_walk(StageInfo* info, uint64_t* full, uint64_t* empty,
+                                                 Walk<STAGES, Sched> w, uint32_t bytes, Load load, uint32_t j0 = 0) {
+  int j = int(j0);
+  if (j0 > 0) w.stage = j % STAGES, w.phase = uint32_t(j / STAGES) & 1;
+  for (; !w.done(); ++j, w.advance()) {
     if (j >= STAGES) mbar_wait(&empty[w.stage], w.phase ^ 1);
     info[w.stage] = {w.start, w.flags(), w.bh};
     mbar_arrive_expect_tx(&full[w.stage], bytes);
     load(w.stage, w, &full[w.stage]);
   }
+  return uint32_t(j);
 }
 
 // The key tiles of a CTA of 128 queries from start_cta (the forward, dQ), its two 64-query halves merged: a second

@@ -196,6 +196,8 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, 0, 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, cuda_lib.DKDV_VARIANTS.index("ws3x"), 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
+    # the persistent form: ordered adds only (no dq_sem, which also holds its count of key blocks taken)
+    assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3xp"), 0, None) == 1
     fused.dq_sem = 16  # ordered adds need a section of at least one kv head
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, 0, 0, None) == 1
     if not torch.cuda.is_available():
@@ -321,7 +323,8 @@ def test_a_dq_only_dkdv_form_without_dq_is_refused_by_name():
     t = torch.empty(0)
     with pytest.raises(ValueError, match=r"variant 'ws3x' is built with dQ only: call dqdkdv_factored"):
         cuda_lib.dkdv_factored(*[t] * 15, 100, True, 1.0, 1.0, variant="ws3x")
-    with pytest.raises(ValueError, match=r"variant 'ws4' is not built with dQ: expected one of \('ws3', 'ws3x'\)"):
+    expected = r"\('ws3', 'ws3x', 'ws3xp'\)"
+    with pytest.raises(ValueError, match=r"variant 'ws4' is not built with dQ: expected one of " + expected):
         cuda_lib.dqdkdv_factored(*[t] * 17, 100, True, 1.0, 1.0, variant="ws4", sync=11)
 
 

@@ -535,6 +535,28 @@ def test_the_ds_tile_by_lane_exchange_gives_ws3s_bits(dk_operands, n, causal, or
         assert relative_error(ours[0], base[0]) < 1e-3
 
 
+@pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (256, False, 2, 2), (1000, True, 8, 2),
+                                              (1024, True, 2, 2), (4096, False, 4, 2), (8192, True, 8, 8)])
+def test_the_persistent_form_gives_ws3x_ordered_bits(dk_operands, n, causal, h, hk):
+    """``ws3xp`` runs ``ws3x`` ordered in one CTA an SM, each taking key blocks from a counter in the ordered launch's
+    order: the same products summed in the same order, so dQ, dK and dV are ``ws3x``'s bits. The ring's stages, the
+    dŜ and dQ buffers' turns and the K̂/V̂ barrier's phase run on across a CTA's key blocks, so a block that took an
+    odd number of tiles (GQA's heads, the ragged end) shifts every later one's; 8192 queries on 8 heads are 512 key
+    blocks, about four a CTA. Each query tile's first add stores, so one run starts from a scratch of NaN: a tile left
+    unstored would carry it into dQ."""
+    ops = dk_operands(n, causal, h, hk)
+    s = ops["saved"]
+    nan_acc = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device)
+    base = cuda_dqdkdv(ops, variant="ws3x", ordered=True)
+    runs = [cuda_dqdkdv(ops, variant="ws3xp", ordered=True, dq_acc=acc) for acc in (None, nan_acc)]
+    torch.cuda.synchronize()
+    for ours in runs:
+        for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
+            assert torch.equal(a, b), f"{name} differs: relative {relative_error(a, b):.2e}"
+    with pytest.raises(ValueError, match="built with its dQ adds ordered only"):
+        cuda_dqdkdv(ops, variant="ws3xp", ordered=False)
+
+
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3x`` (dŜ's tile by lane exchange) unless
     ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3`` asks for the byte stores, and the two give the same gradients bit for bit

@@ -253,7 +253,8 @@ def dqdkdv_rows(ops, args, flop, do_bench):
     for variant in cuda_lib.DKDV_WITH_DQ:
         # any order; ordered with each section size and each way to order the adds (``dqdkdv_factored``'s ``sync``:
         # 3 is the control, the ordered launch order without waits)
-        forms = [(False, 0, 0)] + [(True, k, sync) for k in args.sections for sync in args.syncs]
+        forms = ([] if variant in cuda_lib.DKDV_ORDERED_ONLY else [(False, 0, 0)]) + [
+            (True, k, sync) for k in args.sections for sync in args.syncs]
         for ordered, heads, sync in forms:
             launch = fused(variant, ordered, heads, sync)
             got = launch()
