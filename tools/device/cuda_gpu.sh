@@ -19,7 +19,7 @@
 # ($OUT/ab.tgz; tools/device/ab_compare.py).
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
-#   [AB_ROUNDS=2] bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,ncu]
+#   [AB_ROUNDS=2] [ROUNDS=2 DELTA_BENCH=1 (variants)] bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -58,11 +58,13 @@ if has bench; then
   stamp "bench done"
 fi
 if has variants; then  # each setting a space-separated list of VAR=value (or "default"), settings separated by ';'
-  timeout 180 python3 tools/device/delta_bench.py 128 2>&1 | tail -12
-  stamp "delta bench done"
+  if [[ ${DELTA_BENCH:-1} == 1 ]]; then  # DELTA_BENCH=0: the profiles alone
+    timeout 180 python3 tools/device/delta_bench.py 128 2>&1 | tail -12
+    stamp "delta bench done"
+  fi
   mkdir -p "$OUT/profiles"
   IFS=';' read -ra settings <<< "${VARIANTS:-default;DELTAMATCH_KERNEL_CUDA_DKDV=ws3}"
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     for setting in "${settings[@]}"; do
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round
       if [[ $setting == default ]]; then envs=(); else read -ra envs <<< "$setting"; fi
