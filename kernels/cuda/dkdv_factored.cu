@@ -676,18 +676,20 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
                                                     cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
 }
 
-// ws3xp: ws3x ordered, persistent (FlashAttention-3's persistent tile scheduler, as the δ pass's w4pd). One CTA an
-// SM; its producer thread takes key blocks from `taken` (zeroed before the launch), each the linear index of
-// tile_from_last in the ordered launch's order (the shortest first, kv heads interleaved by dq_section_heads), the next
-// one as it starts the last (an atomicAdd, its latency behind a whole key block), and for each: the block's index into
-// the item ring (item_full, item_empty: two slots, read by the consumer warps and the reducers), then, once the
-// consumers are done with the last block's K̂, V̂ and K̂ᶜᵀ (kv_empty), this block's (kv_full, one phase a block),
-// then its query tiles into the ring, whose stages and phases run on across the blocks as the dŜ and dQ buffers'
-// turns do; past the last block it puts −1 into the item ring. So a block's K̂, V̂ and first tiles load while the last
+// ws3xp: ws3x ordered, persistent (FlashAttention-3's persistent tile scheduler, as the δ pass's w4pd). One CTA an SM;
+// its producer thread takes key blocks from `taken` (zeroed before the launch), each the linear index of tile_from_last
+// in the ordered launch's order (the shortest first, kv heads interleaved by dq_section_heads), the next one once it
+// has issued the last one's loads (the consumers still have up to three tiles of it to run): taken a block earlier, as
+// w4pd takes its tiles, a block would wait for a whole block of its CTA before it starts, and the blocks taken after it
+// that add into the same query tiles with it (15.5 ms against ws3x's 4.1 on the H200, session 27). For each block: its
+// index into the item ring (item_full, item_empty: two slots, read by the consumer warps and the reducers), then, once
+// the consumers are done with the last block's K̂, V̂ and K̂ᶜᵀ (kv_empty), this block's (kv_full, one phase a block),
+// then its query tiles into the ring, whose stages and phases run on across the blocks as the dŜ and dQ buffers' turns
+// do; past the last block it puts −1 into the item ring. So a block's K̂, V̂ and first tiles load while the last
 // block's dK and dV are scaled and stored and its last adds land, and no CTA launch falls between blocks. Every block
-// is taken from the counter, the first one too: a block's adds wait only for blocks taken before it, each held by a
-// CTA that runs (however few of the grid's CTAs are resident), so no wait can deadlock. The dQ adds and dK, dV are
-// ws3x's ordered bits.
+// is taken from the counter, the first one too: a block's adds wait only for blocks taken before it, each held by a CTA
+// that runs (however few of the grid's CTAs are resident), so no wait can deadlock. The dQ adds and dK, dV are ws3x's
+// ordered bits.
 template <int STAGES>
 __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps,
                                                 int* taken) {
@@ -743,7 +745,6 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
         s.item[it & 1] = more ? int(linear) : -1;
         mbar_arrive(&s.item_full[it & 1]);
         if (!more) break;
-        const unsigned next = unsigned(atomicAdd(taken, 1));
         unsigned block;
         int64_t bh_kv;
         const Walk<STAGES, Sched> walk = walk_of(linear, block, bh_kv);
@@ -757,7 +758,7 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
         }
         tma_load_2d(x.kt, &maps.kt, int(block * kCtaRows), int(bh_kv * kHeadDim), &s.kv_full);
         j0 = produce(s, p, maps, walk, j0);
-        linear = next;
+        linear = unsigned(atomicAdd(taken, 1));  // not before: blocks taken after it may wait for this one's adds
       }
     } else if (threadIdx.x == 32 || threadIdx.x == 64) {  // the two reducers
       const int r = threadIdx.x / 32 - 1;
