@@ -105,7 +105,7 @@ KERNELS = (
     CudaKernel("dm_dkdv_factored_ws3x_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
     # ws3xp: ws3x ordered, persistent (key blocks from a counter, one CTA an SM); its spills are the producer's and the
     # reducers' (24 registers: the walk of each key block) but for one word a consumer thread keeps a block
-    CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=112),
+    CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=96),
     CudaKernel("dm_dkdv_dq_epilogue", {}),
     # the factored dQ (dq_factored.cu), one loop body per key tile: S and dP̂ (8 SS m64n64k32), then dQ (2 RS
     # m64n128k32)

@@ -224,29 +224,29 @@ constexpr int kClockSlots = 2 * kReducerSlots, kClockCtas = 16384;
 __device__ unsigned long long dm_dq_clock[kClockSlots * kClockCtas];
 struct DqClock {
   static __device__ __forceinline__ unsigned long long now() { return clock64(); }
-  static __device__ __forceinline__ unsigned long long* slots() {
-    return dm_dq_clock + kClockSlots * ((blockIdx.y * gridDim.x + blockIdx.x) % kClockCtas);
+  static __device__ __forceinline__ unsigned long long* slots(int row) {  // row < 0: the CTA's linear blockIdx
+    return dm_dq_clock + kClockSlots * ((row >= 0 ? unsigned(row) : blockIdx.y * gridDim.x + blockIdx.x) % kClockCtas);
   }
   static __device__ __forceinline__ unsigned long long ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
   }
-  static __device__ __forceinline__ void put(int slot, unsigned long long value, int reducer = 0) {
-    slots()[slot + kReducerSlots * reducer] = value;
+  static __device__ __forceinline__ void put(int slot, unsigned long long value, int reducer = 0, int row = -1) {
+    slots(row)[slot + kReducerSlots * reducer] = value;
   }
-  static __device__ __forceinline__ void where(int block, int bh) {
+  static __device__ __forceinline__ void where(int block, int bh, int row = -1) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    put(kWhere, unsigned(block) | (unsigned long long)(bh) << 16 | (unsigned long long)(sm) << 32);
+    put(kWhere, unsigned(block) | (unsigned long long)(bh) << 16 | (unsigned long long)(sm) << 32, 0, row);
   }
 };
 #else
 struct DqClock {
   static __device__ __forceinline__ unsigned long long now() { return 0; }
   static __device__ __forceinline__ unsigned long long ns() { return 0; }
-  static __device__ __forceinline__ void put(int, unsigned long long, int = 0) {}
-  static __device__ __forceinline__ void where(int, int) {}
+  static __device__ __forceinline__ void put(int, unsigned long long, int = 0, int = -1) {}
+  static __device__ __forceinline__ void where(int, int, int = -1) {}
 };
 #endif
 
@@ -285,10 +285,11 @@ __host__ __device__ constexpr bool stores_first(int sync) {
 // for the writes itself (or an acquire or proxy fence in the read): once a tile it slows the consumers' loops ≈ 6%.
 // `j0`: the tiles the CTA walked before this key block (the persistent form), where the dQ buffers' turns and phases
 // go on from; returns the count after it. `drain`: wait for the last add's writes at the end (not between a persistent
-// CTA's key blocks).
+// CTA's key blocks). `clock_row`: DqClock's row of this key block (the persistent form's linear index; −1: blockIdx).
 template <bool ORDERED, int STAGES, typename Sched>
 __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w,
-                                              int block, int r, uint32_t j0 = 0, bool drain = true) {
+                                              int block, int r, uint32_t j0 = 0, bool drain = true,
+                                              int clock_row = -1) {
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
   const bool waits = p.dq_sync != kCountOnly;
@@ -310,9 +311,9 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
       release_count<false>(counter);
     }
   };
-  if (r == 0) DqClock::where(block, int(w.bh));
-  DqClock::put(kStartNs, DqClock::ns(), r);
-  DqClock::put(kStartClk, DqClock::now(), r);
+  if (r == 0) DqClock::where(block, int(w.bh), clock_row);
+  DqClock::put(kStartNs, DqClock::ns(), r, clock_row);
+  DqClock::put(kStartClk, DqClock::now(), r, clock_row);
   unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
   uint32_t j = j0;
   for (; !w.done(); ++j, w.advance()) {
@@ -349,15 +350,15 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
     ++tiles;
   }
   if (drain) bulk_wait<0>();
-  DqClock::put(kEndNs, DqClock::ns(), r);
-  DqClock::put(kEndClk, DqClock::now(), r);
-  DqClock::put(kTurnClk, turn_clk, r);
-  DqClock::put(kFullClk, full_clk, r);
-  DqClock::put(kCountClk, count_clk, r);
-  DqClock::put(kReadClk, read_clk, r);
-  DqClock::put(kTiles, tiles, r);
-  DqClock::put(kSpun, spun, r);
-  DqClock::put(kTurnMaxClk, turn_max, r);
+  DqClock::put(kEndNs, DqClock::ns(), r, clock_row);
+  DqClock::put(kEndClk, DqClock::now(), r, clock_row);
+  DqClock::put(kTurnClk, turn_clk, r, clock_row);
+  DqClock::put(kFullClk, full_clk, r, clock_row);
+  DqClock::put(kCountClk, count_clk, r, clock_row);
+  DqClock::put(kReadClk, read_clk, r, clock_row);
+  DqClock::put(kTiles, tiles, r, clock_row);
+  DqClock::put(kSpun, spun, r, clock_row);
+  DqClock::put(kTurnMaxClk, turn_max, r, clock_row);
   return j;
 }
 
@@ -736,43 +737,55 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
   const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
-    if (threadIdx.x == 0) {  // the loads' issuer
+    // Warps 0 (the loads' issuer), 1 and 2 (the reducers) run the loop over blocks whole, their lane 0 the work, so
+    // that each block's index is warp-uniform (a shuffle from lane 0) and its walk is formed in uniform registers,
+    // as ws3x forms it from blockIdx: from a value of lane 0's alone it took 112 bytes of spills at 24 registers.
+    const int warp = threadIdx.x / 32;
+    const bool lead = threadIdx.x % 32 == 0;
+    if (warp == 0) {
       uint32_t j0 = 0;
-      unsigned linear = unsigned(atomicAdd(taken, 1));
+      auto take = [&] { return __shfl_sync(0xffffffffu, lead ? unsigned(atomicAdd(taken, 1)) : 0u, 0); };
+      unsigned linear = take();
       for (uint32_t it = 0;; ++it) {
-        if (it >= 2) mbar_wait(&s.item_empty[it & 1], ((it >> 1) & 1) ^ 1);
         const bool more = linear < unsigned((p.n + kCtaRows - 1) / kCtaRows) * unsigned(p.b * p.h_kv);
-        s.item[it & 1] = more ? int(linear) : -1;
-        mbar_arrive(&s.item_full[it & 1]);
+        if (lead) {
+          if (it >= 2) mbar_wait(&s.item_empty[it & 1], ((it >> 1) & 1) ^ 1);
+          s.item[it & 1] = more ? int(linear) : -1;
+          mbar_arrive(&s.item_full[it & 1]);
+        }
         if (!more) break;
         unsigned block;
         int64_t bh_kv;
         const Walk<STAGES, Sched> walk = walk_of(linear, block, bh_kv);
-        const int row = int(bh_kv * p.n_pad + block * kCtaRows);
-        if (it > 0) mbar_wait(&s.kv_empty, (it - 1) & 1);
-        mbar_arrive_expect_tx(&s.kv_full, 3 * kCtaRows * kHeadDim);
+        if (lead) {
+          const int row = int(bh_kv * p.n_pad + block * kCtaRows);
+          if (it > 0) mbar_wait(&s.kv_empty, (it - 1) & 1);
+          mbar_arrive_expect_tx(&s.kv_full, 3 * kCtaRows * kHeadDim);
 #pragma unroll
-        for (int i = 0; i < kConsumers; ++i) {
-          tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
-          tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
+          for (int i = 0; i < kConsumers; ++i) {
+            tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
+            tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
+          }
+          tma_load_2d(x.kt, &maps.kt, int(block * kCtaRows), int(bh_kv * kHeadDim), &s.kv_full);
+          j0 = produce(s, p, maps, walk, j0);
         }
-        tma_load_2d(x.kt, &maps.kt, int(block * kCtaRows), int(bh_kv * kHeadDim), &s.kv_full);
-        j0 = produce(s, p, maps, walk, j0);
-        linear = unsigned(atomicAdd(taken, 1));  // not before: blocks taken after it may wait for this one's adds
+        __syncwarp();
+        linear = take();  // not before: blocks taken after it may wait for this one's adds
       }
-    } else if (threadIdx.x == 32 || threadIdx.x == 64) {  // the two reducers
-      const int r = threadIdx.x / 32 - 1;
+    } else if (warp == 1 || warp == 2) {  // the two reducers
+      const int r = warp - 1;
       uint32_t j0 = 0;
       for (uint32_t it = 0;; ++it) {
-        const int linear = item(it);
-        mbar_arrive(&s.item_empty[it & 1]);
+        const int linear = __shfl_sync(0xffffffffu, item(it), 0);
+        if (lead) mbar_arrive(&s.item_empty[it & 1]);
         if (linear < 0) break;
         unsigned block;
         int64_t bh_kv;
         const Walk<STAGES, Sched> walk = walk_of(unsigned(linear), block, bh_kv);
-        j0 = reduce_dq<true>(x, p, walk, int(block), r, j0, false);
+        if (lead) j0 = reduce_dq<true>(x, p, walk, int(block), r, j0, false, linear);
+        __syncwarp();
       }
-      bulk_wait<0>();
+      if (lead) bulk_wait<0>();
     }
     return;
   }
