@@ -54,8 +54,10 @@
 // waits cost ≈ 0.3 ms of its 5.2: 1.8% faster than the dK/dV and dQ launches, 8% slower than any order.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "dkdv_factored.cuh"
@@ -971,6 +973,11 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
     int sms = 0;
     if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) {
       return err;
+    }
+    // $DELTAMATCH_DKDV_PERSISTENT_CTAS: fewer CTAs than SMs (a benchmark's control: how the kernel's time follows
+    // the CTAs that run at once, kernels/NOTES.md session 27)
+    if (const char* cap = std::getenv("DELTAMATCH_DKDV_PERSISTENT_CTAS"); cap && std::atoi(cap) > 0) {
+      sms = std::min(sms, std::atoi(cap));
     }
     const int64_t blocks = int64_t(grid.x) * grid.y;
     int* taken = p->dq_sem + size_t(p->b) * p->h * (n_pad / kBlockM);
