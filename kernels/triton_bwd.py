@@ -527,14 +527,18 @@ session 23); ``ws3`` the byte stores."""
 CUDA_DKDV_DEFAULT = "ws3x"
 
 
-def cuda_dkdv_variant() -> str:
+def cuda_dkdv_variant(ordered: bool = True) -> str:
     """The form of the CUDA dK/dV launch with dQ that :data:`CUDA_DKDV_SWITCH` asks for; a bad value is an error that
-    names the switch."""
+    names the switch, and so is a form built with ordered adds only (``ws3xp``) where the adds are to land in any order
+    (``ordered`` False: :data:`DQ_ATOMIC_SWITCH` set)."""
     from deltamatch.kernels import cuda_lib
 
     value = os.environ.get(CUDA_DKDV_SWITCH, "")
     if value and value not in cuda_lib.DKDV_WITH_DQ:
         raise ValueError(f"{CUDA_DKDV_SWITCH}={value!r}: expected one of {cuda_lib.DKDV_WITH_DQ} (or unset)")
+    if not ordered and value in cuda_lib.DKDV_ORDERED_ONLY:
+        raise ValueError(f"{CUDA_DKDV_SWITCH}={value!r} is built with its dQ adds ordered only, and {DQ_ATOMIC_SWITCH} "
+                         f"asks for them in any order: unset one of the two")
     return value or CUDA_DKDV_DEFAULT
 
 
@@ -648,7 +652,7 @@ def _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scal
         return cuda_lib.dqdkdv_factored(
             s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], ops["k8t"], s["sq"], s["sk"], s["sv"], sdo,
             ops["sqc"], ops["sdoc"], ops["skc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale,
-            dtype=dtypes[1], variant=cuda_dkdv_variant(), irs=ops["irs"], ordered=not atomic)
+            dtype=dtypes[1], variant=cuda_dkdv_variant(not atomic), irs=ops["irs"], ordered=not atomic)
     dk, dv = cuda_lib.dkdv_factored(
         s["q8"], s["k8"], s["v8"], do8, ops["q8t"], ops["do8t"], s["sq"], s["sk"], s["sv"], sdo, ops["sqc"],
         ops["sdoc"], ops["rs"], s["lse2"], delta, n, causal, qk_scale, softmax_scale, dtype=dtypes[1],

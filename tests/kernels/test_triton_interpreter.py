@@ -451,8 +451,8 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
 
 def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
     """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3x`` (dŜ's
-    tile by lane exchange); ``ws3`` (byte stores) when asked; a form not built with dQ, or a bad value, an error naming
-    the switch."""
+    tile by lane exchange); ``ws3`` (byte stores) or ``ws3xp`` (persistent) when asked; a form not built with dQ, a bad
+    value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
@@ -464,6 +464,13 @@ def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
         monkeypatch.setenv(CUDA_DKDV_SWITCH, bad)
         with pytest.raises(ValueError, match=f"DELTAMATCH_KERNEL_CUDA_DKDV='{bad}': expected one of"):
             cuda_dkdv_variant()
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xp")  # the persistent form: ordered adds only
+    assert cuda_dkdv_variant() == "ws3xp" in cuda_lib.DKDV_ORDERED_ONLY
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_CUDA_DKDV='ws3xp' is built with its dQ adds ordered only, "
+                                         "and DELTAMATCH_KERNEL_DQ_ATOMIC asks for them in any order"):
+        cuda_dkdv_variant(ordered=False)
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3x")
+    assert cuda_dkdv_variant(ordered=False) == "ws3x"
 
 
 if __name__ == "__main__":
