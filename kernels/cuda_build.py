@@ -103,10 +103,6 @@ KERNELS = (
     # ws3x: the same with the dŜ tile written by lane exchange (a word a store where ws3 stores bytes)
     CudaKernel("dm_dkdv_factored_ws3x_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
     CudaKernel("dm_dkdv_factored_ws3x_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
-    # ws3xo: ws3x with a tile's dQ product stored while the next tile's Sᵀ and dP̂ᵀ run (spills 56 bytes: 9 words a
-    # tile around the dV and dK products)
-    CudaKernel("dm_dkdv_factored_ws3xo_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=64),
-    CudaKernel("dm_dkdv_factored_ws3xo_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=64),
     # ws3xp: ws3x ordered, persistent (key blocks from a counter, one CTA an SM); its spills are the producer's and the
     # reducers' (24 registers: the walk of each key block) but for one word a consumer thread keeps a block
     CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=96),

@@ -94,7 +94,7 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xo")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
@@ -102,13 +102,11 @@ and dK, and ``ws3s`` (unpromoted only) runs each tile in turn. ``ws3x`` (with dQ
 written by lane exchange, a 32-bit word a store (``to_fragments_exchanged``: 61 instructions fewer a thread and tile in
 the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same places, so ``ws3``'s bits. ``ws3xp``
 (with dQ, ordered, only) is ``ws3x`` persistent: one CTA an SM takes key blocks in the ordered launch's order from a
-counter and loads the next block's K̂ and V̂ while the last one's dK and dV are stored; ``ws3x``'s ordered bits.
-``ws3xo`` (with dQ only) is ``ws3x`` with each tile's dQ product stored for the reduction once the next tile's Sᵀ and
-dP̂ᵀ are issued, while they run; ``ws3x``'s bits."""
+counter and loads the next block's K̂ and V̂ while the last one's dK and dV are stored; ``ws3x``'s ordered bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xo")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xo")
+DKDV_DQ_ONLY = ("ws3x", "ws3xp")
 DKDV_ORDERED_ONLY = ("ws3xp",)
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""

@@ -392,8 +392,7 @@ struct SameBlock {
 // With DQ, `ring` and `j0` (the stages and tiles walked before this key block) go on across a persistent CTA's key
 // blocks: K̂ and V̂ are those of kv_full's phase `kv_phase`, where `kv_empty` is set each warp arrives on it once the
 // key block's last product has read them, and `where` gives the block again for the epilogue.
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock,
-          bool OVERLAP = false>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
                                         uint64_t* kv_empty = nullptr, Where where = {}) {
@@ -456,91 +455,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
                p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
   };
 
-  if constexpr (DQ && OVERLAP) {  // ws3xo: tile j's dQ product stored once tile j + 1's Sᵀ and dP̂ᵀ are issued
-    static_assert(PROMOTE && !PIPELINED, "dQ is built into the promoted form, each tile in turn");
-    DqSmem& x = dq_smem(s);
-    const int t_in_group = threadIdx.x % kThreads;
-    const uint8_t* kt = x.kt + half * (kHeadDim / 2) * kCtaRows;  // this half's 64 channels x 128 keys
-    mbar_wait(&s.kv_full, kv_phase);
-    float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};
-    float q[kBlockN / 2];  // the last tile's dQ product (channels 64h.., keys 0-63 + keys 64-127), not yet stored
-    int64_t head = -1;
-    Tile t;
-    bool use;
-    // tile `jq`'s product into the dQ buffer, once tile jq − 1's has been read
-    auto store_q = [&](uint32_t jq) {
-      if (jq >= 1) mbar_wait(&x.dq_empty[(jq - 1) & 1], ((jq - 1) >> 1) & 1);
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        *reinterpret_cast<float4*>(x.dq + dq_order((kBlockN / 8) * half + i, t_in_group)) =
-            make_float4(q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]);
-      }
-      fence_async_shared();
-      mbar_arrive(&x.dq_full[jq & 1]);
-    };
-    uint32_t j = j0;
-    for (;; ++j) {
-      if (!ring.next(s.info, s.full, half, t, use)) break;
-      const int buf = j % 2;
-      const uint32_t turn = (j / 2) & 1;  // ds[buf]'s phase for tile j
-      uint8_t* ds = x.ds[buf];
-      if (j >= 2) mbar_wait(&x.ds_empty[buf], turn ^ 1);  // both consumers are done with tile j - 2's dŜ
-      uint32_t pfrag[kTileSteps][4], dsfrag[kTileSteps][4];
-      if (use) {
-        const Scales sc = scales_of(t);
-        if (head >= 0 && t.bh != head) new_head(dv, dk, head, t.bh);
-        head = t.bh;
-        float st[kBlockM / 2], dpt[kBlockM / 2];
-        issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
-        if (j > j0) store_q(j - 1);  // while Sᵀ and dP̂ᵀ run
-        wgmma_wait<0>();
-        fence_operands(st);
-        fence_operands(dpt);
-        form(t, sc, st, dpt);
-        to_fragments<true>(st, pfrag);
-        if constexpr (EXCHANGE) {
-          to_fragments_exchanged(dpt, dsfrag, ds, kBlockN * half);
-        } else {
-          to_fragments_transposed(dpt, dsfrag, ds, kBlockN * half);
-        }
-      } else {
-        if (j > j0) store_q(j - 1);
-        zero_ds_half(ds, half);
-      }
-      fence_async_shared();
-      mbar_arrive(&x.ds_full[buf]);
-      if (use) {
-        float part[kHeadDim / 2];
-        promoted_products(t, dv, dk, part, pfrag, dsfrag);
-      } else if (releaser) {
-        mbar_arrive(&s.empty[t.stage]);
-      }
-      mbar_wait(&x.ds_full[buf], turn);  // the other half's dŜ of tile j
-      float qa[kBlockN / 2], qb[kBlockN / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < QTile::kSteps; ++kk) {
-        if (kk < QTile::kSteps / 2) {
-          WgmmaE4M3<kBlockN>::ss(qa, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
-        } else {
-          WgmmaE4M3<kBlockN>::ss(qb, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > QTile::kSteps / 2);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(qa);
-      fence_operands(qb);
-      mbar_arrive(&x.ds_empty[buf]);
-#pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) q[i] = __fadd_rn(qa[i], qb[i]);
-    }
-    if (j > j0) store_q(j - 1);
-    j0 = j;
-    if (kv_empty && releaser) mbar_arrive(kv_empty);
-    if (head >= 0) epilogue(dv, dk, head, where(b, h_kv, start_n));  // else no key of this half below N
-    return;
-  }
-  if constexpr (DQ && !OVERLAP) {
+  if constexpr (DQ) {
     static_assert(PROMOTE && !PIPELINED, "dQ is built into the promoted form, each tile in turn");
     DqSmem& x = dq_smem(s);
     const int t_in_group = threadIdx.x % kThreads;
@@ -701,8 +616,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   epilogue(dv, dk, cur.bh, KvBlock{b, h_kv, start_n});
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool OVERLAP = false>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
@@ -761,8 +675,8 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   const CtaCoords cta = coords();
   Ring<STAGES> ring;
   uint32_t j0 = 0;
-  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE, SameBlock, OVERLAP>(
-      s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv, cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
+  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE>(s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv,
+                                                    cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
 }
 
 // ws3xp: ws3x ordered, persistent (FlashAttention-3's persistent tile scheduler, as the δ pass's w4pd). One CTA an SM;
@@ -908,12 +822,11 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, ...)                  \
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE)                       \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE __VA_OPT__(,) __VA_ARGS__>( \
-        smem, p, maps);                                                                              \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE>(smem, p, maps);          \
   }
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
@@ -928,9 +841,6 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false, fa
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, true, false)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq, true, false, 3, true, false, true)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, true, true)
-// ws3xo: ws3x with tile j + 1's Sᵀ and dP̂ᵀ issued before tile j's dQ product is stored (the same bits)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3xo_promoted_dq, true, false, 3, true, false, true, true)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3xo_promoted_dq_ordered, true, false, 3, true, true, true, true)
 #undef DM_DKDV_KERNEL
 extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
     dm_dkdv_factored_ws3xp_promoted_dq_ordered(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps,
@@ -1010,8 +920,6 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
                                                    : dm_dkdv_factored_ws3_promoted_dq, smem_bytes<3, true>()};
       case 3: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3x_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3x_promoted_dq, smem_bytes<3, true>()};
-      case 5: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xo_promoted_dq_ordered
-                                                   : dm_dkdv_factored_ws3xo_promoted_dq, smem_bytes<3, true>()};
       default: return {nullptr, 0};
     }
   }
@@ -1026,8 +934,7 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 }  // namespace
 
 // variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
-// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xo (ws3x with the
-// next tile's Sᵀ and dP̂ᵀ issued before this tile's dQ product is stored; dQ only).
+// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
