@@ -278,7 +278,7 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     for (int i = 0; i < kConsumers; ++i) tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
-  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
+  const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
   if (role == 0) {
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
