@@ -740,8 +740,8 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
   if (role == 0) {
     release_registers<kProducerRegs>();
     // Warps 0 (the loads' issuer), 1 and 2 (the reducers) run the loop over blocks whole, their lane 0 the work, so
-    // that each block's index is warp-uniform (a shuffle from lane 0) and its walk is formed in uniform registers,
-    // as ws3x forms it from blockIdx: from a value of lane 0's alone it took 112 bytes of spills at 24 registers.
+    // that each block's index is warp-uniform (a shuffle from lane 0), as ws3x's blockIdx is: 96 bytes of spills at
+    // 24 registers where a value of lane 0's alone took 112 (the walk's state still does not fit).
     const int warp = threadIdx.x / 32;
     const bool lead = threadIdx.x % 32 == 0;
     if (warp == 0) {
