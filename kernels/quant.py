@@ -64,6 +64,18 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(x.dtype)
 
 
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round FP32 values to TF32 (10 mantissa bits, nearest, ties to even), as a TF32 tensor-core operand; FP32 out.
+    Finite inputs only: the rounding adds to the bit pattern, which would carry a NaN's payload into the exponent."""
+    if not rounding_enabled():
+        return x
+    if x.dtype != torch.float32:
+        raise ValueError(f"round_tf32 takes float32, got {x.dtype}")
+    bits = x.contiguous().view(torch.int32)
+    tie = (bits >> 13) & 1  # the kept mantissa's last bit: ties go to the even one
+    return ((bits + 0xFFF + tie) & ~0x1FFF).view(torch.float32)
+
+
 def _scales_from_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
 

@@ -190,8 +190,15 @@ def _factored_dq_dk(ds, p, dp, delta, q, k, group: int, scale: float):
     return ds_hat, dq, dk
 
 
+FORWARD_PV_KINDS = {"pv_fp32": lambda p: p, "pv_tf32": quant.round_tf32, "pv_bf16": quant.round_bf16}
+"""Matched's δ reassociated, a proposal (kernels/NOTES.md, session 27): Σ_j P_ij dP̂_ij = Σ_k dÔ_ik (P V̂)_ik, so the
+forward could form Ô' = P V̂ beside O = P̂ V̂ (P as the named tensor-core operand: FP32 exact, TF32 or BF16) and the
+backward take δ = rowsum(dÔ ⊙ Ô') as FlashAttention takes rowsum(dO ⊙ O), without the δ pass. ``pv_fp32`` is matched's
+δ up to FP32 summation order; the other two show what the operand's rounding of P costs the row-sum invariant."""
+
+
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: AttentionMethod, delta_kind: str) -> Probe:
-    """Internal-layout backward for one δ (``stale``, ``consistent`` or ``matched``)."""
+    """Internal-layout backward for one δ (``stale``, ``consistent``, ``matched`` or one of ``FORWARD_PV_KINDS``)."""
     group = q.shape[1] // k.shape[1]
     qh, kh, vh = _operands(q, k, v, method)
     kh, vh = _expand(kh, group), _expand(vh, group)
@@ -200,6 +207,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, method: Attention
     dp = _dp(do, do_hat, v, vh, group, method)
     if delta_kind == "matched":
         delta = (p * dp).sum(-1)
+    elif delta_kind in FORWARD_PV_KINDS:  # dP̂ = dÔ V̂ᵀ (checked by probe_backward), so Σ_j P dP̂ = rowsum(dÔ ⊙ P V̂)
+        delta = (do_hat * (FORWARD_PV_KINDS[delta_kind](p) @ vh)).sum(-1)
     elif delta_kind == "consistent" or method.scaling == "tensor":  # cuDNN's stale δ: its FP8 dÔ against Ô
         delta = (do_hat * o).sum(-1)
     else:  # stale (and BF16's FlashAttention δ): the incoming dO in its own precision against the stored O
@@ -288,10 +297,12 @@ def probe_kinds(method: AttentionMethod) -> tuple[str, ...]:
     return DELTA_KINDS if method.scaling == "block" else tuple(k for k in DELTA_KINDS if k != "consistent")
 
 
-def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None = None, method: str = "matched"):
+def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None = None, method: str = "matched",
+                   kinds: tuple[str, ...] | None = None):
     """The backward's intermediates for each δ on the same activations: stale, consistent and matched under the
     paper's block scales (``method="matched"``), stale and matched under ``bf16`` or ``cudnn_fp8_sim`` (per-tensor
-    scales), whose consistent δ would repeat the stale one (``probe_kinds``).
+    scales), whose consistent δ would repeat the stale one (``probe_kinds``). ``kinds``: these δ instead, among them
+    ``FORWARD_PV_KINDS`` (for a method whose dP is dÔ V̂ᵀ of its FP8 operands).
 
     The forward is shared (the δ differ only in the backward). Returns ``{delta_kind: Probe}``.
     """
@@ -299,12 +310,20 @@ def probe_backward(q, k, v, do, causal: bool = True, softmax_scale: float | None
     if do.shape != q.shape:
         raise ValueError(f"do must have the shape of q {tuple(q.shape)}, got {tuple(do.shape)}")
     spec, scale = get_method(method), _scale(q, softmax_scale)
+    if kinds is not None:
+        known = (*DELTA_KINDS, *FORWARD_PV_KINDS)
+        unknown = [kind for kind in kinds if kind not in known]
+        if unknown:
+            raise ValueError(f"unknown delta kinds {unknown}; choose from {list(known)}")
+        if any(kind in FORWARD_PV_KINDS for kind in kinds) and (spec.scaling == "none" or spec.dp_operands == "bf16"):
+            raise ValueError(f"method {method!r} does not form dP from FP8 dÔ and V̂, which the forward-PV δ "
+                             f"{[k for k in kinds if k in FORWARD_PV_KINDS]} reassociate")
     with torch.no_grad(), _fp32_math(q.device):
         qf, kf, vf, dof = (_bhnd(t) for t in (q, k, v, do))
         o, lse = _forward(qf, kf, vf, causal, scale, spec)
         return {
             kind: _backward(qf, kf, vf, o, lse, dof, causal, scale, spec, kind)
-            for kind in probe_kinds(spec)
+            for kind in (probe_kinds(spec) if kinds is None else kinds)
         }
 
 

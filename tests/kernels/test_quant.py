@@ -139,3 +139,31 @@ def test_per_channel_codes_of_centred_and_row_scaled_operands():
         quantize_per_channel_torch(x, "k", mean=mean.double())
     with pytest.raises(ValueError, match="row_scales"):
         quantize_per_channel_torch(x, "q", row_scales=rows[:, :, :130])
+
+
+def _rne_tf32_fp64(x: torch.Tensor) -> torch.Tensor:
+    """FP32 values rounded to 11 significant bits (TF32: 10 stored) in FP64, nearest, ties to even: the oracle."""
+    x64 = x.double()
+    m, e = torch.frexp(x64)  # x = m · 2^e, |m| in [0.5, 1): 11 significant bits are m · 2^11 rounded
+    return torch.ldexp(torch.round(torch.ldexp(m, torch.full_like(e, 11))), e - 11)
+
+
+def test_tf32_rounding_equals_an_fp64_oracle_bit_for_bit():
+    """``round_tf32`` (a tensor-core operand of TF32: the forward-PV δ's P) against rounding to 11 significant bits in
+    FP64: every tie goes to the even neighbour, its two neighbours to the nearer value, at every scale and sign."""
+    ones = torch.tensor([1.0, 1.5, 0.75, 2.0**-20, 3.0e5])
+    step = torch.ldexp(ones, torch.frexp(ones)[1] - 11)  # the spacing of TF32 at each: 2^(e - 11)
+    ties = torch.cat([ones + step / 2, ones + 1.5 * step])  # one rounds down to even, one up to even
+    nudged = torch.cat([ties.nextafter(ties + 1), ties.nextafter(ties - 1)])
+    gen = torch.Generator().manual_seed(0)
+    random = torch.cat([torch.randn(20000, generator=gen) * 10 ** e for e in range(-6, 6)])
+    x = torch.cat([ones, ties, nudged, -ties, random, torch.tensor([0.0, -0.0, 1.0 - 2.0**-24])])
+    ours = quant.round_tf32(x)
+    assert torch.equal(ours.view(torch.int32), _rne_tf32_fp64(x).float().view(torch.int32))
+    assert torch.equal(ours.view(torch.int32) & 0x1FFF, torch.zeros_like(ours, dtype=torch.int32))
+    assert torch.equal(quant.round_tf32(torch.tensor([1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11])),
+                       torch.tensor([1.0, 1.0 + 2.0**-9]))  # the two ties, to the even neighbour each
+    with quant.rounding_disabled():
+        assert torch.equal(quant.round_tf32(x), x)
+    with pytest.raises(ValueError, match="round_tf32 takes float32, got torch.float64"):
+        quant.round_tf32(x.double())

@@ -73,6 +73,34 @@ def test_matched_delta_is_rowsum_of_p_times_dp_in_fp64():
     assert ds.sum(-1).abs().max() < 1e-5 * ds.abs().sum(-1).max()
 
 
+@pytest.mark.parametrize("method", ["matched", "matched_factored"])
+def test_the_forward_pv_delta_reassociates_matched_and_keeps_its_row_sums_to_the_operands_rounding(method):
+    """δ = rowsum(dÔ ⊙ P V̂) (``FORWARD_PV_KINDS``, a proposal to drop the δ pass) is matched's Σ_j P dP̂ reassociated:
+    with P exact it is matched's δ to FP32 round-off, and P rounded as a TF32 or BF16 operand leaves a row-sum residual
+    of dS below that operand's unit roundoff (2^-11, 2^-8) yet well above matched's, so the rounding is applied. After
+    dS's FP8 cast, TF32 is within 5% of matched's residual and BF16 within 15%, where consistent's is above both."""
+    q, k, v, do = make(n=256, spread=4.0)
+    probes = probe_backward(q, k, v, do, method=method,
+                            kinds=("consistent", "matched", "pv_fp32", "pv_tf32", "pv_bf16"))
+    matched = probes["matched"].delta.double()
+    assert relative_error(probes["pv_fp32"].delta, matched) < 1e-5
+    before = {kind: rowsum_residual(p.ds_before_cast) for kind, p in probes.items()}
+    assert before["pv_fp32"] < 1e-6
+    assert 10 * before["matched"] < before["pv_tf32"] < 2.0**-11
+    assert before["pv_tf32"] < before["pv_bf16"] < 2.0**-8
+    after = {kind: rowsum_residual(p.ds_after_cast) for kind, p in probes.items()}
+    assert after["pv_tf32"] < 1.05 * after["matched"] and after["pv_bf16"] < 1.15 * after["matched"]
+    assert after["consistent"] > after["pv_bf16"]
+
+
+def test_delta_kinds_asked_for_are_checked_by_name():
+    q, k, v, do = make(n=40)
+    with pytest.raises(ValueError, match=r"unknown delta kinds \['pv_fp16'\]"):
+        probe_backward(q, k, v, do, kinds=("matched", "pv_fp16"))
+    with pytest.raises(ValueError, match="method 'bf16' does not form dP from FP8 dÔ and V̂"):
+        probe_backward(q, k, v, do, method="bf16", kinds=("pv_tf32",))
+
+
 def test_probe_gradients_equal_autograd():
     q, k, v, do = make(n=100)
     probes = probe_backward(q, k, v, do, method="matched")
