@@ -74,6 +74,7 @@ HOW = {
     "dm-sweep --out sweep.csv": "parse (the full sweep takes minutes on 2 cores; the pipeline runs it reduced)",
     "dm-sweep --spreads -1": "run: exit 2, one line naming --spreads, nothing written",
     "python benchmarks/kernel_bench.py --out benchmarks/results --memory --profile": "parse (Hopper GPU)",
+    "python tools/delta_pv_probe.py --seeds 6": "parse (a minute of CPU; tests/test_delta_pv_probe.py runs it reduced)",
     "benchmarks/train_bench.py h200": "fragment: the preset parses (Hopper GPU)",
     "tools/device/profile_step.py --pins": "fragment: the option parses (Hopper GPU)",
     "dm-model-info NAME": "run: NAME = tiny; parse: every size",
@@ -456,6 +457,8 @@ def test_sweep_and_benchmarks_parse():
     assert args.out == "benchmarks/results" and args.memory is True and args.profile is True
     script, *argv = _words("benchmarks/train_bench.py h200")  # a preset named in a sentence; --out is required
     assert parse(script, [*argv, "--out", "x.json"]).preset == "h200"
+    python, script, *argv = _words("python tools/delta_pv_probe.py --seeds 6")
+    assert parse(script, argv).seeds == 6
     script, *argv = _words("tools/device/profile_step.py --pins")  # an option named in a sentence
     assert str(parse(script, ["bf16:4", *argv, "pins.json"]).pins) == "pins.json"
 
