@@ -109,9 +109,9 @@ DKDV_UNPROMOTED_ONLY = ("ws3s",)
 DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
 DKDV_DQ_ONLY = ("ws3x", "ws3xp")
+"""The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
-"""The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two

@@ -75,6 +75,19 @@ def make_inputs(family: str, spread: float, seed: int, cfg: SweepConfig):
     return q, k, v, do
 
 
+def probe_measures(probe, q64, k64, v64) -> dict[str, float]:
+    """The sweep's backward metrics of one probe (``reference.Probe``) against FP64 autograd's gradients (``q64.grad``
+    and the others, already computed)."""
+    return {
+        "rowsum_before_cast": rowsum_residual(probe.ds_before_cast),
+        "rowsum_after_cast": rowsum_residual(probe.ds_after_cast),
+        "dk_colsum": dk_colsum_share(probe.dk),
+        "relerr_dq": relative_error(probe.dq, q64.grad),
+        "relerr_dk": relative_error(probe.dk, k64.grad),
+        "relerr_dv": relative_error(probe.dv, v64.grad),
+    }
+
+
 def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
     """Every sweep metric for one method on one set of inputs."""
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
@@ -83,15 +96,7 @@ def measure_case(q, k, v, do, method: str, causal: bool) -> dict[str, float]:
     probe = probe_backward(q, k, v, do, causal=causal, method=method)[get_method(method).delta_kind]
     with torch.no_grad():
         o = attention_reference(q, k, v, causal, method)
-    return {
-        "rowsum_before_cast": rowsum_residual(probe.ds_before_cast),
-        "rowsum_after_cast": rowsum_residual(probe.ds_after_cast),
-        "dk_colsum": dk_colsum_share(probe.dk),
-        "relerr_o": relative_error(o, o64),
-        "relerr_dq": relative_error(probe.dq, q64.grad),
-        "relerr_dk": relative_error(probe.dk, k64.grad),
-        "relerr_dv": relative_error(probe.dv, v64.grad),
-    }
+    return {"relerr_o": relative_error(o, o64), **probe_measures(probe, q64, k64, v64)}
 
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> pd.DataFrame:

@@ -7,7 +7,7 @@ that δ with P exact (``pv_fp32``), in TF32 and in BF16. This prints the sweep's
 heads, Gaussian and outlier families, the score spreads; the median over seeds) for stale, consistent, matched and the
 three, under the paper's block scales (``matched``) and the factored layout the CUDA kernels run
 (``matched_factored``): the row-sum residual of dS before and after its FP8 cast, dK's column-sum share and dQ's and
-dK's error against FP64 autograd.
+dK's and dV's error against FP64 autograd (``sweep.probe_measures``).
 
 Usage: ``python tools/delta_pv_probe.py [--seeds 3] [--tokens 512] [--out FILE.csv]`` (CPU, about a minute).
 """
@@ -18,13 +18,12 @@ import sys
 import pandas as pd
 import torch
 
-from deltamatch.kernels.measures import dk_colsum_share, relative_error, rowsum_residual
 from deltamatch.kernels.reference import FORWARD_PV_KINDS, attention_exact, probe_backward
-from deltamatch.kernels.sweep import SweepConfig, make_inputs
+from deltamatch.kernels.sweep import SweepConfig, make_inputs, probe_measures
 
 KINDS = ("stale", "consistent", "matched", *FORWARD_PV_KINDS)
 METHODS = ("matched", "matched_factored")
-COLUMNS = ("rowsum_before_cast", "rowsum_after_cast", "dk_colsum", "relerr_dq", "relerr_dk")
+COLUMNS = ("rowsum_before_cast", "rowsum_after_cast", "dk_colsum", "relerr_dq", "relerr_dk", "relerr_dv")
 
 
 def measure(cfg: SweepConfig, methods=METHODS, kinds=KINDS) -> pd.DataFrame:
@@ -40,11 +39,7 @@ def measure(cfg: SweepConfig, methods=METHODS, kinds=KINDS) -> pd.DataFrame:
                     probes = probe_backward(q, k, v, do, causal=cfg.causal, method=method, kinds=kinds)
                     for kind, p in probes.items():
                         rows.append(dict(inputs=family, spread=spread, method=method, delta=kind, seed=seed,
-                                         rowsum_before_cast=rowsum_residual(p.ds_before_cast),
-                                         rowsum_after_cast=rowsum_residual(p.ds_after_cast),
-                                         dk_colsum=dk_colsum_share(p.dk),
-                                         relerr_dq=relative_error(p.dq, q64.grad),
-                                         relerr_dk=relative_error(p.dk, k64.grad)))
+                                         **probe_measures(p, q64, k64, v64)))
     raw = pd.DataFrame(rows)
     keys = ["inputs", "spread", "method", "delta"]
     return raw.groupby(keys, sort=False, as_index=False)[list(COLUMNS)].median()
