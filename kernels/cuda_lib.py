@@ -103,8 +103,8 @@ written by lane exchange, a 32-bit word a store (``to_fragments_exchanged``: 61 
 the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same places, so ``ws3``'s bits. ``ws3xp``
 (with dQ, ordered, only) is ``ws3x`` persistent: one CTA an SM takes key blocks in the ordered launch's order from a
 counter and loads the next block's K̂ and V̂ while the last one's dK and dV are stored; ``ws3x``'s ordered bits, 2%
-slower on the H200 (kernels/NOTES.md, session 27; ``$DELTAMATCH_DKDV_PERSISTENT_CTAS`` runs it on fewer CTAs than SMs, a
-benchmark's control)."""
+slower on the H200 (kernels/NOTES.md, session 27; ``$DELTAMATCH_DKDV_PERSISTENT_CTAS`` runs it on fewer CTAs than
+SMs, a benchmark's control)."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
 DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
