@@ -129,6 +129,8 @@ KERNELS = (
     # w4p persistent: one CTA an SM, query tiles by a counter; its producer thread, at 24 registers after setmaxnreg,
     # keeps the loop's state (the tile, the ring's count) on the stack: a few local loads and stores a key tile
     CudaKernel("dm_delta_wide_w4pd", {_qgmma(128): 28}, spill_bytes=24),
+    # w4p with a share of the exponentials on the FMA pipe (factored.cuh ex2_poly)
+    *(CudaKernel(f"dm_delta_wide_w4pe{k}", {_qgmma(128): 28}) for k in (8, 4, 2)),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})
@@ -136,8 +138,8 @@ KERNELS = (
     # the factored forward over 128-key tiles (fwd_wide.cu): S (4 SS m64n128k32) and O += P̂ V̂ᶜ (4 RS m64n128k32),
     # the first tile's S before the loop in both forms, and in the pipelined one the last tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_wide_w4_{promoted}", {_qgmma(128): 12}) for promoted in ("promoted", "unpromoted")),
-    *(CudaKernel(f"dm_fwd_wide_{v}_{promoted}", {_qgmma(128): 16}) for v in ("w4p", "w4pp", "w4po")
-      for promoted in ("promoted", "unpromoted")),
+    *(CudaKernel(f"dm_fwd_wide_{v}_{promoted}", {_qgmma(128): 16})
+      for v in ("w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2") for promoted in ("promoted", "unpromoted")),
     # matched_factored's quantisation of K, V and dO (quant_passes.cu): per-channel statistics, then both casts
     *(CudaKernel(f"dm_quant_stats_{stat}_{dtype}", {}) for stat in ("centred", "absmax") for dtype in ("bf16", "fp16")),
     *(CudaKernel(f"dm_quant_dual_{rows}{centred}_{order}_{dtype}", {}) for rows in (64, 128)

@@ -117,7 +117,7 @@ DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
 CTAs per SM (consumers at 104 registers), the default: 1.62 ms at the reference shape against ``ws4p``'s 1.80 (H200,
 session 11), still above Triton's 1.49, so the δ pass runs in CUDA only under ``DELTAMATCH_KERNEL_CUDA=1``."""
-DELTA_WIDE_VARIANTS = ("w4", "w4p", "w4t", "w4po", "w4pd")
+DELTA_WIDE_VARIANTS = ("w4", "w4p", "w4t", "w4po", "w4pd", "w4pe8", "w4pe4", "w4pe2")
 """The δ pass over 128-key tiles (``dm_delta_wide``, ``kernels/cuda/delta_wide.cu``; six instructions an element where
 Triton's pass takes eleven): ``w4`` issues a tile's S and dÔ V̂ᵀ together and forms P while dÔ V̂ᵀ runs, ``w4p`` also
 issues the next tile's S before this tile's arithmetic, ``w4t`` is ``w4`` with the two consumers taking turns to issue
@@ -127,7 +127,15 @@ tiles in the launch's order from a counter, the next tile's Q̂, dÔ and first k
 terms are finished. The five give the same bits. On the H200 (CUPTI) at the reference shape ``w4p`` 1.217 ms, ``w4t``
 1.383 (session 21), ``w4po`` 1.363 against 1.223; ``w4pd`` 1.171 against 1.186 at 8K but the step's quick bench at 4K
 413 → 373 TFLOP/s (session 26), so ``w4p`` stays the default; the tile's halves in turn (1.305) and a third consumer
-warpgroup (``w6``, 1.30 in session 23) went: kernels/NOTES.md."""
+warpgroup (``w6``, 1.30 in session 23) went: kernels/NOTES.md. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with every
+8th, 4th or 2nd 8-key chunk's exponentials emulated on the FMA pipe (:data:`EXP_EMULATED`): P within a few FP32 ulps of
+the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but not their bits."""
+
+EXP_EMULATED = ("w4pe8", "w4pe4", "w4pe2")
+"""The variants of the forward and the δ pass over 128-key tiles that take a share of their exponentials (every 8th,
+4th or 2nd 8-key chunk of a tile) by a polynomial on the FMA pipe (``factored.cuh`` ``ex2_poly``, FlashAttention-4's
+emulation) while the rest take MUFU: at D = 128 a tile's 64 MUFU a thread take as long as its FP8 wgmmas (16 results a
+cycle an SM), and the two take turns (kernels/NOTES.md). Each gives its own bits."""
 DQ_VARIANTS = ("ws3",)
 """The dQ's forms, in ``dm_dq_factored``'s numbering (``kernels/cuda/dq_factored.cu``): ``ws3`` runs each key tile in
 turn. (FA3's ping-pong, ``ws3pp`` and the forward's ``ws4pp``, gained nothing on the H200 and went: kernels/NOTES.md.)"""
@@ -136,13 +144,14 @@ FWD_VARIANTS = ("ws4", "ws4p")
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
-FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po")
+FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2")
 """The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
 before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
 to issue their products (FlashAttention-3's ping-pong), ``w4po`` is ``w4p`` with the second consumer started once the
 first has formed its first tile's P (2% slower than ``w4p`` on the H200, session 26). Not Triton's bits; the four give
-the same bits."""
+the same bits. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with a share of the exponentials emulated
+(:data:`EXP_EMULATED`; a degree-3 polynomial, relative error 7.5e-5, where P becomes E4M3): each its own bits."""
 
 
 class DvFactoredParams(ctypes.Structure):

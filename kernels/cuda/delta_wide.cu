@@ -67,7 +67,7 @@ struct Terms {
 };
 
 // P of one tile in place of its raw S, and max P. `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63.
-template <bool MASKED>
+template <bool MASKED, int EMULATE>
 __device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, const int (&row)[2],
                                               const float (&scale)[2], int start_n, int n, bool causal) {
   const int q = threadIdx.x % 4;
@@ -76,7 +76,8 @@ __device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, 
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const int r = v / 2, h = i / 8;
-      float p = ex2_approx_ftz(fmaf(st[4 * i + v], scale[h], -t.lse[r]));
+      const float x = fmaf(st[4 * i + v], scale[h], -t.lse[r]);
+      float p = EMULATE > 0 && i % EMULATE == EMULATE - 1 ? ex2_poly<5>(x) : ex2_approx_ftz(x);
       if constexpr (MASKED) {
         const int key = start_n + 8 * i + 2 * q + v % 2;
         if (!(key < n && (!causal || key <= row[r]))) p = 0.0f;
@@ -116,7 +117,7 @@ enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kOffset = 3 };
 // One query tile's δ, s and 1/s. j0: how many key tiles the CTA's ring has taken before this query tile (its stages
 // and phases follow on); rows_parity: the parity of rows_full's phase to wait for, −1 if the caller has waited;
 // rows_empty: where each consumer warp arrives once its last wgmma has read q and dout (w4pd), or null.
-template <int FORM>
+template <int FORM, int EMULATE = 0>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
                                         int start_cta, int j0 = 0, int rows_parity = 0, uint64_t* rows_empty = nullptr) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -157,9 +158,9 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   // P of tile j in `st` (its S complete), masked only where the tile is the masked one
   auto softmax = [&](float (&st)[kKeys / 2], int j, const float (&c)[2]) {
     if (j < tiles.unmasked) {
-      probabilities<false>(st, t, row, c, kKeys * j, p.n, p.causal);
+      probabilities<false, EMULATE>(st, t, row, c, kKeys * j, p.n, p.causal);
     } else {
-      probabilities<true>(st, t, row, c, kKeys * j, p.n, p.causal);
+      probabilities<true, EMULATE>(st, t, row, c, kKeys * j, p.n, p.causal);
     }
   };
   float dpt[kKeys / 2];
@@ -195,7 +196,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       scales(j, c, s_v);
       wgmma_wait<2>();  // S of tile j
       fence_operands(cur);
-      probabilities<false>(cur, t, row, c, kKeys * j, p.n, p.causal);  // only the last tile is masked
+      probabilities<false, EMULATE>(cur, t, row, c, kKeys * j, p.n, p.causal);  // only the last tile is masked
       offset_start(j);
       wgmma_wait<1>();  // dÔ V̂ᵀ of tile j; S of tile j + 1 may still run
       fence_operands(dpt);
@@ -261,7 +262,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   }
 }
 
-template <int FORM>
+template <int FORM, int EMULATE = 0>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
@@ -284,7 +285,7 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<FORM>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<FORM, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
 // w4pd: w4p persistent (FlashAttention-3's persistent tile scheduler). One CTA an SM; its producer thread takes query
@@ -352,16 +353,19 @@ __device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactor
 }  // namespace delta_wide
 }  // namespace dm
 
-#define DM_DELTA_WIDE_KERNEL(NAME, FORM)                                                               \
+#define DM_DELTA_WIDE_KERNEL(NAME, FORM, EMULATE)                                                      \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
       NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {          \
     extern __shared__ uint8_t smem[];                                                               \
-    dm::delta_wide::delta_block<dm::delta_wide::FORM>(smem, p, maps);                               \
+    dm::delta_wide::delta_block<dm::delta_wide::FORM, EMULATE>(smem, p, maps);                      \
   }
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile)
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined)
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns)
-DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4po, kOffset)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4, kEachTile, 0)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4p, kPipelined, 0)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4t, kTurns, 0)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4po, kOffset, 0)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4pe8, kPipelined, 8)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4pe4, kPipelined, 4)
+DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4pe2, kPipelined, 2)
 #undef DM_DELTA_WIDE_KERNEL
 extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
     dm_delta_wide_w4pd(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps, int* taken) {
@@ -372,10 +376,12 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
 // variant: 0 each tile in turn, dÔ V̂ᵀ beside the exponentials (w4), 1 the next tile's S issued before this tile's
 // arithmetic too (w4p), 2 w4 with the consumers taking turns to issue (w4t), 3 w4p with the second consumer started
 // half a tile late (w4po), 4 w4p persistent, one CTA an SM (w4pd; its count of tiles taken is an int allocated,
-// zeroed and freed on the stream around the launch) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+// zeroed and freed on the stream around the launch), 5, 6, 7 w4p with every 8th, 4th, 2nd 8-key chunk's exponentials
+// emulated on the FMA pipe (w4pe8, w4pe4, w4pe2; ex2_poly<5>: P within a few FP32 ulps of ex2.approx's, so not the
+// other variants' bits) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 4) {
+  if (!valid_shape(*p) || variant < 0 || variant > 7) {
     return cudaErrorInvalidValue;
   }
   if (variant == 4) {
@@ -397,6 +403,7 @@ extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int devi
     return err != cudaSuccess ? err : freed;
   }
   using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps);
-  const Kernel kernels[4] = {dm_delta_wide_w4, dm_delta_wide_w4p, dm_delta_wide_w4t, dm_delta_wide_w4po};
+  const Kernel kernels[8] = {dm_delta_wide_w4,    dm_delta_wide_w4p,   dm_delta_wide_w4t,   dm_delta_wide_w4po,
+                             nullptr,             dm_delta_wide_w4pe8, dm_delta_wide_w4pe4, dm_delta_wide_w4pe2};
   return launch_delta(kernels[variant], dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream);
 }

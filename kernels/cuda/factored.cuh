@@ -50,6 +50,33 @@ __device__ __forceinline__ float ex2_approx_ftz(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// 2^x on the FMA pipe (FlashAttention-4's exponential emulation), for a share of a tile's elements while the rest take
+// MUFU, whose 16 results a cycle an SM match FP8's wgmma rate at D = 128 (kernels/NOTES.md, session 28). Cody-Waite:
+// x = j + f with j = round(x) (the 1.5·2^23 shifter) and f in [−0.5, 0.5]; 2^f by a minimax polynomial of DEGREE 3
+// (relative error 7.5e-5, for P that becomes E4M3 in the forward) or 5 (2.3e-7 evaluated in FP32, the order of
+// ex2.approx's own error, for δ's P, which must stay the backward's P up to FP32 round-off); times 2^j built in the
+// exponent field. x is clamped at −127 with NaN kept (max.NaN): from −126.5 down the factor 2^j is +0, as
+// ex2.approx.ftz flushes, −inf gives +0, and NaN stays NaN (p · 0 = NaN). For x ≤ 127.5.
+template <int DEGREE>
+__device__ __forceinline__ float ex2_poly(float x) {
+  static_assert(DEGREE == 3 || DEGREE == 5, "coefficients are fitted for degrees 3 and 5");
+  constexpr float kShifter = 12582912.0f;  // 1.5 · 2^23: x + it rounds x to an integer in the low mantissa bits
+  float xc;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(xc) : "f"(x), "f"(-127.0f));
+  const float t = __fadd_rn(xc, kShifter);
+  const float f = __fsub_rn(xc, __fsub_rn(t, kShifter));
+  float p;
+  if constexpr (DEGREE == 3) {
+    p = fmaf(fmaf(fmaf(0.055171433836221695f, f, 0.24261081218719482f), f, 0.6932609677314758f), f,
+             0.9999281167984009f);
+  } else {
+    p = fmaf(fmaf(fmaf(fmaf(fmaf(0.0013276454992592335f, f, 0.009675540030002594f), f, 0.05550713464617729f), f,
+                        0.24022120237350464f), f, 0.6931469440460205f), f, 1.0000001192092896f);
+  }
+  // t's bits are 0x4B400000 + j; shifted by 23 the constant leaves (its low 9 bits are 0): 2^j = (j + 127) << 23
+  return __fmul_rn(p, __int_as_float(int(uint32_t(__float_as_int(t)) << 23) + 0x3F800000));
+}
+
 __device__ __forceinline__ float div_full(float a, float b) {
   float y;
   asm("div.full.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));

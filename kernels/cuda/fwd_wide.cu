@@ -60,7 +60,7 @@ struct Maps {
 // products of each 64-key half and scaled after (multiplying by a positive scale keeps the order, rounding included),
 // and m is kept as the max less log2(448), so P · 448 = ex2(fma(s, scale, −m)) needs no multiply before the
 // exponential or after it; l sums P · 448 and lse2 = m + log2(l) is unchanged in form (kernels/README.md).
-template <bool MASKED>
+template <bool MASKED, int EMULATE>
 __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const int (&row)[2], const float (&scale)[2], int start_n, int n,
                                              bool causal) {
@@ -92,7 +92,8 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[
   for (int i = 0; i < kKeys / 8; ++i) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const float p = ex2_approx_ftz(fmaf(st[4 * i + v], scale[i / 8], -m_new[v / 2]));
+      const float x = fmaf(st[4 * i + v], scale[i / 8], -m_new[v / 2]);
+      const float p = EMULATE > 0 && i % EMULATE == EMULATE - 1 ? ex2_poly<3>(x) : ex2_approx_ftz(x);
       sum[v / 2] = __fadd_rn(sum[v / 2], p);
       st[4 * i + v] = p;
     }
@@ -151,7 +152,7 @@ __device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&pa
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
 __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
                                         int start_cta) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -178,9 +179,9 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   };
   auto softmax = [&](int j, const float (&c)[2], float (&a)[2]) {
     if (j < tiles.unmasked) {
-      softmax_tile<false>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
+      softmax_tile<false, EMULATE>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
     } else {
-      softmax_tile<true>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
+      softmax_tile<true, EMULATE>(st, m, l, a, row, c, kKeys * j, p.n, p.causal);
     }
   };
   auto wait_full = [&](int j) { mbar_wait(&s.full[j % kStages], (j / kStages) & 1); };
@@ -266,7 +267,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
   Smem& s = aligned_smem<Smem>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
@@ -296,41 +297,51 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta);
 }
 
 }  // namespace fwd_wide
 }  // namespace dm
 
-#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET)                               \
+#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE)                      \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
       NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps) {              \
     extern __shared__ uint8_t smem[];                                                               \
-    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET>(smem, p, maps);                   \
+    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(smem, p, maps);          \
   }
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true, false, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_promoted, true, true, true, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_unpromoted, false, true, true, false)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4po_promoted, true, true, false, true)
-DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4po_unpromoted, false, true, false, true)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false, false, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false, false, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true, false, false, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_unpromoted, false, true, false, false, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_promoted, true, true, true, false, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pp_unpromoted, false, true, true, false, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4po_promoted, true, true, false, true, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4po_unpromoted, false, true, false, true, 0)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe8_promoted, true, true, false, false, 8)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe8_unpromoted, false, true, false, false, 8)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe4_promoted, true, true, false, false, 4)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe4_unpromoted, false, true, false, false, 4)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe2_promoted, true, true, false, false, 2)
+DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe2_unpromoted, false, true, false, false, 2)
 #undef DM_FWD_WIDE_KERNEL
 
 // variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p), 2 w4p with the
-// consumers taking turns to issue (w4pp), 3 w4p with the second consumer started half a tile late (w4po)
-// (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order.
+// consumers taking turns to issue (w4pp), 3 w4p with the second consumer started half a tile late (w4po), 4, 5, 6 w4p
+// with every 8th, 4th, 2nd 8-key chunk's exponentials emulated on the FMA pipe (w4pe8, w4pe4, w4pe2; ex2_poly<3>: not
+// the other variants' bits) (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order.
 extern "C" int dm_fwd_wide(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 3) {
+  if (!valid_shape(*p) || variant < 0 || variant > 6) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps);
-  const Kernel kernels[4][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
+  const Kernel kernels[7][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
                                 {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted},
                                 {dm_fwd_wide_w4pp_unpromoted, dm_fwd_wide_w4pp_promoted},
-                                {dm_fwd_wide_w4po_unpromoted, dm_fwd_wide_w4po_promoted}};
+                                {dm_fwd_wide_w4po_unpromoted, dm_fwd_wide_w4po_promoted},
+                                {dm_fwd_wide_w4pe8_unpromoted, dm_fwd_wide_w4pe8_promoted},
+                                {dm_fwd_wide_w4pe4_unpromoted, dm_fwd_wide_w4pe4_promoted},
+                                {dm_fwd_wide_w4pe2_unpromoted, dm_fwd_wide_w4pe2_promoted}};
   return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd_wide::kSmemBytes, dm::fwd_wide::kKeys, *p, device,
                         stream);
 }
