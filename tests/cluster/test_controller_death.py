@@ -28,9 +28,18 @@ def test_jobs_outlive_the_controller_and_are_recovered(slurm, tmp_path):
     job = slurm.run("sbatch", "--parsable", "-A", slurm.account, "-t", "2", "-o", str(tmp_path / "job.out"),
                     "--wrap", f"touch {started}; sleep 6; touch {finished}").strip()
     _until(started.exists, 30, "the job to start")
-    # A controller killed within a second of starting a job may not have saved it yet (docs/cluster.md); give it the
-    # few seconds it takes, as a crash long after a start would.
-    time.sleep(3)
+    _until(lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() == "RUNNING", 30,
+           "the controller to see the job running")
+    # A controller killed before it has saved a started job forgets it (docs/cluster.md), and it batches its saves
+    # (Slurm's SAVE_MAX_WAIT: up to 5 s after the last), which on a loaded machine once outlasted a fixed 3 s wait. So
+    # the test waits for a save it knows holds the running job: a job update asks for one, and job_state is rewritten
+    # after it. The second's pause keeps an earlier save, begun before the job ran, from passing for it (file times
+    # run on the kernel's coarse clock, a tick behind time.time_ns()).
+    time.sleep(1)
+    asked = time.time_ns()
+    slurm.run("scontrol", "update", f"jobid={job}", "comment=state-saved-while-running")
+    saved = STATE / "ctld" / "job_state"
+    _until(lambda: saved.exists() and saved.stat().st_mtime_ns > asked, 30, "the controller to save the running job")
 
     controller = int((STATE / "run" / "slurmctld.pid").read_text())
     os.kill(controller, signal.SIGKILL)  # the daemon the fixture started, by its recorded PID
