@@ -1,5 +1,6 @@
 """The CUDA library without a GPU: nvcc builds it for sm_90a, each kernel's SASS holds the QGMMA it declares, the
-loader says why it cannot run, and the A-fragment permutation's algorithm is right (a model of the register shuffle).
+loader says why it cannot run, the A-fragment permutation's algorithm is right (a model of the register shuffle), and
+the emulated exponential is within its stated error (a model of its FP32 steps, its coefficients read from the source).
 
 One build per module (about 25 s of nvcc), into a temporary folder with its PTX beside it; skipped with the reason
 where nvcc is missing.
@@ -338,3 +339,45 @@ def test_a_wrong_dq_acc_is_refused_by_name(acc):
     t = torch.empty(0)
     with pytest.raises(ValueError, match=r"dq_acc: .*expected a contiguous torch.float32 \(1, 2, 128, 128\)"):
         cuda_lib.dqdkdv_factored(q8, *[t] * 16, 100, True, 1.0, 1.0, dq_acc=bad)
+
+
+def _ex2_poly_model(x: "np.ndarray", degree: int) -> "np.ndarray":
+    """``factored.cuh``'s ex2_poly step by step in FP32, with its coefficients read from the source: the clamp at −127
+    (NaN kept), round(x) by the 1.5·2^23 shifter, the polynomial by Horner's rule with each FMA rounded once (an FP32
+    product is exact in FP64), and 2^j built in the exponent field from the shifter's bits."""
+    import numpy as np
+
+    source = (cuda_build.SOURCE_DIR / "factored.cuh").read_text()
+    body = source[source.index("__device__ __forceinline__ float ex2_poly("):]
+    branch = body[body.index("if constexpr (DEGREE == 3)"):body.index("// t's bits")]
+    branch = branch.split("} else {")[0 if degree == 3 else 1]
+    coefficients = [np.float32(c) for c in re.findall(r"(-?\d+\.\d+(?:e-?\d+)?)f", branch)]
+    assert len(coefficients) == degree + 1, branch
+    # Horner's rule as written: fmaf(fmaf(c_d, f, c_{d-1}), f, ...): the first literal is the highest power
+    shifter = np.float32(12582912.0)
+    f32 = np.float32
+    xc = np.where(np.isnan(x), x, np.maximum(x, f32(-127.0))).astype(f32)
+    t = (xc + shifter).astype(f32)
+    f = (xc - (t - shifter).astype(f32)).astype(f32)
+    p = np.full_like(f, coefficients[0])
+    for c in coefficients[1:]:
+        p = (p.astype(np.float64) * f + c).astype(f32)  # one rounding, as fmaf's
+    scale = ((t.view(np.uint32) << np.uint32(23)) + np.uint32(0x3F800000)).astype(np.uint32).view(f32)
+    return (p * scale).astype(f32)
+
+
+@pytest.mark.parametrize("degree, bound", [(3, 7.6e-5), (5, 2.5e-7)])
+def test_the_emulated_exponential_is_within_its_stated_error(degree, bound):
+    """The emulated 2^x (``factored.cuh`` ``ex2_poly``, which the ``w4pe*`` forward and δ variants take for a share of
+    their elements) against FP64's exp2 over the range the kernels feed it (the forward's x ≤ log2(448), the δ pass's
+    ≤ 0; down to where FP32 stops being normal): within the relative error its comment states (degree 3: 7.5e-5,
+    degree 5: 2.3e-7 evaluated in FP32), and the edges as ex2.approx.ftz has them: −inf and anything below −126.5 give
+    +0, NaN stays NaN."""
+    import numpy as np
+
+    x = np.linspace(-126.0, 8.81, 400_001, dtype=np.float32)
+    got = _ex2_poly_model(x, degree).astype(np.float64)
+    relative = np.abs(got / np.exp2(x.astype(np.float64)) - 1)
+    assert relative.max() <= bound, f"degree {degree}: {relative.max():.3e} at x = {x[relative.argmax()]}"
+    edges = _ex2_poly_model(np.array([-np.inf, -1e30, -127.0, -126.6, np.nan, 0.0], dtype=np.float32), degree)
+    assert (edges[:4] == 0).all() and np.isnan(edges[4]) and abs(edges[5] - 1) <= bound
