@@ -25,6 +25,9 @@
 //     for. No: w4po took 11% longer than w4p on the H200 (session 26), so the consumers in step are the better schedule;
 //   w4pd (delta_persistent, below): w4p persistent, one CTA an SM taking query tiles from a counter (−1.2% at 8K).
 // The five give the same bits. (The tile's two 64-key halves in turn, w4h, lost: kernels/NOTES.md, commit e280096.)
+//   w4pe8, w4pe4, w4pe2 (EMULATE = 8, 4, 2): w4p with every EMULATE-th 8-key chunk's exponentials on the FMA pipe
+//     (factored.cuh ex2_poly<5>), so MUFU, which takes as long as the tile's wgmmas, has 12.5, 25 or 50% less to do;
+//     P within a few FP32 ulps of ex2.approx's (the dK/dV kernel's), so δ and s within FP32 round-off of w4p's.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -66,7 +69,8 @@ struct Terms {
   float p_max[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 };
 
-// P of one tile in place of its raw S, and max P. `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63.
+// P of one tile in place of its raw S, and max P. `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63. EMULATE > 0:
+// chunk i's four elements by ex2_poly<5> where i % EMULATE == EMULATE − 1 (compile-time: i is unrolled).
 template <bool MASKED, int EMULATE>
 __device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, const int (&row)[2],
                                               const float (&scale)[2], int start_n, int n, bool causal) {

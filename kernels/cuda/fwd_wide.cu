@@ -59,7 +59,9 @@ struct Maps {
 // Four instructions an element and a half (FMNMX, FFMA, MUFU, FADD, half an F2FP): the row max is taken over the raw
 // products of each 64-key half and scaled after (multiplying by a positive scale keeps the order, rounding included),
 // and m is kept as the max less log2(448), so P · 448 = ex2(fma(s, scale, −m)) needs no multiply before the
-// exponential or after it; l sums P · 448 and lse2 = m + log2(l) is unchanged in form (kernels/README.md).
+// exponential or after it; l sums P · 448 and lse2 = m + log2(l) is unchanged in form (kernels/README.md). EMULATE > 0
+// (w4pe8, w4pe4, w4pe2): chunk i's exponentials by ex2_poly<3> on the FMA pipe where i % EMULATE == EMULATE − 1, the
+// rest MUFU, whose 64 results a thread and tile take as long as the tile's wgmmas (kernels/NOTES.md, session 28).
 template <bool MASKED, int EMULATE>
 __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const int (&row)[2], const float (&scale)[2], int start_n, int n,
