@@ -648,7 +648,9 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
         else:  # P within a few ulps of ex2.approx's: δ and s within FP32 round-off of the others'
             err = (first[0][..., :n] - delta[..., :n]).abs().double()
             assert (err <= 2e-6 * total).all(), f"{variant}: |δ − δ_w4| / Σ|P dP̂| {(err / total).max():.2e}"
-            assert ((first[1] - rs).abs() <= 2e-6 * rs).all(), variant
+            # s = (|δ| max P + max P|dP̂|) / 448: |δ|'s error over the bound is at most Σ|P dP̂| max P / max P|dP̂|
+            # times P's, which a diffuse row can make a few times larger than P's own
+            assert ((first[1] - rs).abs() <= 1e-5 * rs).all(), variant
             assert torch.equal(first[2], row_scale_inverses(first[1])), variant
         err = (first[0][..., :n] - ops["delta_m"][..., :n]).abs().double()
         assert (err <= 1e-5 * total).all(), f"{variant}: |δ − δ_triton| / Σ|P dP̂| {(err / total).max():.2e}"
