@@ -103,6 +103,9 @@ KERNELS = (
     # ws3x: the same with the dŜ tile written by lane exchange (a word a store where ws3 stores bytes)
     CudaKernel("dm_dkdv_factored_ws3x_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
     CudaKernel("dm_dkdv_factored_ws3x_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
+    # ws3xf: ws3x with 448 folded into the row terms (one FMUL an element fewer)
+    CudaKernel("dm_dkdv_factored_ws3xf_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
+    CudaKernel("dm_dkdv_factored_ws3xf_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
     # ws3xp: ws3x ordered, persistent (key blocks from a counter, one CTA an SM); its spills are the producer's and the
     # reducers' (24 registers: the walk of each key block) but for one word a consumer thread keeps a block
     CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=96),

@@ -94,7 +94,7 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
@@ -104,14 +104,23 @@ the SASS, 8 STS.32 where ``ws3`` takes 32 STS.U8); the same bytes in the same pl
 (with dQ, ordered, only) is ``ws3x`` persistent: one CTA an SM takes key blocks in the ordered launch's order from a
 counter and loads the next block's K̂ and V̂ while the last one's dK and dV are stored; ``ws3x``'s ordered bits, 2%
 slower on the H200 (kernels/NOTES.md, session 27; ``$DELTAMATCH_DKDV_PERSISTENT_CTAS`` runs it on fewer CTAs than
-SMs, a benchmark's control)."""
+SMs, a benchmark's control). ``ws3xf`` (with dQ only) is ``ws3x`` with 448 folded into the row terms
+(:data:`DKDV_FOLDED`): one multiply an element fewer, its bits within a few ulps of ``ws3x``'s, not equal."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x", "ws3xp")
+DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
+DKDV_FOLDED = ("ws3xf",)
+"""The forms that take 448 (E4M3's largest value, P̂ᵀ's fixed scale) folded into their row terms: the launch passes
+lse2 − log2(448) for lse2 and div.full(1, s) / 448 for the inverses, so the kernel's exponential gives P · 448 itself
+(``factored.cuh`` ``ds_tile``'s FOLDED: P̂ᵀ without its multiply; dŜ = (P · 448)(dP − δ) · (1/s) / 448). P then differs
+from the δ pass's by the rounding of lse2 − log2(448) and ex2.approx's error (a few ulps), so Σ_j dS_ij stays zero up to
+FP32 round-off."""
+LOG2_448 = 8.807354922057604
+"""log2(448): E4M3's largest value as an exponent (the forward's ``kLog2Of448``)."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
@@ -547,6 +556,8 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
 
         _operand_pointers(codes, [("rs", rs, (b, h, n_pad))])  # the inputs' checks before that small launch
         irs = row_scale_inverses(rs)
+    if variant in DKDV_FOLDED:  # new tensors, referenced until the launch as irs above
+        lse2, irs = lse2 - LOG2_448, irs / 448.0
     pointers = _operand_pointers(
         codes,
         [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),

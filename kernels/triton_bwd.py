@@ -523,7 +523,8 @@ CUDA_DKDV_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV"
 """The form of the CUDA dK/dV launch that also forms dQ (:data:`DQ_ORDERED_SWITCH`, :data:`DQ_ATOMIC_SWITCH`): one of
 ``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3x``, which writes dQ's dŜ tile by lane exchange
 (``ws3``'s bits in 61 instructions fewer a thread and tile: the kernel 4.78 → 4.52 ms at the reference shape, H200,
-session 23); ``ws3`` the byte stores."""
+session 23); ``ws3`` the byte stores; ``ws3xf`` ``ws3x`` with 448 folded into the row terms (``cuda_lib.DKDV_FOLDED``:
+one multiply an element fewer, not ``ws3x``'s bits; not yet timed)."""
 CUDA_DKDV_DEFAULT = "ws3x"
 
 

@@ -392,7 +392,8 @@ struct SameBlock {
 // With DQ, `ring` and `j0` (the stages and tiles walked before this key block) go on across a persistent CTA's key
 // blocks: K̂ and V̂ are those of kv_full's phase `kv_phase`, where `kv_empty` is set each warp arrives on it once the
 // key block's last product has read them, and `where` gives the block again for the epilogue.
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock,
+          bool FOLDED = false>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
                                         uint64_t* kv_empty = nullptr, Where where = {}) {
@@ -412,10 +413,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   // P̂ᵀ (·448, uncast) into st and dŜᵀ (uncast) into dpt, from Sᵀ and dP̂ᵀ of tile t
   auto form = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
     if (t.masked) {  // two bodies: the unmasked one, most tiles, keeps no mask in registers across the wgmma
-      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, true, start_n, t.start,
+      ds_tile<true, true, FOLDED>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, true,
+                                  start_n, t.start,
                     p.n, p.causal);
     } else {
-      ds_tile<true>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, false, start_n,
+      ds_tile<true, true, FOLDED>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, false,
+                                  start_n,
                     t.start, p.n, p.causal);
     }
   };
@@ -616,7 +619,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   epilogue(dv, dk, cur.bh, KvBlock{b, h_kv, start_n});
 }
 
-template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false>
+template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
+          bool FOLDED = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
@@ -675,8 +679,8 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   const CtaCoords cta = coords();
   Ring<STAGES> ring;
   uint32_t j0 = 0;
-  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE>(s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv,
-                                                    cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
+  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE, SameBlock, FOLDED>(
+      s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv, cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
 }
 
 // ws3xp: ws3x ordered, persistent (FlashAttention-3's persistent tile scheduler, as the δ pass's w4pd). One CTA an SM;
@@ -822,25 +826,28 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE)                       \
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED)               \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
     extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE>(smem, p, maps);          \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED>(smem, p, maps);  \
   }
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false, false, false, false)
 // with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered; ws3x:
 // the dŜ tile written by lane exchange (to_fragments_exchanged), the same bits
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, true, false)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq, true, false, 3, true, false, true)
-DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, true, true)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq_ordered, true, false, 3, true, true, false, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq, true, false, 3, true, false, true, false)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, true, true, false)
+// ws3xf: ws3x with 448 folded into the row terms the host passes (ds_tile's FOLDED): one FMUL an element fewer
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq, true, false, 3, true, false, true, true)
+DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq_ordered, true, false, 3, true, true, true, true)
 #undef DM_DKDV_KERNEL
 extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
     dm_dkdv_factored_ws3xp_promoted_dq_ordered(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps,
@@ -920,6 +927,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
                                                    : dm_dkdv_factored_ws3_promoted_dq, smem_bytes<3, true>()};
       case 3: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3x_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3x_promoted_dq, smem_bytes<3, true>()};
+      case 5: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xf_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3xf_promoted_dq, smem_bytes<3, true>()};
       default: return {nullptr, 0};
     }
   }
@@ -934,7 +943,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 }  // namespace
 
 // variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
-// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them).
+// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
+// folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;

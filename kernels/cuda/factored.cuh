@@ -302,10 +302,14 @@ __device__ __forceinline__ void init_stage_barriers(uint64_t (&full)[STAGES], ui
 // lse, delta and irs: shared-memory arrays of the tile's queries, 8-byte aligned (24 LDS.64 a tile where scalar loads
 // took 48 LDS; in the dK/dV kernel with warpgroup_role 192 instructions fewer, the stack unchanged; before it, the
 // same loads spilled 48 bytes more).
-template <bool WITH_P, bool INVERSES = true>
+// FOLDED (with WITH_P and INVERSES): the host passes lse2 − log2(448) for lse and div.full(1, s) / 448 for irs, so the
+// exponential gives P · 448 itself: P̂ᵀ needs no multiply, and dS · 448 · (1 / 448s) is dŜ (5 instructions an element
+// where 6 form both; the bits within a few ulps of the unfolded ones, not equal).
+template <bool WITH_P, bool INVERSES = true, bool FOLDED = false>
 __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse,
                                         const float* delta, const float* irs, float row_scale, float dp_scale,
                                         bool masked, int start_n, int start_m, int n, bool causal) {
+  static_assert(!FOLDED || (WITH_P && INVERSES), "folding 448 in needs P̂ᵀ and the inverses");
   const auto [warp, g, q] = lane();
 #pragma unroll
   for (int i = 0; i < kBlockM / 8; ++i) {
@@ -329,7 +333,7 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
         }
         const float ds = __fmul_rn(pv, fmaf(dpt[4 * i + v], dp_scale, -d));
         dpt[4 * i + v] = __fmul_rn(ds, inv_s);
-        if constexpr (WITH_P) st[4 * i + v] = __fmul_rn(pv, 448.0f);
+        if constexpr (WITH_P) st[4 * i + v] = FOLDED ? pv : __fmul_rn(pv, 448.0f);
       }
     }
   }

@@ -557,6 +557,50 @@ def test_the_persistent_form_gives_ws3x_ordered_bits(dk_operands, n, causal, h, 
         cuda_dqdkdv(ops, variant="ws3xp", ordered=False)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (1000, True, 8, 2), (1024, False, 2, 2),
+                                              (4096, True, 4, 2)])
+def test_the_folded_form_is_ws3x_to_rounding(dk_operands, n, causal, h, hk, ordered):
+    """``ws3xf`` takes lse2 − log2(448) and (1/s) / 448 (``cuda_lib.DKDV_FOLDED``) so that its exponential gives P · 448
+    itself: P̂ᵀ and dŜᵀ within a few ulps of ``ws3x``'s before their casts, so a code flips only where a value lay that
+    close to an E4M3 rounding boundary. dQ, dK and dV within 10^-3 of ``ws3x``'s in norm, all but 10^-3 of the elements
+    within one bf16 rounding, every row within a quarter of its norm (a mistake in the folding moves whole tiles by
+    448×); ordered, the same bits twice."""
+    ops = dk_operands(n, causal, h, hk)
+    base = cuda_dqdkdv(ops, variant="ws3x", ordered=ordered)
+    runs = [cuda_dqdkdv(ops, variant="ws3xf", ordered=ordered) for _ in range(2)]
+    torch.cuda.synchronize()
+    if ordered:
+        assert all(torch.equal(a, b) for a, b in zip(*runs))
+    for name, ours, theirs in zip(("dQ", "dK", "dV"), runs[0], base):
+        ours, theirs = ours.float(), theirs.float()
+        assert torch.isfinite(ours).all(), name
+        assert relative_error(ours, theirs) < 1e-3, f"{name}: relative {relative_error(ours, theirs):.2e}"
+        beyond = (ours - theirs).abs() > theirs.abs() * 2.0 ** -7 + 1e-6 * theirs.abs().max()
+        assert beyond.float().mean() < 1e-3, f"{name}: {int(beyond.sum())} of {ours.numel()} beyond one bf16 rounding"
+        rows = (ours - theirs).norm(dim=-1) / theirs.norm(dim=-1).clamp_min(1e-30)
+        assert rows.max() < 0.25, f"{name}: a row {rows.max().item():.1%} apart"
+
+
+def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch):
+    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xf``: dQ, dK, dV within a quarter of the reference
+    simulation's own distance to FP64 from the reference, and no further from FP64 than the reference (+15%)."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
+
+    q, k, v, do = attention_inputs(2, 1000, 4, 2, seed=19)
+    calls = []
+    fused = cuda_lib.dqdkdv_factored
+    monkeypatch.setattr(cuda_lib, "dqdkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
+    assert calls == ["ws3xf"]
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, True, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, True), q, k, v, do, dtype=torch.float64)
+    assert_near_reference(ours, ref, exact)
+
+
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3x`` (dŜ's tile by lane exchange) unless
     ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3`` asks for the byte stores, and the two give the same gradients bit for bit

@@ -451,8 +451,8 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
 
 def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
     """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3x`` (dŜ's
-    tile by lane exchange); ``ws3`` (byte stores) or ``ws3xp`` (persistent) when asked; a form not built with dQ, a bad
-    value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
+    tile by lane exchange); ``ws3`` (byte stores), ``ws3xp`` (persistent) or ``ws3xf`` (448 folded) when asked; a form
+    not built with dQ, a bad value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
@@ -471,6 +471,8 @@ def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
         cuda_dkdv_variant(ordered=False)
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3x")
     assert cuda_dkdv_variant(ordered=False) == "ws3x"
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")  # 448 folded into the row terms, either order of the adds
+    assert cuda_dkdv_variant() == cuda_dkdv_variant(ordered=False) == "ws3xf" in cuda_lib.DKDV_FOLDED
 
 
 if __name__ == "__main__":
