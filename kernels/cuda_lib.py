@@ -35,6 +35,7 @@ on the operands of Triton's factored dQ launch, also meant to give its bits.
 
 import ctypes
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -119,8 +120,6 @@ lse2 − log2(448) for lse2 and div.full(1, s) / 448 for the inverses, so the ke
 (``factored.cuh`` ``ds_tile``'s FOLDED: P̂ᵀ without its multiply; dŜ = (P · 448)(dP − δ) · (1/s) / 448). P then differs
 from the δ pass's by the rounding of lse2 − log2(448) and ex2.approx's error (a few ulps), so Σ_j dS_ij stays zero up to
 FP32 round-off."""
-LOG2_448 = 8.807354922057604
-"""log2(448): E4M3's largest value as an exponent (the forward's ``kLog2Of448``)."""
 DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 """Matched's δ pass's forms, in ``dm_delta_factored``'s numbering (``kernels/cuda/delta_factored.cu``): ``ws4`` forms each
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
@@ -557,7 +556,9 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         _operand_pointers(codes, [("rs", rs, (b, h, n_pad))])  # the inputs' checks before that small launch
         irs = row_scale_inverses(rs)
     if variant in DKDV_FOLDED:  # new tensors, referenced until the launch as irs above
-        lse2, irs = lse2 - LOG2_448, irs / 448.0
+        from deltamatch.kernels.quant import E4M3_MAX
+
+        lse2, irs = lse2 - math.log2(E4M3_MAX), irs / E4M3_MAX
     pointers = _operand_pointers(
         codes,
         [("sq", sq, (b, h, n_pad // 128)), ("sk", sk, (b, h_kv, n_pad // 64)), ("sv", sv, (b, h_kv, n_pad // 64)),
