@@ -78,9 +78,9 @@ SIGNATURES = {
     "dm_dq_factored_params_size": ((), _I),
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
-    "dm_fwd_wide": ((_P, _I, _I, _I, _P), _I),
+    "dm_fwd_wide": ((_P, _P, _I, _I, _I, _P), _I),
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
-    "dm_delta_wide": ((_P, _I, _I, _P), _I),
+    "dm_delta_wide": ((_P, _P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
@@ -125,7 +125,7 @@ DELTA_VARIANTS = ("ws4", "ws4p", "ws4x2")
 key tile's S and dP̂ in turn, ``ws4p`` issues the next tile's before this tile's arithmetic, ``ws4x2`` is ``ws4`` at two
 CTAs per SM (consumers at 104 registers), the default: 1.62 ms at the reference shape against ``ws4p``'s 1.80 (H200,
 session 11), still above Triton's 1.49, so the δ pass runs in CUDA only under ``DELTAMATCH_KERNEL_CUDA=1``."""
-DELTA_WIDE_VARIANTS = ("w4", "w4p", "w4t", "w4po", "w4pd", "w4pe8", "w4pe4", "w4pe2")
+DELTA_WIDE_VARIANTS = ("w4", "w4p", "w4t", "w4po", "w4pd", "w4pe8", "w4pe4", "w4pe2", "w4pm", "w4pme8", "w4pme4")
 """The δ pass over 128-key tiles (``dm_delta_wide``, ``kernels/cuda/delta_wide.cu``; six instructions an element where
 Triton's pass takes eleven): ``w4`` issues a tile's S and dÔ V̂ᵀ together and forms P while dÔ V̂ᵀ runs, ``w4p`` also
 issues the next tile's S before this tile's arithmetic, ``w4t`` is ``w4`` with the two consumers taking turns to issue
@@ -137,7 +137,16 @@ terms are finished. The five give the same bits. On the H200 (CUPTI) at the refe
 413 → 373 TFLOP/s (session 26), so ``w4p`` stays the default; the tile's halves in turn (1.305) and a third consumer
 warpgroup (``w6``, 1.30 in session 23) went: kernels/NOTES.md. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with every
 8th, 4th or 2nd 8-key chunk's exponentials emulated on the FMA pipe (:data:`EXP_EMULATED`): P within a few FP32 ulps of
-the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but not their bits."""
+the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but not their bits. ``w4pm``, ``w4pme8``,
+``w4pme4`` are ``w4p``, ``w4pe8``, ``w4pe4`` with max P bounded from the forward's row maxima
+(:data:`DELTA_ROW_MAX`)."""
+
+DELTA_ROW_MAX = ("w4pm", "w4pme8", "w4pme4")
+"""The δ pass's variants that bound each row's max_j P_ij from the forward's row max (``fwd_wide``'s ``row_max``,
+``factored.cuh`` ``p_max_bound``) instead of taking it over the elements: 64 FMNMX a thread and tile fewer, of ≈ 500 in
+``w4p``'s loop (kernels/NOTES.md, session 29). δ is the bits of the form without it; s = (|δ| max P + max P|dP̂|) / 448
+stays a bound, larger by ≈ 2^-20 relative (a few parts in 10⁵ where logits reach the hundreds), so dŜ's codes may
+differ from the other forms' where an element lies at an E4M3 rounding boundary."""
 
 EXP_EMULATED = ("w4pe8", "w4pe4", "w4pe2")
 """The variants of the forward and the δ pass over 128-key tiles that take a share of their exponentials (every 8th,
@@ -638,9 +647,9 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
 
 
 def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, sq, sk, svc, out_shape, causal,
-             qk_scale, dtype, promote) -> tuple[torch.Tensor, torch.Tensor]:
+             qk_scale, dtype, promote, row_max=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``fwd_factored`` and ``fwd_wide``: the operands checked, O and lse2 made, ``entry`` called with ``variant``'s
-    index in ``variants``."""
+    index in ``variants`` (and, for ``fwd_wide``, ``row_max``'s pointer, 0 for none, before it)."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
     n = out_shape[1]
@@ -655,22 +664,36 @@ def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, s
     lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
-    _call(_library(), entry, ctypes.byref(params), int(promote), variants.index(variant), *_launch_args(o))
+    wide = () if entry != "dm_fwd_wide" else (_row_max_pointer(row_max, (b, h, n_pad), device),)
+    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), variants.index(variant), *_launch_args(o))
     return o, lse2
 
 
 def fwd_wide(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Tensor, sk: torch.Tensor,
              svc: torch.Tensor, out_shape: tuple[int, int, int, int], causal: bool, qk_scale: float,
-             dtype: torch.dtype = torch.bfloat16, promote: bool = True,
-             variant: str = "w4p") -> tuple[torch.Tensor, torch.Tensor]:
+             dtype: torch.dtype = torch.bfloat16, promote: bool = True, variant: str = "w4p",
+             row_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (B, N, H, D), lse2 (B, H, N_pad)) of ``matched_factored``'s forward over 128-key tiles
     (``kernels/cuda/fwd_wide.cu``), from ``fwd_factored``'s operands but for ``v8t``: V̂ᶜ channel-major with its tokens
     in ``triton_quant.fragment_token_order`` (``quantize_per_channel(..., fragment_order=True)``), so that P̂'s
     accumulator bytes are the product's A fragments. ``promote``: each tile's P̂ V̂ᶜ (128 keys) added into O in FP32,
     else accumulated by the wgmma. lse2 is written for every query of each 128-query block. ``variant``: one of
-    ``FWD_WIDE_VARIANTS``."""
+    ``FWD_WIDE_VARIANTS``. ``row_max``: a (B, H, N_pad) FP32 tensor that takes each row's m beside lse2 (the max of the
+    scaled scores, log2 domain, less log2(448): lse2 = m + log2(l)), what the δ pass's :data:`DELTA_ROW_MAX` variants
+    read; None writes none."""
     return _forward("dm_fwd_wide", FWD_WIDE_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal, qk_scale,
-                    dtype, promote)
+                    dtype, promote, row_max)
+
+
+def _row_max_pointer(row_max: torch.Tensor | None, shape: tuple[int, int, int], device: torch.device) -> int:
+    """``row_max``'s data pointer once it is a contiguous (B, H, N_pad) FP32 tensor on ``device``, or 0 for None."""
+    if row_max is None:
+        return 0
+    if (row_max.dtype != torch.float32 or tuple(row_max.shape) != shape or not row_max.is_contiguous()
+            or row_max.device != device):
+        raise ValueError(f"row_max: {row_max.dtype} {tuple(row_max.shape)} on {row_max.device}, expected a contiguous "
+                         f"torch.float32 {shape} on {device}")
+    return row_max.data_ptr()
 
 
 def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
@@ -687,19 +710,24 @@ def delta_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: to
 
 def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.Tensor, sq: torch.Tensor,
                sk: torch.Tensor, sv: torch.Tensor, sdo: torch.Tensor, lse2: torch.Tensor, n: int, causal: bool,
-               qk_scale: float, variant: str = "w4p") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               qk_scale: float, variant: str = "w4p",
+               row_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``delta_factored``'s (δ, s, 1/s) from the same operands by the δ pass over 128-key tiles
     (``kernels/cuda/delta_wide.cu``): max P and max P·|dP̂| are Triton's bits, δ differs from Triton's by FP32 summation
     order (each thread sums its keys across the tiles, the quad's four sums are added at the end), and s follows δ.
-    Queries ≥ N get δ = 0 and s = 1. ``variant``: one of ``DELTA_WIDE_VARIANTS``."""
+    Queries ≥ N get δ = 0 and s = 1. ``variant``: one of ``DELTA_WIDE_VARIANTS``; those of :data:`DELTA_ROW_MAX` read
+    ``row_max``, the row maxima ``fwd_wide`` wrote beside this ``lse2`` (and only they take it)."""
+    if (variant in DELTA_ROW_MAX) != (row_max is not None):
+        raise ValueError(f"variant {variant!r} " + ("reads the forward's row maxima: row_max is None"
+                                                    if row_max is None else "takes no row_max"))
     return _delta("dm_delta_wide", DELTA_WIDE_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
-                  qk_scale)
+                  qk_scale, row_max)
 
 
 def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
-           qk_scale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           qk_scale, row_max=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``delta_factored`` and ``delta_wide``: the operands checked, δ, s and 1/s made, ``entry`` called with
-    ``variant``'s index in ``variants``."""
+    ``variant``'s index in ``variants`` (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it)."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, None, "δ")
@@ -713,7 +741,8 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
     irs = torch.empty_like(delta)
     params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), irs.data_ptr(), b, h, h_kv, n, n_pad,
                                  float(qk_scale), int(causal))
-    _call(_library(), entry, ctypes.byref(params), variants.index(variant), *_launch_args(delta))
+    wide = () if entry != "dm_delta_wide" else (_row_max_pointer(row_max, (b, h, n_pad), q8.device),)
+    _call(_library(), entry, ctypes.byref(params), *wide, variants.index(variant), *_launch_args(delta))
     return delta, rs, irs
 
 

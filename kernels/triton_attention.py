@@ -29,8 +29,10 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-SAVED = ("q8", "q8t", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2")
-"""What every mode's backward reads: FP8 codes, block scales, lse2 (``matched_factored``'s has no ``q8t``, ``k8t``: None)."""
+SAVED = ("q8", "q8t", "k8", "k8t", "v8", "sq", "sk", "sv", "lse2", "m2")
+"""What every mode's backward reads: FP8 codes, block scales, lse2 (``matched_factored``'s has no ``q8t``, ``k8t``:
+None), and ``m2``, the row maxima the 128-key CUDA forward writes for the δ pass's ``cuda_lib.DELTA_ROW_MAX`` variants
+(None from the other forwards)."""
 FACTORED_SAVED = ("q", "k8t", "skc")
 """What ``matched_factored``'s backward also reads: Q (for Q' = s ⊙ Q) and K̂ᶜ (codes, channel scales)."""
 
@@ -44,7 +46,7 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward
     cuda = mode == "matched_factored" and cuda_kernels_selected(q.shape[-1], q.dtype, what="forward")
     # K̂ᶜ goes to the CUDA dQ in its A fragments' key order (triton_bwd.attention_backward reorders it for Triton's)
     k_fragment = mode == "matched_factored" and k_fragment_order(q.shape[-1], k.dtype)
-    factored = None
+    factored = m2 = None
     if mode == "matched_factored":
         # the factored layout reads each block-scaled operand token-major only, each per-channel one channel-major only
         if cuda_quant_selected(q):
@@ -78,9 +80,11 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward
         if wide:
             from deltamatch.kernels import cuda_lib
 
+            # the row maxima beside lse2 where a backward follows (one FP32 a row): a δ pass of DELTA_ROW_MAX reads them
+            m2 = torch.empty(q8.shape[:3], device=q8.device, dtype=torch.float32) if backward else None
             o, lse2 = cuda_lib.fwd_wide(q8, k8, v8t_c, sq, sk, sv_c, tuple(q.shape), causal,
                                         softmax_scale * math.log2(math.e), dtype=q.dtype,
-                                        promote=config.get("ACC_PROMOTE") is not None, variant=wide)
+                                        promote=config.get("ACC_PROMOTE") is not None, variant=wide, row_max=m2)
         elif cuda:
             from deltamatch.kernels import cuda_lib
 
@@ -99,7 +103,7 @@ def fp8_forward(q, k, v, causal: bool, mode: str, softmax_scale: float, backward
         o, lse2 = attention_forward(q8, k8, v8t, sq, sk, sv, q.shape, q.dtype, causal, softmax_scale)
     if not backward:
         return o, None, None
-    saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2)
+    saved = dict(q8=q8, q8t=q8t, k8=k8, k8t=k8t, v8=v8, sq=sq, sk=sk, sv=sv, lse2=lse2, m2=m2)
     return o, saved, factored
 
 

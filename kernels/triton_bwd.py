@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deltamatch.kernels.triton_fwd import (TMA_SWITCH, ensure_allocator, env_switch, factored_acc_promote,
-                                          tma_enabled, wide_variant)
+from deltamatch.kernels.triton_fwd import (CUDA_FWD_SWITCH, TMA_SWITCH, ensure_allocator, env_switch,
+                                          factored_acc_promote, tma_enabled, wide_variant)
 from deltamatch.kernels.triton_quant import (BLOCK_KV, fragment_token_order, quantize_per_channel,
                                              round_fp32_in_kernels, to_e4m3)
 
@@ -793,8 +793,15 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if wide:
             from deltamatch.kernels import cuda_lib
 
+            row_max = None
+            if wide in cuda_lib.DELTA_ROW_MAX:
+                row_max = saved.get("m2")
+                if row_max is None:
+                    raise ValueError(f"{CUDA_DELTA_SWITCH}={wide} reads the forward's row maxima, which only the CUDA "
+                                     f"forward over 128-key tiles writes ({CUDA_FWD_SWITCH}); this forward wrote none")
             delta, rs, irs = cuda_lib.delta_wide(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"],
-                                                 saved["sv"], sdo, saved["lse2"], n, causal, qk_scale, variant=wide)
+                                                 saved["sv"], sdo, saved["lse2"], n, causal, qk_scale, variant=wide,
+                                                 row_max=row_max)
         elif cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None, what="δ pass"):
             from deltamatch.kernels import cuda_lib
 

@@ -69,9 +69,10 @@ struct Terms {
   float p_max[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 };
 
-// P of one tile in place of its raw S, and max P. `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63. EMULATE > 0:
-// chunk i's four elements by ex2_poly<5> where i % EMULATE == EMULATE − 1 (compile-time: i is unrolled).
-template <bool MASKED, int EMULATE>
+// P of one tile in place of its raw S, and max P (unless ROW_MAX: its bound comes from the forward's row max).
+// `scale[h]`: (s_q·s_k)·qk_scale of keys 64h .. 64h + 63. EMULATE > 0: chunk i's four elements by ex2_poly<5> where
+// i % EMULATE == EMULATE − 1 (compile-time: i is unrolled).
+template <bool MASKED, int EMULATE, bool ROW_MAX>
 __device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, const int (&row)[2],
                                               const float (&scale)[2], int start_n, int n, bool causal) {
   const int q = threadIdx.x % 4;
@@ -86,7 +87,7 @@ __device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, 
         const int key = start_n + 8 * i + 2 * q + v % 2;
         if (!(key < n && (!causal || key <= row[r]))) p = 0.0f;
       }
-      t.p_max[r][h] = fmaxf(t.p_max[r][h], p);
+      if constexpr (!ROW_MAX) t.p_max[r][h] = fmaxf(t.p_max[r][h], p);
       st[4 * i + v] = p;
     }
   }
@@ -120,10 +121,12 @@ enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kOffset = 3 };
 
 // One query tile's δ, s and 1/s. j0: how many key tiles the CTA's ring has taken before this query tile (its stages
 // and phases follow on); rows_parity: the parity of rows_full's phase to wait for, −1 if the caller has waited;
-// rows_empty: where each consumer warp arrives once its last wgmma has read q and dout (w4pd), or null.
-template <int FORM, int EMULATE = 0>
+// rows_empty: where each consumer warp arrives once its last wgmma has read q and dout (w4pd), or null. ROW_MAX: max P
+// bounded from the forward's row maxima `row_max` (p_max_bound), each tile's 64 FMNMX a thread dropped.
+template <int FORM, int EMULATE = 0, bool ROW_MAX = false>
 __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
-                                        int start_cta, int j0 = 0, int rows_parity = 0, uint64_t* rows_empty = nullptr) {
+                                        int start_cta, int j0 = 0, int rows_parity = 0, uint64_t* rows_empty = nullptr,
+                                        const float* row_max = nullptr) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
   const int start_m = start_cta + kBlockM * half;
@@ -131,6 +134,11 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   Terms t;
 #pragma unroll
   for (int r = 0; r < 2; ++r) t.lse[r] = row[r] < p.n ? p.lse2[bh * p.n_pad + row[r]] : INFINITY;
+  float m[2] = {0.0f, 0.0f};  // ROW_MAX: the forward's row maxima, loaded with lse2 (not at the end, after the loop)
+  if constexpr (ROW_MAX) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m[r] = row[r] < p.n ? row_max[bh * p.n_pad + row[r]] : 0.0f;
+  }
   const int64_t scale_at = bh * (p.n_pad / 128) + start_cta / 128;
   const float s_q = p.sq[scale_at];
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
@@ -162,9 +170,9 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   // P of tile j in `st` (its S complete), masked only where the tile is the masked one
   auto softmax = [&](float (&st)[kKeys / 2], int j, const float (&c)[2]) {
     if (j < tiles.unmasked) {
-      probabilities<false, EMULATE>(st, t, row, c, kKeys * j, p.n, p.causal);
+      probabilities<false, EMULATE, ROW_MAX>(st, t, row, c, kKeys * j, p.n, p.causal);
     } else {
-      probabilities<true, EMULATE>(st, t, row, c, kKeys * j, p.n, p.causal);
+      probabilities<true, EMULATE, ROW_MAX>(st, t, row, c, kKeys * j, p.n, p.causal);
     }
   };
   float dpt[kKeys / 2];
@@ -200,7 +208,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       scales(j, c, s_v);
       wgmma_wait<2>();  // S of tile j
       fence_operands(cur);
-      probabilities<false, EMULATE>(cur, t, row, c, kKeys * j, p.n, p.causal);  // only the last tile is masked
+      probabilities<false, EMULATE, ROW_MAX>(cur, t, row, c, kKeys * j, p.n, p.causal);  // only the last tile is masked
       offset_start(j);
       wgmma_wait<1>();  // dÔ V̂ᵀ of tile j; S of tile j + 1 may still run
       fence_operands(dpt);
@@ -254,9 +262,14 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   for (int r = 0; r < 2; ++r) {  // every lane of the quad shuffles; its first writes
     const float delta = __fmul_rn(quad_sum(t.delta[r]), s_do);
     const float pdp_max = __fmul_rn(quad_max(t.pdp_max[r]), s_do);
-    const float p_max = quad_max(fmaxf(t.p_max[r][0], t.p_max[r][1]));
+    const int64_t at = bh * p.n_pad + row[r];
+    float p_max;
+    if constexpr (ROW_MAX) {
+      p_max = row[r] < p.n ? p_max_bound(m[r], t.lse[r]) : 0.0f;  // rows ≥ N: no P (lse2 = +inf)
+    } else {
+      p_max = quad_max(fmaxf(t.p_max[r][0], t.p_max[r][1]));
+    }
     if (q == 0) {
-      const int64_t at = bh * p.n_pad + row[r];
       const float bound = fmaf(fabsf(delta), p_max, pdp_max);
       const float scale = bound > 0.0f ? __fdiv_rn(bound, 448.0f) : 1.0f;
       p.delta[at] = delta;
@@ -266,8 +279,9 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   }
 }
 
-template <int FORM, int EMULATE = 0>
-__device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps) {
+template <int FORM, int EMULATE = 0, bool ROW_MAX = false>
+__device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps,
+                                            const float* row_max = nullptr) {
   Smem& s = aligned_smem<Smem>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
   if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
@@ -289,7 +303,7 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<FORM, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<FORM, EMULATE, ROW_MAX>(s, p, role - 1, bh, bh_kv, start_cta, 0, 0, nullptr, row_max);
 }
 
 // w4pd: w4p persistent (FlashAttention-3's persistent tile scheduler). One CTA an SM; its producer thread takes query
@@ -371,6 +385,17 @@ DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4pe8, kPipelined, 8)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4pe4, kPipelined, 4)
 DM_DELTA_WIDE_KERNEL(dm_delta_wide_w4pe2, kPipelined, 2)
 #undef DM_DELTA_WIDE_KERNEL
+// the same reading the forward's row maxima (ROW_MAX)
+#define DM_DELTA_ROW_MAX_KERNEL(NAME, EMULATE)                                                                \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                                  \
+      NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps, const float* row_max) { \
+    extern __shared__ uint8_t smem[];                                                                       \
+    dm::delta_wide::delta_block<dm::delta_wide::kPipelined, EMULATE, true>(smem, p, maps, row_max);         \
+  }
+DM_DELTA_ROW_MAX_KERNEL(dm_delta_wide_w4pm, 0)
+DM_DELTA_ROW_MAX_KERNEL(dm_delta_wide_w4pme8, 8)
+DM_DELTA_ROW_MAX_KERNEL(dm_delta_wide_w4pme4, 4)
+#undef DM_DELTA_ROW_MAX_KERNEL
 extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
     dm_delta_wide_w4pd(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps, int* taken) {
   extern __shared__ uint8_t smem[];
@@ -382,11 +407,21 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
 // half a tile late (w4po), 4 w4p persistent, one CTA an SM (w4pd; its count of tiles taken is an int allocated,
 // zeroed and freed on the stream around the launch), 5, 6, 7 w4p with every 8th, 4th, 2nd 8-key chunk's exponentials
 // emulated on the FMA pipe (w4pe8, w4pe4, w4pe2; ex2_poly<5>: P within a few FP32 ulps of ex2.approx's, so not the
-// other variants' bits) (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
-extern "C" int dm_delta_wide(const DeltaFactoredParams* p, int variant, int device, cudaStream_t stream) {
+// other variants' bits), 8, 9, 10 w4p, w4pe8, w4pe4 with max P bounded from the forward's row maxima `row_max`
+// ((B, H, N_pad) FP32, dm_fwd_wide's; null for the others) in place of a max over each element (w4pm, w4pme8, w4pme4:
+// δ the bits of the form without it, s a bound larger by ≈ 2^-20 relative; cuda_lib.DELTA_ROW_MAX)
+// (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
+extern "C" int dm_delta_wide(const DeltaFactoredParams* p, const float* row_max, int variant, int device,
+                             cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 7) {
+  if (!valid_shape(*p) || variant < 0 || variant > 10 || (variant >= 8) != (row_max != nullptr)) {
     return cudaErrorInvalidValue;
+  }
+  if (variant >= 8) {
+    using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps, const float*);
+    const Kernel kernels[3] = {dm_delta_wide_w4pm, dm_delta_wide_w4pme8, dm_delta_wide_w4pme4};
+    return launch_delta(kernels[variant - 8], dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream,
+                        dim3(0), row_max);
   }
   if (variant == 4) {
     int sms = 0;

@@ -77,6 +77,24 @@ __device__ __forceinline__ float ex2_poly(float x) {
   return __fmul_rn(p, __int_as_float(int(uint32_t(__float_as_int(t)) << 23) + 0x3F800000));
 }
 
+constexpr float kLog2Of448 = 8.807354922057604f;  // log2(E4M3's largest finite value), rounded to FP32
+
+// An upper bound on max_j P_ij = max_j 2^fma(S_ij, c_j, −lse2_i) for the δ pass without its per-element max (the
+// variants of cuda_lib.DELTA_ROW_MAX), from the forward's row max m_i = fl(max_j fl(S_ij c_j) − kLog2Of448)
+// (fwd_wide.cu keeps m so; the same codes and scales c_j = (s_q·s_k)·qk_scale give the same S_ij c_j).
+// y = fl(fl(m + kLog2Of448) − lse2) is within 2^-22 (|m| + |y| + 16) of the exact max_j S_ij c_j − lse2 (four roundings
+// of half an ulp each, every operand below |m| + 9 or |y|), and each element's exponent fma(S_ij, c_j, −lse2_i) is at
+// most that max rounded once more. The slack is twice that: its second half, at least 2^-18 in the exponent (≥ 1.8e-6
+// relative), covers the rounding of y + slack and the exponentials' own error (ex2.approx 2 ulps, ex2_poly<5>
+// 2.3e-7), so ex2.approx of y + slack lies above every P of the row. s is then a bound as before, larger by
+// ≈ 2^-20 (|m| + |y| + 16) relative: not the per-element max's bits, an ulp-level change
+// (tests/kernels/test_cuda_build.py holds a model of these steps to this).
+__device__ __forceinline__ float p_max_bound(float m, float lse2) {
+  const float y = __fsub_rn(__fadd_rn(m, kLog2Of448), lse2);
+  const float slack = __fmul_rn(__fadd_rn(__fadd_rn(fabsf(m), fabsf(y)), 16.0f), 4.76837158203125e-7f);  // 2^-21
+  return ex2_approx_ftz(__fadd_rn(y, slack));
+}
+
 __device__ __forceinline__ float div_full(float a, float b) {
   float y;
   asm("div.full.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
@@ -646,9 +664,10 @@ inline dim3 cta_grid(int n, int heads) { return dim3((n + kCtaRows - 1) / kCtaRo
 
 // A forward's launch (fwd_factored.cu, fwd_wide.cu: Maps holds q, k, vt) over 128-query CTAs: the device and shared
 // memory prepared, Q̂ mapped in boxes of 64 rows, K̂ in boxes of `key_rows`, V̂ᶜᵀ in boxes of D channels x 64 keys.
-template <typename Params, typename Maps>
-inline int launch_forward(void (*kernel)(const Params, const Maps), int smem, uint32_t key_rows, const Params& p,
-                          int device, cudaStream_t stream) {
+// `extra`: the kernel's arguments after the maps.
+template <typename Params, typename Maps, typename... Extra>
+inline int launch_forward(void (*kernel)(const Params, const Maps, Extra...), int smem, uint32_t key_rows,
+                          const Params& p, int device, cudaStream_t stream, Extra... extra) {
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
@@ -658,7 +677,7 @@ inline int launch_forward(void (*kernel)(const Params, const Maps), int smem, ui
       !encode_channels(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * kHeadDim, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);
+  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps, extra...);
   return cudaGetLastError();
 }
 

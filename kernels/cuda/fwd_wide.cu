@@ -66,7 +66,6 @@ template <bool MASKED, int EMULATE>
 __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              const int (&row)[2], const float (&scale)[2], int start_n, int n,
                                              bool causal) {
-  constexpr float kLog2Of448 = 8.807354922057604f;
   const int q = threadIdx.x % 4;
   float raw_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};  // [row][64-key half]
 #pragma unroll
@@ -156,7 +155,7 @@ __device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&pa
 
 template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
 __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
-                                        int start_cta) {
+                                        int start_cta, float* row_max) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
   const int start_m = start_cta + kBlockM * half;
@@ -265,12 +264,15 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
              p.o, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
   if (q == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) p.lse2[bh * p.n_pad + row[r]] = __fadd_rn(m[r], log2f(l[r]));
+    for (int r = 0; r < 2; ++r) {
+      p.lse2[bh * p.n_pad + row[r]] = __fadd_rn(m[r], log2f(l[r]));
+      if (row_max != nullptr) row_max[bh * p.n_pad + row[r]] = m[r];  // for the δ pass's bound on max P (p_max_bound)
+    }
   }
 }
 
 template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
-__device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps) {
+__device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps, float* row_max) {
   Smem& s = aligned_smem<Smem>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
   if (threadIdx.x == 0) {
@@ -299,7 +301,7 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta);
+  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta, row_max);
 }
 
 }  // namespace fwd_wide
@@ -307,9 +309,9 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
 
 #define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE)                      \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
-      NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps) {              \
+      NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps, float* row_max) { \
     extern __shared__ uint8_t smem[];                                                               \
-    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(smem, p, maps);          \
+    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(smem, p, maps, row_max); \
   }
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false, false, 0)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false, false, 0)
@@ -330,13 +332,17 @@ DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe2_unpromoted, false, true, false, false, 2)
 // variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p), 2 w4p with the
 // consumers taking turns to issue (w4pp), 3 w4p with the second consumer started half a tile late (w4po), 4, 5, 6 w4p
 // with every 8th, 4th, 2nd 8-key chunk's exponentials emulated on the FMA pipe (w4pe8, w4pe4, w4pe2; ex2_poly<3>: not
-// the other variants' bits) (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order.
-extern "C" int dm_fwd_wide(const FwdFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
+// the other variants' bits) (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order. row_max: null,
+// or (B, H, N_pad) FP32 that takes each row's m (the max of S·c less log2(448), as lse2 = m + log2(l) holds it), which
+// the δ pass's DELTA_ROW_MAX variants read in place of their per-element max P (an argument of its own, not a field of
+// FwdFactoredParams: kernels/NOTES.md, session 24, on a Params that grew).
+extern "C" int dm_fwd_wide(const FwdFactoredParams* p, float* row_max, int promote, int variant, int device,
+                           cudaStream_t stream) {
   using namespace dm::factored;
   if (!valid_shape(*p) || variant < 0 || variant > 6) {
     return cudaErrorInvalidValue;
   }
-  using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps);
+  using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps, float*);
   const Kernel kernels[7][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
                                 {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted},
                                 {dm_fwd_wide_w4pp_unpromoted, dm_fwd_wide_w4pp_promoted},
@@ -345,5 +351,5 @@ extern "C" int dm_fwd_wide(const FwdFactoredParams* p, int promote, int variant,
                                 {dm_fwd_wide_w4pe4_unpromoted, dm_fwd_wide_w4pe4_promoted},
                                 {dm_fwd_wide_w4pe2_unpromoted, dm_fwd_wide_w4pe2_promoted}};
   return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd_wide::kSmemBytes, dm::fwd_wide::kKeys, *p, device,
-                        stream);
+                        stream, row_max);
 }

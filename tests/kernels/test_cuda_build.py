@@ -1,6 +1,7 @@
 """The CUDA library without a GPU: nvcc builds it for sm_90a, each kernel's SASS holds the QGMMA it declares, the
 loader says why it cannot run, the A-fragment permutation's algorithm is right (a model of the register shuffle), and
-the emulated exponential is within its stated error (a model of its FP32 steps, its coefficients read from the source).
+the emulated exponential is within its stated error (a model of its FP32 steps, its coefficients read from the source),
+and so is the δ pass's bound on max P from the forward's row max (the same kind of model).
 
 One build per module (about 25 s of nvcc), into a temporary folder with its PTX beside it; skipped with the reason
 where nvcc is missing.
@@ -171,17 +172,22 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, 0, 0, None) == 1
     forward.n_pad = 128
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, len(cuda_lib.FWD_VARIANTS), 0, None) == 1
-    assert opened.dm_fwd_wide(ctypes.byref(forward), 1, len(cuda_lib.FWD_WIDE_VARIANTS), 0, None) == 1
+    assert opened.dm_fwd_wide(ctypes.byref(forward), None, 1, len(cuda_lib.FWD_WIDE_VARIANTS), 0, None) == 1
     forward.n_pad = 64
-    assert opened.dm_fwd_wide(ctypes.byref(forward), 1, 0, 0, None) == 1
+    assert opened.dm_fwd_wide(ctypes.byref(forward), None, 1, 0, 0, None) == 1
     assert opened.dm_delta_factored_params_size() == ctypes.sizeof(cuda_lib.DeltaFactoredParams)
     delta = cuda_lib.DeltaFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
     assert opened.dm_delta_factored(ctypes.byref(delta), 0, 0, None) == 1
     delta.h = 2
     assert opened.dm_delta_factored(ctypes.byref(delta), len(cuda_lib.DELTA_VARIANTS), 0, None) == 1
-    assert opened.dm_delta_wide(ctypes.byref(delta), len(cuda_lib.DELTA_WIDE_VARIANTS), 0, None) == 1
+    assert opened.dm_delta_wide(ctypes.byref(delta), None, len(cuda_lib.DELTA_WIDE_VARIANTS), 0, None) == 1
+    # the row-max variants take the forward's row maxima, and only they: refused before any CUDA call either way
+    some = ctypes.c_void_p(256)
+    for i, variant in enumerate(cuda_lib.DELTA_WIDE_VARIANTS):
+        assert opened.dm_delta_wide(ctypes.byref(delta), None if variant in cuda_lib.DELTA_ROW_MAX else some, i, 0,
+                                    None) == 1, variant
     delta.n_pad = 64  # N_pad not a multiple of the CTA's 128 queries
-    assert opened.dm_delta_wide(ctypes.byref(delta), 0, 0, None) == 1
+    assert opened.dm_delta_wide(ctypes.byref(delta), None, 0, 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)
@@ -381,3 +387,94 @@ def test_the_emulated_exponential_is_within_its_stated_error(degree, bound):
     assert relative.max() <= bound, f"degree {degree}: {relative.max():.3e} at x = {x[relative.argmax()]}"
     edges = _ex2_poly_model(np.array([-np.inf, -1e30, -127.0, -126.6, np.nan, 0.0], dtype=np.float32), degree)
     assert (edges[:4] == 0).all() and np.isnan(edges[4]) and abs(edges[5] - 1) <= bound
+
+
+def _p_max_bound_model(m: "np.ndarray", lse2: "np.ndarray", ex2) -> "np.ndarray":
+    """``factored.cuh``'s p_max_bound step by step in FP32 (numpy's float32 arithmetic rounds each operation once, as
+    the kernel's ``__f*_rn``), its constants read from the source; ``ex2``: what ex2.approx gives for the bound's own
+    exponent."""
+    import numpy as np
+
+    source = (cuda_build.SOURCE_DIR / "factored.cuh").read_text()
+    log2_448 = np.float32(re.search(r"constexpr float kLog2Of448 = ([\d.]+)f;", source).group(1))
+    body = source[source.index("__device__ __forceinline__ float p_max_bound("):]
+    body = body[:body.index("\n}")]
+    (slack_factor,) = (np.float32(c) for c in re.findall(r"(\d+\.\d+(?:e-?\d+)?)f\);", body))
+    f32 = np.float32
+    y = ((m + log2_448).astype(f32) - lse2).astype(f32)
+    slack = (((np.abs(m) + np.abs(y)).astype(f32) + f32(16.0)).astype(f32) * slack_factor).astype(f32)
+    return ex2((y + slack).astype(f32)).astype(f32)
+
+
+def _round_to_f32(x: "fractions.Fraction") -> "np.float32":
+    """x rounded once to FP32, to nearest with ties to even (float() then float32 could round twice)."""
+    import fractions
+
+    import numpy as np
+
+    g = np.float32(float(x))
+    candidates = [np.nextafter(g, np.float32(-np.inf)), g, np.nextafter(g, np.float32(np.inf))]
+    return min(candidates, key=lambda c: (abs(fractions.Fraction(float(c)) - x), int(c.view(np.uint32)) & 1))
+
+
+def test_the_row_max_bound_is_above_every_p_of_its_row():
+    """``p_max_bound`` (the δ pass's max P in ``cuda_lib.DELTA_ROW_MAX``'s variants, from the forward's row max m) on
+    rows of scaled scores S_j c_j from 10⁻³ to 3·10³ in the log2 domain, with lse2 the row's log-sum-exp rounded and
+    moved by up to 4 ulps (the bound must not rely on lse2 being the row's own): above the largest P the δ pass can form
+    from the same S, c and lse2 — its exponent fma(S_j, c_j, −lse2) rounded once (exactly, by fractions), through
+    ex2.approx (2 ulps, the CUDA guide's exp2f) or ex2_poly<5> (the model above) — with the bound's own ex2.approx at
+    the low end of its 2 ulps; and above it by no more than the slack it states (2^-20 (|m| + |y| + 16) plus 2^-18). It
+    fails with the slack factor an eighth of the source's (2^-24: then rows at |m| ≈ 20 break the bound; at a quarter
+    the random rows do not reach the roundings' worst case, which the stated factor covers twice) or 8 times it
+    (looser than stated)."""
+    import fractions
+
+    import numpy as np
+
+    rng = np.random.default_rng(29)
+    rows, keys = 4000, 6
+    f32 = np.float32
+    s = (rng.uniform(-3e5, 3e5, (rows, keys))).astype(f32)
+    magnitude = rng.uniform(-3, 3.5, rows)  # the row's largest |S c|: 10^-3 .. 3·10^3
+    c = (10 ** (magnitude[:, None] - np.log10(3e5)) * rng.uniform(0.5, 1.0, (rows, keys))).astype(f32)
+    product = s.astype(np.float64) * c.astype(np.float64)  # exact: 24 + 24 bits
+    top = product.max(1)
+    lse_exact = top + np.log2(np.exp2(product - top[:, None]).sum(1))
+    lse2 = lse_exact.astype(f32)
+    lse2 = (lse2.view(np.int32) + rng.integers(-4, 5, rows).astype(np.int32)).view(f32)
+    log2_448 = np.float32(8.807354922057604)
+    m = ((s * c).astype(f32).max(1) - log2_448).astype(f32)  # the forward's m: fl(max_j fl(S_j c_j) − fl(log2 448))
+    low = _p_max_bound_model(m, lse2, lambda u: np.exp2(u.astype(np.float64)) * (1 - 2.0**-22))
+    y = ((m + log2_448).astype(f32) - lse2).astype(f32)
+    j = product.argmax(1)
+    for i in range(rows):
+        exponent = _round_to_f32(fractions.Fraction(float(s[i, j[i]])) * fractions.Fraction(float(c[i, j[i]]))
+                                 - fractions.Fraction(float(lse2[i])))
+        largest = max(2.0 ** float(exponent) * (1 + 2.0**-22),
+                      float(_ex2_poly_model(np.array([exponent], dtype=f32), 5)[0]))
+        assert float(low[i]) >= largest, (i, float(m[i]), float(lse2[i]), float(low[i]) / largest - 1)
+        stated = 2.0**-20 * (abs(float(m[i])) + abs(float(y[i])) + 16) + 2.0**-18
+        assert float(low[i]) <= largest * (1 + stated), (i, float(low[i]) / largest - 1, stated)
+
+
+def test_the_row_max_delta_variants_take_the_forwards_row_maxima_and_only_they(monkeypatch):
+    """``cuda_lib.DELTA_ROW_MAX``'s δ variants read the row maxima the 128-key CUDA forward writes (``m2`` among the
+    saved tensors): ``delta_wide`` refuses one without them, or another variant given them, and the backward asked for
+    one after a forward that wrote none says which switch to set, each before any launch (no GPU)."""
+    from deltamatch.kernels import triton_bwd
+
+    dv = _dv_inputs()
+    args = (dv["q8"], dv["k8"], dv["k8"], dv["q8"], dv["sq"], dv["sk"], dv["sk"], dv["sq"], dv["lse2"], 100, True, 0.1)
+    for variant in cuda_lib.DELTA_ROW_MAX:
+        with pytest.raises(ValueError, match=f"variant '{variant}' reads the forward's row maxima: row_max is None"):
+            cuda_lib.delta_wide(*args, variant=variant)
+    with pytest.raises(ValueError, match="variant 'w4p' takes no row_max"):
+        cuda_lib.delta_wide(*args, variant="w4p", row_max=dv["lse2"])
+    monkeypatch.setattr(triton_bwd, "cuda_delta_variant", lambda *a, **k: "w4pme8")
+    saved = dict(q8=dv["q8"], k8=dv["k8"], v8=dv["k8"], sq=dv["sq"], sk=dv["sk"], sv=dv["sk"], lse2=dv["lse2"], m2=None)
+    shapes = ((1, 100, 2, 128), (1, 100, 1, 128))
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA=w4pme8 reads the forward's row maxima, "
+                                         r"which only the CUDA forward over 128-key tiles writes "
+                                         r"\(DELTAMATCH_KERNEL_CUDA_FWD"):
+        triton_bwd.attention_backward(saved, dv["q8"], None, dv["sq"], dv["lse2"], "matched_factored", True, 0.08, 100,
+                                      shapes, (torch.bfloat16, torch.bfloat16), factored=dict(q=None))

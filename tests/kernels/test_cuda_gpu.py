@@ -665,6 +665,20 @@ def delta_fp64(ops):
     return delta[..., :n], terms.abs().sum(-1)[..., :n], ds_max[..., :n]
 
 
+def test_a_row_max_delta_pass_after_a_forward_without_them_names_the_switches(monkeypatch):
+    """``DELTAMATCH_KERNEL_CUDA_DELTA=w4pm`` after Triton's forward (``DELTAMATCH_KERNEL_CUDA_FWD=0``), which writes no
+    row maxima: the backward stops with an error that names both switches, not a δ pass on garbage."""
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DELTA_SWITCH
+    from deltamatch.kernels.triton_fwd import CUDA_FWD_SWITCH
+
+    q, k, v, do = attention_inputs(1, 256, 2, 2, seed=5)
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "0")
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4pm")
+    with pytest.raises(ValueError, match=f"{CUDA_DELTA_SWITCH}=w4pm reads the forward's row maxima.*{CUDA_FWD_SWITCH}"):
+        _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
+
+
 @pytest.mark.parametrize("n, causal", [(n, causal) for n in (130, 256, 1024, 1000) for causal in (True, False)])
 def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
     """The δ pass over 128-key tiles (``delta_wide``), every variant: δ within FP32 summation error of Triton's (10⁻⁵ of
@@ -673,20 +687,40 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
     products at reduced precision); dŜ's row scales within 10⁻³ of Triton's and a bound on max_j |dS_ij|, their inverses
     ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; each variant's bits twice, and the variants each other's
     (the same products in the same order) but those with emulated exponentials (``cuda_lib.EXP_EMULATED``: a
-    polynomial within a few ulps of ex2.approx), whose δ and s lie within FP32 round-off of the others'."""
+    polynomial within a few ulps of ex2.approx), whose δ and s lie within FP32 round-off of the others'. Those that
+    bound max P from the forward's row maxima (``cuda_lib.DELTA_ROW_MAX``, reading the ``m2`` the 128-key forward
+    saved) give the δ bits of the form without it, and s at or above its s (so the forward's S·c is the δ pass's, and
+    the bound above the largest P formed) by no more than the bound's stated slack."""
     from deltamatch.kernels.triton_bwd import row_scale_inverses
 
     ops = dk_operands(n, causal, *heads(n))
     s = ops["saved"]
+    assert s["m2"] is not None  # the fixture's forward is the 128-key CUDA one
     args = (s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"], s["lse2"], n, causal,
             ops["qk_scale"])
-    runs = {variant: [cuda_lib.delta_wide(*args, variant=variant) for _ in range(2)]
+    runs = {variant: [cuda_lib.delta_wide(*args, variant=variant,
+                                          row_max=s["m2"] if variant in cuda_lib.DELTA_ROW_MAX else None)
+                      for _ in range(2)]
             for variant in cuda_lib.DELTA_WIDE_VARIANTS}
     torch.cuda.synchronize()
     exact, total, ds_max = delta_fp64(ops)
     delta, rs, irs = runs["w4"][0]
+    without = {"w4pm": "w4p", "w4pme8": "w4pe8", "w4pme4": "w4pe4"}
+    assert set(without) == set(cuda_lib.DELTA_ROW_MAX)
     for variant, (first, again) in runs.items():
         assert all(torch.equal(a, b) for a, b in zip(first, again)), variant
+        if variant in cuda_lib.DELTA_ROW_MAX:  # the same δ; s = (|δ| max P + max P|dP̂|) / 448 from a bound on max P
+            base = runs[without[variant]][0]
+            assert torch.equal(first[0], base[0]), variant
+            rows = slice(0, n)
+            ours, theirs = first[1][..., rows], base[1][..., rows]
+            assert (ours >= theirs).all(), f"{variant}: s below the per-element max's at {(ours < theirs).nonzero()[:4]}"
+            # the bound's slack: 2^-20 (|m| + |y| + 16) of max P (factored.cuh p_max_bound), |m| and |y| below 100 here
+            assert s["m2"][..., rows].abs().max() < 100
+            assert (ours <= theirs * (1 + 2.0**-20 * 216)).all(), f"{variant}: {(ours / theirs - 1).max():.2e}"
+            assert torch.equal(first[2], row_scale_inverses(first[1])), variant
+            assert (first[1][..., n:] == 1).all() and (first[0][..., n:] == 0).all(), variant
+            continue
         if variant not in cuda_lib.EXP_EMULATED:
             assert all(torch.equal(a, b) for a, b in zip(first, (delta, rs, irs))), variant
         else:  # P within a few ulps of ex2.approx's: δ and s within FP32 round-off of the others'
@@ -874,16 +908,37 @@ def test_wide_forward_against_reference_and_fp64(n, causal, h, h_kv, variant, mo
 def test_wide_forward_is_deterministic_one_set_of_bits_and_refuses_a_bad_variant(forward_operands, promote, causal):
     """Two runs of each variant give the same bits, and the variants give each other's: they order the same arithmetic
     differently in time only (the pipelined issue, the consumers' turns). Those that emulate a share of the exponentials
-    (``cuda_lib.EXP_EMULATED``) give their own, within the polynomial's error of the others'."""
+    (``cuda_lib.EXP_EMULATED``) give their own, within the polynomial's error of the others'. The row maxima every
+    variant writes when asked (``row_max``, for the δ pass's ``cuda_lib.DELTA_ROW_MAX``) are one set of bits, O and
+    lse2 those of the launch without them, and m the max of S·c less log2(448) from FP64's S within the FP8 wgmma's
+    accumulation error."""
     from deltamatch.kernels.triton_quant import fragment_token_order
 
     ops = forward_operands(1000, 4, 2)
     v8t = ops["v8t"][..., fragment_token_order(ops["v8t"].shape[-1], "cuda")].contiguous()
-    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), causal,
-            128**-0.5 * math.log2(math.e))
+    qk_scale = 128**-0.5 * math.log2(math.e)
+    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), causal, qk_scale)
     first = cuda_lib.fwd_wide(*args, promote=promote, variant=cuda_lib.FWD_WIDE_VARIANTS[0])
+    row_max = torch.full_like(first[1], float("nan"))
+    assert all(torch.equal(a, b) for a, b in zip(first, cuda_lib.fwd_wide(*args, promote=promote, row_max=row_max,
+                                                                          variant=cuda_lib.FWD_WIDE_VARIANTS[0])))
+    n = ops["q"].shape[1]
+    q8, k8 = (x.view(torch.float8_e4m3fn).double() for x in (ops["q8"], ops["k8"]))
+    k8 = k8.repeat_interleave(q8.shape[1] // k8.shape[1], 1)
+    sk = ops["sk"].double().repeat_interleave(q8.shape[1] // ops["sk"].shape[1], 1).repeat_interleave(64, -1)
+    scores = q8 @ k8.transpose(-1, -2) * (ops["sq"].double().repeat_interleave(128, -1)[..., :, None] * sk[..., None, :]
+                                          * qk_scale)
+    keys = torch.arange(scores.shape[-1], device=scores.device)
+    visible = (keys[None, :] < n) & ((keys[None, :] <= keys[:, None]) if causal else True)
+    want = torch.where(visible, scores, -torch.inf).amax(-1) - math.log2(448)
+    # Hopper's FP8 wgmma sums at reduced precision (the δ test's 3e-3 of Σ|terms| at worst): a loose check, which a
+    # missing log2(448), scale or row would still fail by far
+    assert ((row_max - want).abs() <= 1e-2 * (want.abs() + 1)).all(), "m against FP64's"
     for variant in cuda_lib.FWD_WIDE_VARIANTS:
         own = cuda_lib.fwd_wide(*args, promote=promote, variant=variant)
+        again = torch.full_like(row_max, float("nan"))
+        with_max = cuda_lib.fwd_wide(*args, promote=promote, variant=variant, row_max=again)
+        assert all(torch.equal(a, b) for a, b in zip(own, with_max)) and torch.equal(again, row_max), variant
         for _ in range(2):
             again = cuda_lib.fwd_wide(*args, promote=promote, variant=variant)
             assert all(torch.equal(a, b) for a, b in zip(own, again)), variant

@@ -56,8 +56,9 @@ def measure(d: int) -> dict:
         args = (saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"], saved["sv"], sdo,
                 saved["lse2"], n, True, d ** -0.5 * math.log2(math.e))
         for variant in cuda_lib.DELTA_WIDE_VARIANTS:
-            dl, rs, _ = cuda_lib.delta_wide(*args, variant=variant)
-            row[f"ms_wide_{variant}"] = [do_bench(lambda: cuda_lib.delta_wide(*args, variant=variant), warmup=25,
+            kw = dict(variant=variant, row_max=saved["m2"] if variant in cuda_lib.DELTA_ROW_MAX else None)
+            dl, rs, _ = cuda_lib.delta_wide(*args, **kw)
+            row[f"ms_wide_{variant}"] = [do_bench(lambda: cuda_lib.delta_wide(*args, **kw), warmup=25,
                                                   rep=200, return_mode="median") for _ in range(3)]
             row[f"wide_{variant}_delta_max_abs_diff"] = (dl[..., :n] - d1).abs().max().item()
             row[f"wide_{variant}_rs_max_rel_diff"] = ((rs[..., :n] - r1).abs() / r1).max().item()
