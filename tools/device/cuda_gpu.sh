@@ -68,9 +68,11 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
     for setting in "${settings[@]}"; do
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round
       if [[ $setting == default ]]; then envs=(); else read -ra envs <<< "$setting"; fi
+      t0=$(date +%s)
       env "${envs[@]}" timeout 120 python3 tools/device/attn_profile.py --out "$OUT/profiles" --tag "$tag" \
         > "$OUT/profiles/$tag.log" 2>&1
-      echo "  $setting (round $round): $(grep -m1 -o '[0-9.]* ms of kernels per step' "$OUT/profiles/$tag.log")"
+      echo "  $setting (round $round, $(( $(date +%s) - t0 )) s):" \
+        "$(grep -m1 -o '[0-9.]* ms of kernels per step' "$OUT/profiles/$tag.log")"
       # the step's three big kernels (forward, δ pass, dK/dV + dQ), so the call's output says which one moved
       grep -E '^\| (dm_fwd|dm_delta|dm_dkdv_factored)' "$OUT/profiles/$tag.log" \
         | awk -F'|' '{gsub(/ /, "", $2); gsub(/ /, "", $4); printf "    %s %s ms\n", $2, $4}'
