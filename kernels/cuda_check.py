@@ -11,6 +11,11 @@ and prints one JSON row per ``__global__`` function in the same schema as the Tr
   ``cuobjdump --dump-resource-usage`` and the SASS, read with the cuobjdump that Triton ships; ``claimed_registers``:
   the most a warpgroup claims by ``setmaxnreg`` (SASS ``USETMAXREG.TRY_ALLOC``), which the SASS may use beyond
   ``registers`` (the launch's count);
+- ``loop_instructions`` and ``loop_mix``: the size of the innermost loop that holds a QGMMA (the tile loop: from a
+  backward branch's target up to the branch, every arm of a branch inside counted once) and the count of its
+  arithmetic, conversion and shared-memory opcodes (:data:`LOOP_OPS`); None where no loop holds one. A kernel's cost
+  has followed its loop's instructions since the CUDA kernels became issue-bound (kernels/NOTES.md), so the rows
+  record it for every build;
 - ``problems`` and ``ok``: a kernel in the SASS but not declared (or the reverse) is a problem too.
 """
 
@@ -23,6 +28,10 @@ from deltamatch.kernels import cuda_build
 from deltamatch.kernels.check import _cuobjdump
 
 OTHER_MMA = re.compile(r"\b(HGMMA|HMMA|IMMA)\b")
+SASS_LINE = re.compile(r"/\*([0-9a-f]+)\*/\s+([^;]*?)\s*;")
+BACKWARD = re.compile(r"\bBRA(?:\.\S+)?\s+(?:\S+,\s*)?0x([0-9a-f]+)")
+LOOP_OPS = ("QGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "F2FP", "LOP3", "ISETP", "LDS", "STS", "R2UR")
+"""The opcodes ``loop_mix`` counts (the first dotted part of each instruction's opcode)."""
 CLAIM = re.compile(r"USETMAXREG\.TRY_ALLOC\.CTAPOOL\s+\w+,\s*0x([0-9a-f]+)")
 
 
@@ -30,6 +39,29 @@ def _by_name(text: str, header: str) -> dict[str, str]:
     """Split cuobjdump or PTX text into each function's part, keyed by name (``header`` precedes every name)."""
     parts = re.split(rf"{header}\s*(\w+)", text)
     return {name: body for name, body in zip(parts[1::2], parts[2::2])}
+
+
+def tile_loop(code: str) -> tuple[int, dict[str, int]] | tuple[None, None]:
+    """The innermost loop of one kernel's SASS that holds a QGMMA: the smallest range from a backward branch's target
+    up to that branch (excluded) with a QGMMA in it and no EXIT (which leaves out the jumps back from the out-of-line
+    barrier-wait retries ptxas places after the kernel's exits); its instruction count and :data:`LOOP_OPS` counts."""
+    lines = [(int(a, 16), text) for a, text in SASS_LINE.findall(code)]
+    at = {address: i for i, (address, _) in enumerate(lines)}
+    best = None
+    for i, (address, text) in enumerate(lines):
+        branch = BACKWARD.search(text)
+        if branch is None or int(branch.group(1), 16) >= address or int(branch.group(1), 16) not in at:
+            continue
+        start = at[int(branch.group(1), 16)]
+        if best is not None and i - start >= best[1] - best[0]:
+            continue
+        body = [t for _, t in lines[start:i]]
+        if any("QGMMA" in t for t in body) and not any(re.search(r"\bEXIT\b", t) for t in body):
+            best = (start, i)
+    if best is None:
+        return None, None
+    ops = Counter(t.split()[1 if t.startswith("@") else 0].split(".")[0] for _, t in lines[best[0]:best[1]])
+    return best[1] - best[0], {op: ops[op] for op in LOOP_OPS}
 
 
 def analyse_library(library: str | Path, ptx: str) -> list[dict]:
@@ -48,6 +80,7 @@ def analyse_library(library: str | Path, ptx: str) -> list[dict]:
         forms = Counter(re.findall(r"\b(QGMMA\.[\w.]+)", code))
         wgmma = [ln for ln in entries.get(name, "").splitlines() if "wgmma.mma_async" in ln]
         fp8 = sum(".e4m3.e4m3" in ln for ln in wgmma)
+        loop, mix = tile_loop(code)
         row = dict(
             name=name, variant="cuda", head_dim=None,
             expected=(", ".join(f"{f} x{c}" for f, c in kernel.forms.items()) or None) if kernel else None,
@@ -57,7 +90,7 @@ def analyse_library(library: str | Path, ptx: str) -> list[dict]:
             sass_registers=max((int(r) + 1 for r in re.findall(r"\bR(\d+)\b", code)), default=0),
             claimed_registers=max((int(r, 16) for r in CLAIM.findall(code)), default=None),
             spill_bytes=res.get("LOCAL", 0) + res.get("STACK", 0), stack_bytes=res.get("STACK", 0),
-            shared_bytes=res.get("SHARED"),
+            shared_bytes=res.get("SHARED"), loop_instructions=loop, loop_mix=mix,
         )
         row["problems"] = problems(row, kernel, in_sass=name in sass)
         row["ok"] = not row["problems"]

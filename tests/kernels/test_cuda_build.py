@@ -52,6 +52,47 @@ def test_every_kernel_has_the_declared_qgmma_and_no_spills(rows):
         assert qgmma[name] == {"QGMMA.64x64x32.F32.E4M3.E4M3": 4, "QGMMA.64x128x32.F32.E4M3.E4M3": 2}
 
 
+def test_the_tile_loops_hold_what_each_form_changed(rows):
+    """The rows' tile loops (``cuda_check.tile_loop``) where a form's change is a count: the δ pass's
+    ``cuda_lib.DELTA_ROW_MAX`` forms drop the per-element max P (64 FMNMX a thread and tile, 128 in its two-tile loop)
+    and keep every wgmma and exponential of the form without it; the emulated exponentials take 8, 16 or 32 of a
+    tile's 64 MUFU off (every 8th, 4th or 2nd 8-key chunk; the forward's loop holds its masked and unmasked bodies, so
+    twice that, as the δ pass's two tiles); the kernels without a loop over tiles have none."""
+    by_name = {r["name"]: r for r in rows}
+
+    def mix(name):
+        return by_name[name]["loop_mix"]
+
+    for with_max, without in (("w4pm", "w4p"), ("w4pme8", "w4pe8"), ("w4pme4", "w4pe4")):
+        ours, theirs = mix(f"dm_delta_wide_{with_max}"), mix(f"dm_delta_wide_{without}")
+        assert ours["FMNMX"] == theirs["FMNMX"] - 128, (with_max, ours, theirs)
+        assert ours["MUFU"] == theirs["MUFU"] and ours["QGMMA"] == theirs["QGMMA"] == 16, (with_max, ours, theirs)
+        assert by_name[f"dm_delta_wide_{with_max}"]["loop_instructions"] < by_name[f"dm_delta_wide_{without}"][
+            "loop_instructions"]
+    for every, fewer in ((8, 16), (4, 32), (2, 64)):
+        assert mix(f"dm_delta_wide_w4pe{every}")["MUFU"] == mix("dm_delta_wide_w4p")["MUFU"] - fewer
+        assert mix(f"dm_fwd_wide_w4pe{every}_promoted")["MUFU"] == mix("dm_fwd_wide_w4p_promoted")["MUFU"] - fewer
+    assert by_name["dm_quant_e4m3"]["loop_instructions"] is None and by_name["dm_quant_e4m3"]["loop_mix"] is None
+
+
+def test_the_tile_loop_is_the_innermost_with_a_wgmma_and_no_exit():
+    """``cuda_check.tile_loop`` on SASS written here: of the backward branches, the smallest range holding a QGMMA — not a
+    TMA retry loop (none), not the outer loop (larger), and not the jump back from an out-of-line barrier wait placed
+    after the EXIT, whose range is the smallest of the three that hold a QGMMA."""
+    wait = "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR7], R0"
+    sass = "\n".join(f"        /*{a:04x}*/                   {text} ;" for a, text in [
+        (0x00, "UTMALDG.2D [UR4], [UR16]"), (0x10, "@P0 BRA.U.ANY 0x0"),  # a retry loop: no QGMMA
+        (0x20, "FADD R4, R4, R5"), (0x30, "FADD R4, R4, R5"), (0x40, "FADD R4, R4, R5"), (0x50, "FADD R4, R4, R5"),
+        (0x60, wait), (0x70, "@!P0 BRA 0xe0"),  # the wait's retry, out of line
+        (0x80, "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR24], RZ, !UPT"), (0x90, "MUFU.EX2 R1, R2"),
+        (0xa0, "FMNMX R3, R3, R1, !PT"), (0xb0, "@P1 BRA 0x20"),  # the tile loop: 0x20 .. 0xa0, 9 instructions
+        (0xc0, "@!P2 BRA 0x0"),  # the outer loop
+        (0xd0, "EXIT"), (0xe0, wait), (0xf0, "@!P0 BRA 0xe0"), (0x100, "BRA 0x80")])  # back after the wait: 8
+    size, mix = cuda_check.tile_loop(sass)
+    assert size == 9 and (mix["QGMMA"], mix["FADD"], mix["MUFU"], mix["FMNMX"], mix["LDS"]) == (1, 4, 1, 1, 0), mix
+    assert cuda_check.tile_loop(sass.replace("QGMMA", "HGMMA")) == (None, None)
+
+
 def test_the_dv_kernel_fits_two_ctas_per_sm(rows):
     """Registers and shared memory of the M2 dV kernels (recorded in CUDA_BACKWARD.md): at most 255 registers with
     no spills (the check above), and few enough for two 128-thread CTAs per SM, the overlap this kernel relies on."""
