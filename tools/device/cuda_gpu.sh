@@ -78,6 +78,8 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
         | awk -F'|' '{gsub(/ /, "", $2); gsub(/ /, "", $4); printf "    %s %s ms\n", $2, $4}'
     done
   done
+  # the settings side by side (each part's mean over the rounds, and its change against the default)
+  python3 tools/device/variants_table.py "$OUT/profiles" | tee "$OUT/profiles/table.md"
   tar czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"  # one file back (the tool returns 8)
   stamp "variants done"
 fi
