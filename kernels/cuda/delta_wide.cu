@@ -409,7 +409,8 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
 // emulated on the FMA pipe (w4pe8, w4pe4, w4pe2; ex2_poly<5>: P within a few FP32 ulps of ex2.approx's, so not the
 // other variants' bits), 8, 9, 10 w4p, w4pe8, w4pe4 with max P bounded from the forward's row maxima `row_max`
 // ((B, H, N_pad) FP32, dm_fwd_wide's; null for the others) in place of a max over each element (w4pm, w4pme8, w4pme4:
-// δ the bits of the form without it, s a bound larger by ≈ 2^-20 relative; cuda_lib.DELTA_ROW_MAX)
+// δ the bits of the form without it, s a bound larger by ≈ 2^-20 (|m| + |y| + 16) relative, factored.cuh
+// p_max_bound; cuda_lib.DELTA_ROW_MAX)
 // (cuda_lib.DELTA_WIDE_VARIANTS). Operands as dm_delta_factored's.
 extern "C" int dm_delta_wide(const DeltaFactoredParams* p, const float* row_max, int variant, int device,
                              cudaStream_t stream) {
