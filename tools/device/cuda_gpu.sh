@@ -19,7 +19,8 @@
 # ($OUT/ab.tgz; tools/device/ab_compare.py).
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
-#   [AB_ROUNDS=2] [ROUNDS=2 DELTA_BENCH=1 (variants)] bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,ncu]
+#   [AB_ROUNDS=2] [ROUNDS=2 DELTA_BENCH=1 VARIANTS_BUDGET_S=480 (variants)]
+#   bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -64,8 +65,14 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
   fi
   mkdir -p "$OUT/profiles"
   IFS=';' read -ra settings <<< "${VARIANTS:-default;DELTAMATCH_KERNEL_CUDA_DKDV=ws3}"
+  # VARIANTS_BUDGET_S (default 480): no profile starts after that many seconds of the call, so a long list still ends
+  # with its table and one tgz inside the device's 600 s (the rounds are interleaved: a cut leaves whole rounds first)
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for setting in "${settings[@]}"; do
+      if (( $(date +%s) - start > ${VARIANTS_BUDGET_S:-480} )); then
+        echo "  budget: ${VARIANTS_BUDGET_S:-480} s spent, $setting (round $round) and the settings after it skipped"
+        break 2
+      fi
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round
       if [[ $setting == default ]]; then envs=(); else read -ra envs <<< "$setting"; fi
       t0=$(date +%s)
