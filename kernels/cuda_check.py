@@ -50,9 +50,10 @@ def tile_loop(code: str) -> tuple[int, dict[str, int]] | tuple[None, None]:
     best = None
     for i, (address, text) in enumerate(lines):
         branch = BACKWARD.search(text)
-        if branch is None or int(branch.group(1), 16) >= address or int(branch.group(1), 16) not in at:
+        target = int(branch.group(1), 16) if branch else address
+        if target >= address or target not in at:
             continue
-        start = at[int(branch.group(1), 16)]
+        start = at[target]
         if best is not None and i - start >= best[1] - best[0]:
             continue
         body = [t for _, t in lines[start:i]]

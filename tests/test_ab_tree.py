@@ -1,8 +1,11 @@
-"""tools/device/ab_tree.py: a script runs against another checkout's ``deltamatch``, not the one installed here."""
+"""tools/device/ab_tree.py: a script runs against another checkout's ``deltamatch``, not the one installed here; and
+the tables of a call's CUPTI profiles: ab_compare.py (two trees) and variants_table.py (a variants call's settings)."""
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 AB_TREE = ROOT / "tools" / "device" / "ab_tree.py"
@@ -74,3 +77,35 @@ def test_ab_compare_puts_each_kernel_of_both_trees_side_by_side(tmp_path):
     assert rows["(step)"] == ["5.600", "5.740", "5.940", "6.060", "-0.330"]
     empty = subprocess.run([sys.executable, str(AB_COMPARE), str(tmp_path / "none")], capture_output=True, text=True)
     assert empty.returncode != 0 and "none" in empty.stderr and "attn_profile_" in empty.stderr
+
+
+def test_variants_table_puts_each_setting_a_row_its_parts_against_the_default(tmp_path, monkeypatch):
+    """Each setting's mean step over its rounds and each part of it (the forward, the δ pass, dK/dV + dQ, the
+    quantisation, the rest), a δ form under another kernel name counted in the same part; the ``Δ`` columns against
+    ``default``, which leads; a folder without profiles is an error that names what it looked for."""
+    monkeypatch.syspath_prepend(str(ROOT / "tools" / "device"))
+    import variants_table
+
+    base = {"dm_fwd_wide_w4p_promoted": 1.40, "dm_delta_wide_w4p": 1.18,
+            "dm_dkdv_factored_ws3x_promoted_dq_ordered": 4.22, "dm_quant_dual_128_fragment_bf16": 0.08,
+            "_per_channel_amax_pass_kernel": 0.04, "dm_dkdv_dq_epilogue": 0.10}
+    _profile(tmp_path, "default", 1, base)
+    _profile(tmp_path, "default", 2, {**base, "dm_delta_wide_w4p": 1.20})
+    for round_, delta in ((1, 1.10), (2, 1.12)):
+        _profile(tmp_path, "CUDA_DELTA-w4pm", round_, {**{k: v for k, v in base.items() if "delta" not in k},
+                                                       "dm_delta_wide_w4pm": delta})
+    (tmp_path / "attn_profile_default_1.md").write_text("not read")
+    out = variants_table.table(variants_table.load(str(tmp_path), "matched_factored"))
+    assert list(out.index) == ["default", "CUDA_DELTA-w4pm"]
+    assert out.loc["default", "delta"] == pytest.approx(1.19)
+    assert out.loc["CUDA_DELTA-w4pm", "delta"] == pytest.approx(1.11)
+    assert out.loc["CUDA_DELTA-w4pm", "Δdelta"] == pytest.approx(-0.08)
+    assert out.loc["CUDA_DELTA-w4pm", "Δforward"] == pytest.approx(0.0)
+    assert out.loc["default", "quant"] == pytest.approx(0.12) and out.loc["default", "other"] == pytest.approx(0.10)
+    assert out.loc["default", "step_2"] == pytest.approx(sum(base.values()) + 0.02)
+    assert out.loc["CUDA_DELTA-w4pm", "Δstep"] == pytest.approx(-0.08)
+    printed = subprocess.run([sys.executable, str(ROOT / "tools" / "device" / "variants_table.py"), str(tmp_path)],
+                             capture_output=True, text=True, check=True).stdout
+    assert printed.splitlines()[2].startswith("| default") and "CUDA_DELTA-w4pm" in printed.splitlines()[3]
+    with pytest.raises(SystemExit, match="no attn_profile_SETTING_R.json of method 'matched_factored'"):
+        variants_table.load(str(tmp_path / "none"), "matched_factored")

@@ -82,7 +82,7 @@ __device__ __forceinline__ void probabilities(float (&st)[kKeys / 2], Terms& t, 
     for (int v = 0; v < 4; ++v) {
       const int r = v / 2, h = i / 8;
       const float x = fmaf(st[4 * i + v], scale[h], -t.lse[r]);
-      float p = EMULATE > 0 && i % EMULATE == EMULATE - 1 ? ex2_poly<5>(x) : ex2_approx_ftz(x);
+      float p = ex2_of_chunk<EMULATE, 5>(i, x);
       if constexpr (MASKED) {
         const int key = start_n + 8 * i + 2 * q + v % 2;
         if (!(key < n && (!causal || key <= row[r]))) p = 0.0f;
@@ -262,7 +262,6 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   for (int r = 0; r < 2; ++r) {  // every lane of the quad shuffles; its first writes
     const float delta = __fmul_rn(quad_sum(t.delta[r]), s_do);
     const float pdp_max = __fmul_rn(quad_max(t.pdp_max[r]), s_do);
-    const int64_t at = bh * p.n_pad + row[r];
     float p_max;
     if constexpr (ROW_MAX) {
       p_max = row[r] < p.n ? p_max_bound(m[r], t.lse[r]) : 0.0f;  // rows ≥ N: no P (lse2 = +inf)
@@ -270,6 +269,7 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       p_max = quad_max(fmaxf(t.p_max[r][0], t.p_max[r][1]));
     }
     if (q == 0) {
+      const int64_t at = bh * p.n_pad + row[r];
       const float bound = fmaf(fabsf(delta), p_max, pdp_max);
       const float scale = bound > 0.0f ? __fdiv_rn(bound, 448.0f) : 1.0f;
       p.delta[at] = delta;

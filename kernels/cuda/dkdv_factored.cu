@@ -414,12 +414,10 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   auto form = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
     if (t.masked) {  // two bodies: the unmasked one, most tiles, keeps no mask in registers across the wgmma
       ds_tile<true, true, FOLDED>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, true,
-                                  start_n, t.start,
-                    p.n, p.causal);
+                                  start_n, t.start, p.n, p.causal);
     } else {
       ds_tile<true, true, FOLDED>(st, dpt, s.lse[t.stage], s.delta[t.stage], s.irs[t.stage], sc.row, sc.dp, false,
-                                  start_n,
-                    t.start, p.n, p.causal);
+                                  start_n, t.start, p.n, p.causal);
     }
   };
   auto new_head = [&](float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2], int64_t prev, int64_t next) {

@@ -77,6 +77,13 @@ __device__ __forceinline__ float ex2_poly(float x) {
   return __fmul_rn(p, __int_as_float(int(uint32_t(__float_as_int(t)) << 23) + 0x3F800000));
 }
 
+// 2^x of an element of 8-key chunk i (compile-time once unrolled): ex2_poly<DEGREE> where a variant emulates that
+// chunk (EMULATE > 0 and i % EMULATE == EMULATE − 1: every EMULATE-th chunk), else ex2.approx on MUFU.
+template <int EMULATE, int DEGREE>
+__device__ __forceinline__ float ex2_of_chunk(int i, float x) {
+  return EMULATE > 0 && i % EMULATE == EMULATE - 1 ? ex2_poly<DEGREE>(x) : ex2_approx_ftz(x);
+}
+
 constexpr float kLog2Of448 = 8.807354922057604f;  // log2(E4M3's largest finite value), rounded to FP32
 
 // An upper bound on max_j P_ij = max_j 2^fma(S_ij, c_j, −lse2_i) for the δ pass without its per-element max (the

@@ -94,7 +94,7 @@ __device__ __forceinline__ void softmax_tile(float (&st)[kKeys / 2], float (&m)[
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const float x = fmaf(st[4 * i + v], scale[i / 8], -m_new[v / 2]);
-      const float p = EMULATE > 0 && i % EMULATE == EMULATE - 1 ? ex2_poly<3>(x) : ex2_approx_ftz(x);
+      const float p = ex2_of_chunk<EMULATE, 3>(i, x);
       sum[v / 2] = __fadd_rn(sum[v / 2], p);
       st[4 * i + v] = p;
     }

@@ -6,27 +6,18 @@ each round of each tree, and the change of the means (new − old; none for a ke
 step's.
 """
 import argparse
-import glob
-import json
-import os
-import re
 import sys
 
 import pandas as pd
+from variants_table import read_profiles  # this folder's: the script's own directory leads sys.path
 
 
 def load(folder: str, method: str) -> pd.DataFrame:
-    rows = []
-    for path in sorted(glob.glob(os.path.join(folder, "attn_profile_*.json"))):
-        match = re.search(r"attn_profile_(new|old)_(\d+)\.json$", path)
-        if not match:
-            continue
-        with open(path) as f:
-            kernels = json.load(f)["methods"].get(method, {}).get("kernels", [])
-        rows += [dict(tree=match[1], round=int(match[2]), kernel=k["kernel"], ms=k["ms_per_step"]) for k in kernels]
-    if not rows:
+    df = read_profiles(folder, method)
+    df = df[df.tag.isin(("new", "old"))].rename(columns={"tag": "tree"})
+    if df.empty:
         raise SystemExit(f"{folder}: no attn_profile_{{new,old}}_R.json of method {method!r}")
-    return pd.DataFrame(rows)
+    return df
 
 
 def compare(df: pd.DataFrame) -> pd.DataFrame:

@@ -23,8 +23,9 @@ def part_of(kernel: str) -> str:
     return next((part for part, pattern in PARTS if re.search(pattern, kernel)), "other")
 
 
-def load(folder: str, method: str) -> pd.DataFrame:
-    """One row per (setting, round, kernel) of the profiles in ``folder``."""
+def read_profiles(folder: str, method: str) -> pd.DataFrame:
+    """One row per (tag, round, kernel) of the ``attn_profile_TAG_R.json`` files in ``folder``, ``method``'s kernels
+    with their ms per step (``tools/device/ab_compare.py`` reads its two trees' rounds through this too)."""
     rows = []
     for path in sorted(glob.glob(os.path.join(folder, "attn_profile_*.json"))):
         match = re.search(r"attn_profile_(.+)_(\d+)\.json$", path)
@@ -32,11 +33,16 @@ def load(folder: str, method: str) -> pd.DataFrame:
             continue
         with open(path) as f:
             kernels = json.load(f)["methods"].get(method, {}).get("kernels", [])
-        rows += [dict(setting=match[1], round=int(match[2]), kernel=k["kernel"], part=part_of(k["kernel"]),
-                      ms=k["ms_per_step"]) for k in kernels]
-    if not rows:
+        rows += [dict(tag=match[1], round=int(match[2]), kernel=k["kernel"], ms=k["ms_per_step"]) for k in kernels]
+    return pd.DataFrame(rows, columns=["tag", "round", "kernel", "ms"])
+
+
+def load(folder: str, method: str) -> pd.DataFrame:
+    """One row per (setting, round, kernel) of the profiles in ``folder``, with the kernel's part of the step."""
+    df = read_profiles(folder, method)
+    if df.empty:
         raise SystemExit(f"{folder}: no attn_profile_SETTING_R.json of method {method!r}")
-    return pd.DataFrame(rows)
+    return df.rename(columns={"tag": "setting"}).assign(part=df.kernel.map(part_of))
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
