@@ -141,13 +141,14 @@ the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but n
 ``w4pme4`` are ``w4p``, ``w4pe8``, ``w4pe4`` with max P bounded from the forward's row maxima
 (:data:`DELTA_ROW_MAX`)."""
 
-DELTA_ROW_MAX = ("w4pm", "w4pme8", "w4pme4")
+DELTA_ROW_MAX = {"w4pm": "w4p", "w4pme8": "w4pe8", "w4pme4": "w4pe4"}
 """The δ pass's variants that bound each row's max_j P_ij from the forward's row max (``fwd_wide``'s ``row_max``,
 ``factored.cuh`` ``p_max_bound``) instead of taking it over the elements: 64 FMNMX a thread and tile fewer, of ≈ 500 in
 ``w4p``'s loop (kernels/NOTES.md, session 29). δ is the bits of the form without it; s = (|δ| max P + max P|dP̂|) / 448
 stays a bound, larger by ≈ 2^-20 (|m| + |y| + 16) relative (m the row max, y the log2 of max P: a few parts in 10⁵
 where logits reach the hundreds), so dŜ's codes may differ from the other forms' where an element lies at an E4M3
-rounding boundary."""
+rounding boundary. Each maps to its form without the row max, which the backward runs by default after a forward that
+wrote none (Triton's, or one without a backward to follow)."""
 
 EXP_EMULATED = ("w4pe8", "w4pe4", "w4pe2")
 """The variants of the forward and the δ pass over 128-key tiles that take a share of their exponentials (every 8th,

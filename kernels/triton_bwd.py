@@ -521,11 +521,12 @@ def dq_ordered_requested() -> bool:
 
 CUDA_DKDV_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV"
 """The form of the CUDA dK/dV launch that also forms dQ (:data:`DQ_ORDERED_SWITCH`, :data:`DQ_ATOMIC_SWITCH`): one of
-``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3x``, which writes dQ's dŜ tile by lane exchange
-(``ws3``'s bits in 61 instructions fewer a thread and tile: the kernel 4.78 → 4.52 ms at the reference shape, H200,
-session 23); ``ws3`` the byte stores; ``ws3xf`` ``ws3x`` with 448 folded into the row terms (``cuda_lib.DKDV_FOLDED``:
-one multiply an element fewer, not ``ws3x``'s bits; not yet timed)."""
-CUDA_DKDV_DEFAULT = "ws3x"
+``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3xf``: ``ws3x`` (dQ's dŜ tile by lane exchange:
+``ws3``'s bits in 61 instructions fewer a thread and tile, the kernel 4.78 → 4.52 ms at the reference shape, H200,
+session 23) with 448 folded into the row terms (``cuda_lib.DKDV_FOLDED``: one multiply an element fewer, ``ws3x``'s
+bits to a few ulps before the casts; 4.140 ms a step against 4.194, H200, session 30); ``ws3x`` and ``ws3`` (the byte
+stores) when asked."""
+CUDA_DKDV_DEFAULT = "ws3xf"
 
 
 def cuda_dkdv_variant(ordered: bool = True) -> str:
@@ -586,10 +587,11 @@ Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANT
 run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
 D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass
 elsewhere."""
-CUDA_DELTA_DEFAULT = "w4p"
-"""The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: on the H200 (session 21 call 5, CUPTI at the reference shape,
-K̂/V̂ scales loaded a tile ahead) ``w4p`` 1.217 ms a step, ``w4t`` 1.383 (call 7), Triton's pass 1.306 (call 2); do_bench
-of the pass alone (``tools/device/delta_bench.py``) ``w4p`` 1.31–1.34, ``w4`` 1.38, Triton's 1.41."""
+CUDA_DELTA_DEFAULT = "w4pm"
+"""The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: ``w4pm``, max P bounded from the forward's row maxima
+(``cuda_lib.DELTA_ROW_MAX``), 1.088 ms a step against ``w4p``'s 1.173 at the reference shape (H200, session 30, CUPTI,
+two rounds; ``w4pme8`` 1.120, ``w4pme4`` 1.162); after a forward that wrote no row maxima, ``w4p`` (the same δ). Before:
+``w4p`` 1.217, ``w4t`` 1.383, Triton's pass 1.306 (session 21)."""
 
 
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
@@ -793,12 +795,12 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if wide:
             from deltamatch.kernels import cuda_lib
 
-            row_max = None
-            if wide in cuda_lib.DELTA_ROW_MAX:
-                row_max = saved.get("m2")
-                if row_max is None:
+            row_max = saved.get("m2") if wide in cuda_lib.DELTA_ROW_MAX else None
+            if wide in cuda_lib.DELTA_ROW_MAX and row_max is None:
+                if os.environ.get(CUDA_DELTA_SWITCH):
                     raise ValueError(f"{CUDA_DELTA_SWITCH}={wide} reads the forward's row maxima, which only the CUDA "
                                      f"forward over 128-key tiles writes ({CUDA_FWD_SWITCH}); this forward wrote none")
+                wide = cuda_lib.DELTA_ROW_MAX[wide]  # the default after a forward without them: the same δ, max P taken
             delta, rs, irs = cuda_lib.delta_wide(saved["q8"], saved["k8"], saved["v8"], do8, saved["sq"], saved["sk"],
                                                  saved["sv"], sdo, saved["lse2"], n, causal, qk_scale, variant=wide,
                                                  row_max=row_max)

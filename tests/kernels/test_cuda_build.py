@@ -512,10 +512,48 @@ def test_the_row_max_delta_variants_take_the_forwards_row_maxima_and_only_they(m
     with pytest.raises(ValueError, match="variant 'w4p' takes no row_max"):
         cuda_lib.delta_wide(*args, variant="w4p", row_max=dv["lse2"])
     monkeypatch.setattr(triton_bwd, "cuda_delta_variant", lambda *a, **k: "w4pme8")
+    monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4pme8")
     saved = dict(q8=dv["q8"], k8=dv["k8"], v8=dv["k8"], sq=dv["sq"], sk=dv["sk"], sv=dv["sk"], lse2=dv["lse2"], m2=None)
     shapes = ((1, 100, 2, 128), (1, 100, 1, 128))
+
+    def backward():
+        triton_bwd.attention_backward(saved, dv["q8"], None, dv["sq"], dv["lse2"], "matched_factored", True, 0.08, 100,
+                                      shapes, (torch.bfloat16, torch.bfloat16), factored=dict(q=None))
+
     with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA=w4pme8 reads the forward's row maxima, "
                                          r"which only the CUDA forward over 128-key tiles writes "
                                          r"\(DELTAMATCH_KERNEL_CUDA_FWD"):
-        triton_bwd.attention_backward(saved, dv["q8"], None, dv["sq"], dv["lse2"], "matched_factored", True, 0.08, 100,
-                                      shapes, (torch.bfloat16, torch.bfloat16), factored=dict(q=None))
+        backward()
+
+
+class _Launched(Exception):
+    pass
+
+
+@pytest.mark.parametrize("default, without", [("w4pm", "w4p"), ("w4pme8", "w4pe8"), ("w4pme4", "w4pe4")])
+def test_a_default_row_max_delta_pass_after_a_forward_without_them_takes_max_p_itself(monkeypatch, default, without):
+    """With ``DELTAMATCH_KERNEL_CUDA_DELTA`` unset, a row-max default after a forward that wrote no row maxima (Triton's
+    forward, ``DELTAMATCH_KERNEL_CUDA_FWD=0``) runs its form without them, the same δ, rather than an error; given
+    them, it reads them (no GPU: the launch is stopped at ``delta_wide``)."""
+    from deltamatch.kernels import triton_bwd
+
+    dv = _dv_inputs()
+    launched = []
+
+    def delta_wide(*args, variant, row_max):
+        launched.append((variant, row_max))
+        raise _Launched
+
+    monkeypatch.delenv(triton_bwd.CUDA_DELTA_SWITCH, raising=False)
+    monkeypatch.setattr(triton_bwd, "cuda_delta_variant", lambda *a, **k: default)
+    monkeypatch.setattr(cuda_lib, "delta_wide", delta_wide)
+    m2 = torch.zeros(dv["lse2"].shape)
+    for row_max in (None, m2):
+        saved = dict(q8=dv["q8"], k8=dv["k8"], v8=dv["k8"], sq=dv["sq"], sk=dv["sk"], sv=dv["sk"], lse2=dv["lse2"],
+                     m2=row_max)
+        with pytest.raises(_Launched):
+            triton_bwd.attention_backward(saved, dv["q8"], None, dv["sq"], dv["lse2"], "matched_factored", True, 0.08,
+                                          100, ((1, 100, 2, 128), (1, 100, 1, 128)),
+                                          (torch.bfloat16, torch.bfloat16), factored=dict(q=None))
+    assert [v for v, _ in launched] == [without, default]
+    assert launched[0][1] is None and launched[1][1] is m2

@@ -602,9 +602,10 @@ def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch)
 
 
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
-    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3x`` (dŜ's tile by lane exchange) unless
-    ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3`` asks for the byte stores, and the two give the same gradients bit for bit
-    (ordered adds)."""
+    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xf`` (dŜ's tile by lane exchange, 448 folded into
+    the row terms) unless ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for ``ws3x`` or ``ws3`` (the byte stores); those two give
+    the same gradients bit for bit (ordered adds), and the default gives them to rounding (as
+    ``test_the_folded_form_is_ws3x_to_rounding``)."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
@@ -615,10 +616,16 @@ def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
     ours = run()
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3x")
+    exchanged = run()
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
     base = run()
-    assert calls == ["ws3x", "ws3"]
-    assert all(torch.equal(a, b) for a, b in zip(ours, base))
+    assert calls == ["ws3xf", "ws3x", "ws3"]
+    assert all(torch.equal(a, b) for a, b in zip(exchanged, base))
+    assert torch.equal(ours[0], exchanged[0])  # O: the forward is the same
+    for name, a, b in zip(("dq", "dk", "dv"), ours[1:], exchanged[1:]):
+        assert torch.isfinite(a).all(), name
+        assert_within_rounding(name, a, b, 1e-3, rows=True)
 
 
 @pytest.mark.parametrize("variant", cuda_lib.DELTA_VARIANTS)

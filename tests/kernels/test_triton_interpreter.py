@@ -449,15 +449,15 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
         cuda_delta_variant(128)
 
 
-def test_the_cuda_dkdv_form_with_dq_is_ws3x_unless_asked(monkeypatch):
-    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3x`` (dŜ's
-    tile by lane exchange); ``ws3`` (byte stores), ``ws3xp`` (persistent) or ``ws3xf`` (448 folded) when asked; a form
+def test_the_cuda_dkdv_form_with_dq_is_ws3xf_unless_asked(monkeypatch):
+    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xf`` (dŜ's
+    tile by lane exchange, 448 folded); ``ws3`` (byte stores), ``ws3x`` or ``ws3xp`` (persistent) when asked; a form
     not built with dQ, a bad value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
-    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3x"
+    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3xf" in cuda_lib.DKDV_FOLDED
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
     assert cuda_dkdv_variant() == "ws3" in cuda_lib.DKDV_WITH_DQ
     for bad in ("ws4", "fast"):
