@@ -45,6 +45,14 @@ __device__ __forceinline__ Lane lane() {
   return {int(threadIdx.x / 32) % 4, int(threadIdx.x % 32) / 4, int(threadIdx.x % 4)};
 }
 
+// A plain global store of one FP32 written as PTX, for a value stored once after a kernel's main loop: the same store
+// as C++ (`*at = value`) behind a run-time null test made ptxas lay the forward's main loop out anew (the same
+// instructions, another order, and 4.4% slower on the H200: kernels/NOTES.md, session 30); this form leaves the loop as
+// it was without the store.
+__device__ __forceinline__ void store_f32(float* at, float value) {
+  asm volatile("st.global.f32 [%0], %1;" ::"l"(at), "f"(value) : "memory");
+}
+
 __device__ __forceinline__ float ex2_approx_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -266,7 +266,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       p.lse2[bh * p.n_pad + row[r]] = __fadd_rn(m[r], log2f(l[r]));
-      if (row_max != nullptr) row_max[bh * p.n_pad + row[r]] = m[r];  // for the δ pass's bound on max P (p_max_bound)
+      if (row_max != nullptr) store_f32(row_max + bh * p.n_pad + row[r], m[r]);  // the δ pass's p_max_bound reads it
     }
   }
 }
