@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -84,6 +84,7 @@ SIGNATURES = {
     "dm_delta_factored_params_size": ((), _I),
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
+    "dm_quant_channel_scaled": ((_P, _I, _P, _I, _P), _I),
     "dm_quant_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
@@ -841,3 +842,33 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
     _call(lib, "dm_quant_stats", ctypes.byref(params), stats_rows, *_launch_args(x))
     _call(lib, "dm_quant_dual", ctypes.byref(params), 1, *_launch_args(x))
     return x8, sx, x8t, sxc, mean
+
+
+def quantize_channel_scaled(x: torch.Tensor, row_scales: torch.Tensor, *, fragment_order: bool = False,
+                            stats_rows: int = QUANT_STATS_ROWS[False]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q'ᶜ, the dK product's operand: the per-channel channel-major codes ``(B, H, D, N_pad)`` of ``x ⊙ row_scales``
+    (each token times its row scale; ``row_scales`` (B, H, N_pad) FP32, the δ pass's dŜ row scales) and their scales
+    ``(B, H, D)``, from two reads of ``x`` (``dm_quant_channel_scaled``: the max |x| pass, then the channel cast alone).
+    The bits of ``triton_quant.quantize_per_channel(x, row_scales=row_scales, layouts="channel", fragment_order=...)``.
+    ``stats_rows``: rows a CTA of the statistics pass reads (a positive multiple of 128)."""
+    shape = b, n, h, d, n_pad = _quant_shape(x, 128, (128,), "")
+    if row_scales.dtype != torch.float32 or tuple(row_scales.shape) != (b, h, n_pad):
+        raise ValueError(f"row_scales is {row_scales.dtype} {tuple(row_scales.shape)}, expected torch.float32 "
+                         f"{(b, h, n_pad)} (B, H, N_pad)")
+    if row_scales.device != x.device:
+        raise ValueError(f"row_scales on {row_scales.device}, x on {x.device}: expected one device")
+    if stats_rows <= 0 or stats_rows % 128:
+        raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
+    row_scales = row_scales.contiguous()
+    device = x.device
+    n_blocks = -(-n // stats_rows)
+    x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=device)
+    sxc = torch.empty((b, h, d), dtype=torch.float32, device=device)
+    part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=device)
+    tickets = torch.zeros(b * h, dtype=torch.int32, device=device)
+    params = _quant_params(x, shape, 128, n_blocks=n_blocks, centre=0, fragment_order=int(fragment_order),
+                           part=part.data_ptr(), tickets=tickets.data_ptr(), mean=None, scale_c=sxc.data_ptr(),
+                           x8=None, sx=None, x8t=x8t.data_ptr())
+    _call(_library(), "dm_quant_channel_scaled", ctypes.byref(params), stats_rows, row_scales.data_ptr(),
+          *_launch_args(x))
+    return x8t, sxc

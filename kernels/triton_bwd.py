@@ -632,6 +632,32 @@ def cuda_quant_selected(x: torch.Tensor) -> bool:
     return not reason
 
 
+CUDA_QPRIME_SWITCH = "DELTAMATCH_KERNEL_CUDA_QPRIME"
+"""``matched_factored``'s Q'ᶜ (Q' = s ⊙ Q per channel, the dK product's operand, formed in the backward once the δ pass
+has written s) by the CUDA passes (``cuda_lib.quantize_channel_scaled``: the max |x| pass, then the channel-major cast
+alone) where Triton's ``quantize_per_channel`` takes two launches (0.037 + 0.077 ms on the H200 at the reference shape,
+session 30). The same bits. ``1`` (an error where they cannot run), ``0`` Triton's. Unset: :data:`CUDA_QPRIME_DEFAULT`
+where the library loads and takes Q (``cuda_lib.quant_reason``)."""
+CUDA_QPRIME_DEFAULT = False
+"""Whether Q'ᶜ is quantised by the CUDA passes where :data:`CUDA_QPRIME_SWITCH` is unset: not until timed on the H200
+(kernels/NOTES.md, Versions row "Q'ᶜ by the CUDA passes")."""
+
+
+def cuda_qprime_selected(q: torch.Tensor) -> bool:
+    """Whether ``matched_factored``'s backward quantises Q'ᶜ of ``q`` by the CUDA passes
+    (:data:`CUDA_QPRIME_SWITCH`)."""
+    from deltamatch.kernels import cuda_lib
+
+    switch = env_switch(CUDA_QPRIME_SWITCH)
+    if switch is False or (switch is None and not CUDA_QPRIME_DEFAULT):
+        return False
+    _, reason = cuda_lib.load()
+    reason = reason or cuda_lib.quant_reason(q)
+    if reason and switch:
+        raise RuntimeError(f"{CUDA_QPRIME_SWITCH}=1 but the CUDA quantisation of Q'ᶜ cannot run: {reason}")
+    return not reason
+
+
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
     dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default
@@ -815,7 +841,13 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
         # the CUDA dK/dV kernel reads Q̂'ᶜ and dÔᶜ in its A fragments' token order (triton_quant.fragment_token_order)
-        _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel", fragment_order=cuda)
+        if cuda_qprime_selected(factored["q"]):
+            from deltamatch.kernels import cuda_lib
+
+            q8t_c, sqc = cuda_lib.quantize_channel_scaled(factored["q"], rs, fragment_order=cuda)
+        else:
+            _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel",
+                                                 fragment_order=cuda)
         if "do8t" in factored:  # dÔᶜ made beside dÔ (triton_attention.fp8_backward), in the order it says
             do8t_c, sdoc = factored["do8t"], factored["sdoc"]
             if factored["do_fragment"] and not cuda:

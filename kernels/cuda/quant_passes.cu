@@ -12,6 +12,10 @@
 //     code = e4m3(div.rn(x, s)) saturating) and channel-major codes with the channels' scales
 //     (_per_channel_quant_pass_kernel's), the latter through shared memory, optionally in fragment_token_order;
 //     with its channel argument 0 (dm_quant_block_128_*) the token-major cast alone (Q's 128-row blocks, no statistics).
+//   dm_quant_stats_scaled / dm_quant_channel_scaled: Q'ᶜ, the dK product's operand in the backward: each row of x
+//     multiplied by its row scale (Q' = s ⊙ Q, s the δ pass's dŜ row scales, an argument of its own), then the
+//     per-channel max |x| and the channel-major cast alone (128-row CTAs, in fragment_token_order or not):
+//     triton_quant.quantize_per_channel(x, row_scales=s, layouts="channel")'s two launches, bit for bit.
 //
 // Thread layout (both kernels, 256 threads): warp w holds channel chunks 4·(w % 4) .. +3 (8 channels = 16 bytes of
 // BF16 each) of rows 8·(w / 4) .. +7 of a 16-row slab; lane l holds chunk 4·(w % 4) + l % 4 of row l / 4. A warp's
@@ -93,8 +97,10 @@ __device__ __forceinline__ float infinity() { return __int_as_float(0x7F800000);
 __device__ __forceinline__ float scale_from_amax(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 
 // Per-channel partials of one block of stats_rows rows, then (last CTA of the (batch, head)) their fold in block order.
-template <bool FP16, bool CENTRE>
-__device__ __forceinline__ void stats_block(const Params& p, int stats_rows) {
+// SCALED (max |x| only): of fl(x · rs[row]), rs the (B, H, N_pad) row scales; a row >= n counts as zero.
+template <bool FP16, bool CENTRE, bool SCALED = false>
+__device__ __forceinline__ void stats_block(const Params& p, int stats_rows, const float* rs = nullptr) {
+  static_assert(!(CENTRE && SCALED), "the row-scaled statistics are max |x| only");
   __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
   __shared__ int last;
   const int t = threadIdx.x;
@@ -106,10 +112,12 @@ __device__ __forceinline__ void stats_block(const Params& p, int stats_rows) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum[i] = 0.0f, hi[i] = CENTRE ? -infinity() : 0.0f, lo[i] = infinity();
   for (int chunk0 = row0; chunk0 < rows_end; chunk0 += kStatsChunk) {
-    float v[kStatsChunk / 16][8];
+    float v[kStatsChunk / 16][8], r[kStatsChunk / 16];
 #pragma unroll
     for (int s = 0; s < kStatsChunk / 16; ++s) {  // the chunk's loads first, all in flight
-      load8<FP16, false>(p, base, chunk0 + 16 * s + ln.row_in_slab, v[s]);  // a row >= n repeats row 0
+      const int row = chunk0 + 16 * s + ln.row_in_slab;
+      load8<FP16, false>(p, base, row, v[s]);  // a row >= n repeats row 0
+      if (SCALED) r[s] = row < p.n ? __ldg(rs + bh * p.n_pad + row) : 0.0f;  // which zeroes the repeat
     }
 #pragma unroll
     for (int s = 0; s < kStatsChunk / 16; ++s) {  // no maximum or minimum moves for a repeated row; the sum skips it
@@ -121,7 +129,7 @@ __device__ __forceinline__ void stats_block(const Params& p, int stats_rows) {
           hi[i] = fmaxf(hi[i], v[s][i]);
           lo[i] = fminf(lo[i], v[s][i]);
         } else {
-          hi[i] = fmaxf(hi[i], fabsf(v[s][i]));
+          hi[i] = fmaxf(hi[i], fabsf(SCALED ? __fmul_rn(v[s][i], r[s]) : v[s][i]));
         }
       }
     }
@@ -224,20 +232,23 @@ __device__ __forceinline__ float quotient(float a, const Divisor& d) {
 
 // The two casts of a thread's values: token-major codes to global memory (8 bytes a row), channel-major codes to the
 // shared tile (a byte each, at the swizzled position of the header).
-template <int ROWS, bool FRAGMENT, bool FAST, bool CHANNEL>
+template <int ROWS, bool FRAGMENT, bool FAST, bool CHANNEL, bool TOKEN = true>
 __device__ __forceinline__ void cast_block(const Params& p, const Lane& ln, int64_t bh, int row0,
                                            const float (&x)[ROWS / 16][8], const Divisor& block,
                                            const Divisor (&channel)[8], uint8_t* tile) {
 #pragma unroll
   for (int s = 0; s < ROWS / 16; ++s) {
     const int local = 16 * s + ln.row_in_slab, row = row0 + local;
-    uint32_t packed[2];
+    if (TOKEN) {
+      uint32_t packed[2];
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      packed[w] = cvt_e4m3x4(quotient<FAST>(x[s][4 * w], block), quotient<FAST>(x[s][4 * w + 1], block),
-                             quotient<FAST>(x[s][4 * w + 2], block), quotient<FAST>(x[s][4 * w + 3], block));
+      for (int w = 0; w < 2; ++w) {
+        packed[w] = cvt_e4m3x4(quotient<FAST>(x[s][4 * w], block), quotient<FAST>(x[s][4 * w + 1], block),
+                               quotient<FAST>(x[s][4 * w + 2], block), quotient<FAST>(x[s][4 * w + 3], block));
+      }
+      *reinterpret_cast<uint2*>(p.x8 + (bh * p.n_pad + row) * kHeadDim + 8 * ln.chunk) =
+          make_uint2(packed[0], packed[1]);
     }
-    *reinterpret_cast<uint2*>(p.x8 + (bh * p.n_pad + row) * kHeadDim + 8 * ln.chunk) = make_uint2(packed[0], packed[1]);
     if (!CHANNEL) continue;
     const int pos = FRAGMENT ? 16 * s + fragment_position(ln.row_in_slab) : local;
     const int run = (pos >> 4) ^ ln.swizzle;
@@ -254,26 +265,34 @@ __device__ __forceinline__ void cast_block(const Params& p, const Lane& ln, int6
 
 // A thread's rows of one scale block in FP32, centred (K), and their max |x|; TAIL (the block that holds row n − 1 and
 // padding): rows >= n are zero.
-template <int ROWS, bool FP16, bool CENTRE, bool TAIL>
+// SCALED: each row times its row scale, rs_row[row] (the (batch, head)'s row of the (B, H, N_pad) scales).
+template <int ROWS, bool FP16, bool CENTRE, bool TAIL, bool SCALED = false>
 __device__ __forceinline__ float load_block(const Params& p, const uint16_t* base, int row0, const Lane& ln,
-                                            const float (&mean)[8], float (&x)[ROWS / 16][8]) {
+                                            const float (&mean)[8], float (&x)[ROWS / 16][8],
+                                            const float* rs_row = nullptr) {
   float amax = 0.0f;
 #pragma unroll
   for (int s = 0; s < ROWS / 16; ++s) {
     const int row = row0 + 16 * s + ln.row_in_slab;
     load8<FP16, TAIL>(p, base, row, x[s]);
+    const float r = SCALED ? __ldg(rs_row + row) : 1.0f;  // row < n_pad: the scales' length
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       if (CENTRE) x[s][i] = TAIL && row >= p.n ? 0.0f : __fsub_rn(x[s][i], mean[i]);
+      if (SCALED) x[s][i] = TAIL && row >= p.n ? 0.0f : __fmul_rn(x[s][i], r);
       amax = fmaxf(amax, fabsf(x[s][i]));
     }
   }
   return amax;
 }
 
-// One scale block: both casts of ROWS rows (CHANNEL false: the block-scaled token-major one alone, Q's).
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true>
-__device__ __forceinline__ void dual_block(const Params& p) {
+// One scale block: both casts of ROWS rows (CHANNEL false: the block-scaled token-major one alone, Q's; TOKEN false:
+// the channel-major one alone, of the rows times their scales rs, Q'ᶜ's).
+template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true, bool TOKEN = true>
+__device__ __forceinline__ void dual_block(const Params& p, const float* rs = nullptr) {
+  static_assert(CHANNEL || TOKEN, "a cast to write");
+  static_assert(TOKEN || !CENTRE, "the row-scaled channel cast is of uncentred rows");
+  constexpr bool kScaled = !TOKEN;
   constexpr int kSlabs = ROWS / 16, kRuns = ROWS / 16;  // 16-row slabs; 16-token runs per channel
   __shared__ __align__(16) uint8_t tile[CHANNEL ? kHeadDim * ROWS : 16];  // channel-major codes, runs swizzled
   __shared__ float warp_max[kThreads / 32];
@@ -289,24 +308,28 @@ __device__ __forceinline__ void dual_block(const Params& p) {
     mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
     sc[i] = CHANNEL ? p.scale_c[bh * kHeadDim + 8 * ln.chunk + i] : 1.0f;
   }
-  float amax = row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false>(p, base, row0, ln, mean, x)
-                                   : load_block<ROWS, FP16, CENTRE, true>(p, base, row0, ln, mean, x);
+  const float* rs_row = kScaled ? rs + bh * p.n_pad : nullptr;
+  float amax = row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false, kScaled>(p, base, row0, ln, mean, x, rs_row)
+                                   : load_block<ROWS, FP16, CENTRE, true, kScaled>(p, base, row0, ln, mean, x, rs_row);
+  float sb = 1.0f;
+  if (TOKEN) {
 #pragma unroll
-  for (int m = 1; m < 32; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-  if (t % 32 == 0) warp_max[t / 32] = amax;
-  __syncthreads();
+    for (int m = 1; m < 32; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+    if (t % 32 == 0) warp_max[t / 32] = amax;
+    __syncthreads();
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);  // max is exact in any order
-  const float sb = scale_from_amax(amax);
-  if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blockIdx.x] = sb;
+    for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);  // max is exact in any order
+    sb = scale_from_amax(amax);
+    if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blockIdx.x] = sb;
+  }
   Divisor channel[8];
   bool fast = in_fast_range(sb);
 #pragma unroll
   for (int i = 0; i < 8; ++i) channel[i] = divisor(sc[i]), fast = fast && in_fast_range(sc[i]);
   if (fast) {  // every scale of this thread in range (all but absurd inputs): three instructions a quotient
-    cast_block<ROWS, FRAGMENT, true, CHANNEL>(p, ln, bh, row0, x, divisor(sb), channel, tile);
+    cast_block<ROWS, FRAGMENT, true, CHANNEL, TOKEN>(p, ln, bh, row0, x, divisor(sb), channel, tile);
   } else {
-    cast_block<ROWS, FRAGMENT, false, CHANNEL>(p, ln, bh, row0, x, divisor(sb), channel, tile);
+    cast_block<ROWS, FRAGMENT, false, CHANNEL, TOKEN>(p, ln, bh, row0, x, divisor(sb), channel, tile);
   }
   if (!CHANNEL) return;
   __syncthreads();
@@ -360,6 +383,24 @@ extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)
 #undef DM_QUANT_DUAL_ORDERS
 #undef DM_QUANT_DUAL_KERNEL
 
+// Q'ᶜ (the rows times their scales rs): the per-channel max |x|, then the channel-major cast alone, 128 rows a CTA
+#define DM_QUANT_SCALED_KERNELS(DTYPE, FP16)                                                                   \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
+      dm_quant_stats_scaled_##DTYPE(const dm::quant_passes::Params p, int stats_rows, const float* rs) {      \
+    dm::quant_passes::stats_block<FP16, false, true>(p, stats_rows, rs);                                       \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
+      dm_quant_channel_scaled_natural_##DTYPE(const dm::quant_passes::Params p, const float* rs) {            \
+    dm::quant_passes::dual_block<128, FP16, false, false, true, false>(p, rs);                                 \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
+      dm_quant_channel_scaled_fragment_##DTYPE(const dm::quant_passes::Params p, const float* rs) {           \
+    dm::quant_passes::dual_block<128, FP16, false, true, true, false>(p, rs);                                  \
+  }
+DM_QUANT_SCALED_KERNELS(bf16, false)
+DM_QUANT_SCALED_KERNELS(fp16, true)
+#undef DM_QUANT_SCALED_KERNELS
+
 extern "C" {
 
 int dm_quant_params_size() { return int(sizeof(dm::quant_passes::Params)); }
@@ -405,6 +446,28 @@ int dm_quant_dual(const dm::quant_passes::Params* params, int channel, int devic
   void (*const kernel)(const Params) = kernels[8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) +
                                                2 * (p.centre != 0) + (p.fragment_order != 0)];
   kernel<<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Q'ᶜ of x with row scales rs (B, H, N_pad): p.tickets zeroed, p.part, p.scale_c (the channel scales) and p.x8t
+// (channel-major codes, in fragment_token_order where p.fragment_order) set; p.block_rows 128, p.centre 0.
+int dm_quant_channel_scaled(const dm::quant_passes::Params* params, int stats_rows, const float* rs, int device,
+                            cudaStream_t stream) {
+  using namespace dm::quant_passes;
+  const Params& p = *params;
+  if (p.n <= 0 || p.n_pad % 128 || p.block_rows != 128 || p.centre || rs == nullptr || stats_rows <= 0 ||
+      stats_rows % kStatsChunk || p.n_blocks != (p.n + stats_rows - 1) / stats_rows) {
+    return cudaErrorInvalidValue;
+  }
+  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
+  (p.in_fp16 ? dm_quant_stats_scaled_fp16 : dm_quant_stats_scaled_bf16)<<<dim3(p.n_blocks, p.b * p.h), kThreads, 0,
+                                                                          stream>>>(p, stats_rows, rs);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  void (*const kernels[4])(const Params, const float*) = {
+      dm_quant_channel_scaled_natural_bf16, dm_quant_channel_scaled_fragment_bf16,
+      dm_quant_channel_scaled_natural_fp16, dm_quant_channel_scaled_fragment_fp16};
+  kernels[2 * (p.in_fp16 != 0) + (p.fragment_order != 0)]<<<dim3(p.n_pad / 128, p.b * p.h), kThreads, 0, stream>>>(
+      p, rs);
   return cudaGetLastError();
 }
 

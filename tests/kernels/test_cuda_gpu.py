@@ -1081,6 +1081,54 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
                 assert mean is None
 
 
+@pytest.mark.parametrize("n", [1, 130, 1000, 8192])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype):
+    """``cuda_lib.quantize_channel_scaled`` (Q'ᶜ: ``dm_quant_channel_scaled``) against the two Triton launches it
+    replaces, ``quantize_per_channel(x, row_scales=s, layouts="channel")``: the channel-major codes and the channel
+    scales bit for bit, in natural and fragment token order, 128 to 1024 rows a statistics CTA, with row scales over
+    twelve binades and NaN in the padded rows (which must not reach a code or a scale), and the same bits again."""
+    from deltamatch.kernels import triton_quant as tq
+
+    bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
+    x = _quant_input(2, n, 3, dtype, seed=n + 1)
+    n_pad = tq.padded_len(n)
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    rs = torch.exp2(torch.randint(-20, -8, (2, 3, n_pad), device="cuda", generator=gen).float())
+    rs *= 1 + torch.rand((2, 3, n_pad), device="cuda", generator=gen)
+    rs[..., n:] = float("nan")
+    for fragment in (False, True):
+        _, want_t, want_s = tq.quantize_per_channel(x, "q", row_scales=rs, layouts="channel", fragment_order=fragment)
+        for stats_rows in (128, 1024):
+            ours = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, stats_rows=stats_rows)
+            again = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, stats_rows=stats_rows)
+            for i, want in enumerate((want_t, want_s)):
+                assert torch.equal(bits(ours[i]), bits(want)), (fragment, stats_rows, i)
+                assert torch.equal(bits(ours[i]), bits(again[i])), (fragment, stats_rows, i)
+    assert torch.isfinite(want_s).all() and (want_s > 0).all()
+
+
+@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
+def test_q_prime_switch_keeps_the_backward_bits(n, causal, h, h_kv, monkeypatch):
+    """matched_factored's backward with Q'ᶜ from the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QPRIME=1``: one call a step,
+    with the δ pass's row scales) gives the bits of the step with Triton's (``0``): O, dQ, dK and dV, GQA and odd N."""
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_QPRIME_SWITCH
+
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=19)
+    calls = []
+    scaled = cuda_lib.quantize_channel_scaled
+    monkeypatch.setattr(cuda_lib, "quantize_channel_scaled", lambda *a, **kw: calls.append(kw) or scaled(*a, **kw))
+    monkeypatch.setenv(CUDA_QPRIME_SWITCH, "1")
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    assert calls == [dict(fragment_order=True)]
+    monkeypatch.setenv(CUDA_QPRIME_SWITCH, "0")
+    triton_passes = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    assert len(calls) == 1
+    for name, a, b in zip("o dq dk dv".split(), ours, triton_passes):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
 def test_cuda_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
     """matched_factored with Q, K, V and dO quantised by the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QUANT=1``: four

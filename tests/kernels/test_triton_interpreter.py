@@ -569,3 +569,43 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
         cuda_lib.quantize_block(packed, 64)
     with pytest.raises(ValueError, match="x has 3 dims"):
         cuda_lib.quantize_block(packed[0])
+
+
+def test_the_cuda_quantisation_of_q_prime_is_opt_in_and_says_why_not(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_QPRIME`` unset: Q'ᶜ by Triton's passes (``CUDA_QPRIME_DEFAULT``, off until timed) even
+    where the library loads; ``1`` selects the CUDA passes where they can run and is an error naming the switch and
+    the reason where they cannot; ``cuda_lib.quantize_channel_scaled`` refuses row scales of the wrong dtype, shape or
+    device, and statistics blocks that are no multiple of 128 rows, before it needs a GPU."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_bwd import CUDA_QPRIME_DEFAULT, CUDA_QPRIME_SWITCH, cuda_qprime_selected
+
+    monkeypatch.delenv(CUDA_QPRIME_SWITCH, raising=False)
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    assert not cuda_qprime_selected(q)
+    monkeypatch.setenv(CUDA_QPRIME_SWITCH, "1")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_QPRIME=1 but the CUDA quantisation of Q'ᶜ cannot "
+                                           "run: .*missing"):
+        cuda_qprime_selected(q)
+    monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
+    with pytest.raises(RuntimeError, match="x is on cpu, expected a CUDA tensor"):
+        cuda_qprime_selected(q)
+    monkeypatch.setattr(cuda_lib, "quant_reason", lambda x: "")  # as if q were a CUDA tensor
+    assert cuda_qprime_selected(q)
+    monkeypatch.delenv(CUDA_QPRIME_SWITCH)
+    assert cuda_qprime_selected(q) is CUDA_QPRIME_DEFAULT is False
+    monkeypatch.setenv(CUDA_QPRIME_SWITCH, "0")
+    assert not cuda_qprime_selected(q)
+    monkeypatch.setenv(CUDA_QPRIME_SWITCH, "yes")
+    with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_CUDA_QPRIME='yes'"):
+        cuda_qprime_selected(q)
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))  # CUDA-like tensors
+    rs = torch.ones(1, 2, 128)
+    for scales, why in ((rs.double(), "torch.float64"), (rs[:, :, :64], r"\(1, 2, 64\)"), (rs[0], r"\(2, 128\)")):
+        with pytest.raises(ValueError, match=f"row_scales is .*{why}.*expected torch.float32 \\(1, 2, 128\\)"):
+            cuda_lib.quantize_channel_scaled(q, scales)
+    with pytest.raises(ValueError, match="stats_rows 100"):
+        cuda_lib.quantize_channel_scaled(q, rs, stats_rows=100)
+    with pytest.raises(ValueError, match="head dim 64"):
+        cuda_lib.quantize_channel_scaled(q[..., :64], rs)
