@@ -106,6 +106,11 @@ KERNELS = (
     # ws3xf: ws3x with 448 folded into the row terms (one FMUL an element fewer)
     CudaKernel("dm_dkdv_factored_ws3xf_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
     CudaKernel("dm_dkdv_factored_ws3xf_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),
+    # ws3xfs: ws3xf with the promotion in 64-channel halves (dV's and dK's products 2 + 2 m64n64 each, not 2 m64n128);
+    # ws3xfd: that with dQ's product in a fourth warpgroup (4 channel chunks of 4 SS m64n32k32 a tile)
+    *(CudaKernel(f"dm_dkdv_factored_ws3xfs_promoted_dq{o}", {_qgmma(64): 20}, spill_bytes=32) for o in ("", "_ordered")),
+    *(CudaKernel(f"dm_dkdv_factored_ws3xfd_promoted_dq{o}", {_qgmma(64): 16, _qgmma(32): 16}, spill_bytes=32)
+      for o in ("", "_ordered")),
     # ws3xp: ws3x ordered, persistent (key blocks from a counter, one CTA an SM); its spills are the producer's and the
     # reducers' (24 registers: the walk of each key block) but for one word a consumer thread keeps a block
     CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=96),

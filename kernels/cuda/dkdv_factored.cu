@@ -65,6 +65,10 @@
 #include "tma.cuh"
 #include "wgmma.cuh"
 
+#ifndef DM_DQ_CHUNK
+#define DM_DQ_CHUNK 32
+#endif
+
 namespace dm {
 namespace dkdv {
 
@@ -392,11 +396,14 @@ struct SameBlock {
 // With DQ, `ring` and `j0` (the stages and tiles walked before this key block) go on across a persistent CTA's key
 // blocks: K̂ and V̂ are those of kv_full's phase `kv_phase`, where `kv_empty` is set each warp arrives on it once the
 // key block's last product has read them, and `where` gives the block again for the epilogue.
+// SPLIT: the promotion through a 32-register temporary, each product in two 64-channel halves (issue_channel_half);
+// DQ_GROUP (with DQ and SPLIT): dQ's product is the dQ warpgroup's (dq_group), the consumers only write dŜ for it.
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock,
-          bool FOLDED = false>
+          bool FOLDED = false, bool SPLIT = false, bool DQ_GROUP = false>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
                                         uint64_t* kv_empty = nullptr, Where where = {}) {
+  static_assert(!DQ_GROUP || (DQ && SPLIT), "the dQ warpgroup's registers come from the split promotion");
   const bool releaser = threadIdx.x % 32 == 0;
   auto take = [&](Tile& t) { return ring.take(s.info, s.full, s.empty, half, releaser, t); };
   const uint8_t* k = s.k[half];
@@ -437,13 +444,30 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   auto promoted_products = [&](const Tile& t, float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2],
                                float (&part)[kHeadDim / 2], uint32_t (&pfrag)[kTileSteps][4],
                                uint32_t (&dsfrag)[kTileSteps][4]) {
-    issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
-    wgmma_wait<0>();
-    finish_acc<true>(dv, part);
-    issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
-    wgmma_wait<0>();
-    if (releaser) mbar_arrive(&s.empty[t.stage]);
-    finish_acc<true>(dk, part);
+    if constexpr (SPLIT) {
+      float(&h)[kHeadDim / 4] = reinterpret_cast<float(&)[kHeadDim / 4]>(part);  // the first 32 registers only
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        issue_channel_half(h, pfrag, s.dot[t.stage], c);
+        wgmma_wait<0>();
+        finish_half(dv, h, c);
+      }
+      issue_channel_half(h, dsfrag, s.qt[t.stage], 0);
+      wgmma_wait<0>();
+      finish_half(dk, h, 0);
+      issue_channel_half(h, dsfrag, s.qt[t.stage], 1);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      finish_half(dk, h, 1);
+    } else {
+      issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
+      wgmma_wait<0>();
+      finish_acc<true>(dv, part);
+      issue_channel_product<true>(dk, part, dsfrag, s.qt[t.stage]);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      finish_acc<true>(dk, part);
+    }
   };
 
   auto epilogue = [&](const float (&dv)[kHeadDim / 2], const float (&dk)[kHeadDim / 2], int64_t bh, KvBlock at) {
@@ -501,6 +525,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       } else if (releaser) {
         mbar_arrive(&s.empty[t.stage]);
       }
+      if constexpr (DQ_GROUP) continue;  // the dQ warpgroup's product
       auto c0 = DqClock::now();
       mbar_wait(&x.ds_full[buf], turn);  // the other half's dŜ of tile j
       peer_clk += unsigned(DqClock::now() - c0);
@@ -617,12 +642,63 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   epilogue(dv, dk, cur.bh, KvBlock{b, h_kv, start_n});
 }
 
+// The dQ warpgroup (`ws3xfd`): dQ's product of every tile the CTA walks, in the consumers' stead. Per tile j: wait for
+// both consumers' dŜ (ds_full[j % 2]), then for each 32-channel chunk c the product over the 128 keys as two 64-key
+// halves from zero (SS m64n32k32 over K̂ᶜᵀ's rows 32c ..; DM_DQ_CHUNK 16: m64n16), added in FP32 — each element the sum
+// the consumers' m64n64 halves form — and stored where the consumers' values go (dq_order(4c + i, t): the same layout,
+// one float4 per four registers); dŜ is released (ds_empty, 128 arrivals) after the last chunk's products, dq_full (128 arrivals) after the
+// stores. The walk is the producer's (its tile count); K̂ᶜᵀ arrives with kv_full. Registers: at 56 (consumers at 216)
+// ptxas serialised every wgmma of the kernel (C7512), at 64 or more with the consumers at 208 it spills nothing.
+constexpr int kDqChunk = DM_DQ_CHUNK;  // channels a product of the dQ warpgroup
+template <int STAGES, typename Sched>
+__device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w) {
+  DqSmem& x = dq_smem(s);
+  const int t = threadIdx.x % kThreads;
+  constexpr int kChunks = kHeadDim / kDqChunk;
+  mbar_wait(&s.kv_full, 0);
+  for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
+    const int buf = j % 2;
+    mbar_wait(&x.ds_full[buf], (j / 2) & 1);
+    const uint8_t* ds = x.ds[buf];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const uint8_t* kt = x.kt + c * kDqChunk * kCtaRows;  // channels kDqChunk·c .. over the 128 keys
+      float qa[kDqChunk / 2], qb[kDqChunk / 2];  // keys 0-63 and 64-127
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < QTile::kSteps; ++kk) {
+        if (kk < QTile::kSteps / 2) {
+          WgmmaE4M3<kDqChunk>::ss(qa, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
+        } else {
+          WgmmaE4M3<kDqChunk>::ss(qb, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > QTile::kSteps / 2);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(qa);
+      fence_operands(qb);
+      if (c == kChunks - 1) mbar_arrive(&x.ds_empty[buf]);  // every product of this tile has read its dŜ
+      if (c == 0 && j >= 1) mbar_wait(&x.dq_empty[(j - 1) & 1], ((j - 1) >> 1) & 1);  // tile j - 1's product was read
+#pragma unroll
+      for (int i = 0; i < kDqChunk / 8; ++i) {
+        *reinterpret_cast<float4*>(x.dq + dq_order((kDqChunk / 8) * c + i, t)) =
+            make_float4(__fadd_rn(qa[4 * i], qb[4 * i]), __fadd_rn(qa[4 * i + 1], qb[4 * i + 1]),
+                        __fadd_rn(qa[4 * i + 2], qb[4 * i + 2]), __fadd_rn(qa[4 * i + 3], qb[4 * i + 3]));
+      }
+    }
+    fence_async_shared();
+    mbar_arrive(&x.dq_full[j & 1]);
+  }
+}
+
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool FOLDED = false>
+          bool FOLDED = false, bool SPLIT = false, bool DQ_GROUP = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
   using Sched = std::conditional_t<ORDERED, IncreasingSchedule, Schedule>;
+  // the arrivals dŜ's release and dQ's product count: the dQ warpgroup's threads, or both consumers'
+  constexpr int kDqArrivals = DQ_GROUP ? kThreads : kConsumers * kThreads;
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
   if (threadIdx.x == 0) {
@@ -639,10 +715,10 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       DqSmem& x = dq_smem(s);
       for (int i = 0; i < 2; ++i) {
         mbar_init(&x.ds_full[i], kConsumers * kThreads);
-        mbar_init(&x.ds_empty[i], kConsumers * kThreads);
+        mbar_init(&x.ds_empty[i], kDqArrivals);
       }
       for (int i = 0; i < 2; ++i) {
-        mbar_init(&x.dq_full[i], kConsumers * kThreads);
+        mbar_init(&x.dq_full[i], kDqArrivals);
         mbar_init(&x.dq_empty[i], 1);
       }
       fence_mbar_init();
@@ -651,7 +727,22 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs (coords() too) is computed after the register split: a value live across it would be spilled
-  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..
+  const int role = warpgroup_role();  // 0: producer; 1, 2: the consumer of keys start_n + 64 (role − 1) ..; 3: dQ
+  if constexpr (DQ_GROUP) {
+    if (role == kConsumers + 1) {
+      release_registers<kDqGroupRegs>();
+      // the producer's walk, for its tile count (written out as the producer's is: one lambda for both re-named the
+      // uniform registers of every other form's consumer loop)
+      const CtaCoords cta = coords();
+      const int group = p.h / p.h_kv, b = cta.bh_kv / p.h_kv, h_kv = cta.bh_kv % p.h_kv;
+      const int start_n = cta.block * kCtaRows;
+      Sched second(start_n + kBlockN, p.n, p.causal);
+      if (start_n + kBlockN >= p.n) second.tiles = 0;
+      dq_group(s, Walk<STAGES, Sched>(Sched(start_n, p.n, p.causal), second,
+                                      int64_t(b) * p.h + int64_t(h_kv) * group, group));
+      return;
+    }
+  }
   if (role == 0) {
     release_registers<kProducerRegs>();
     // the loads' issuer; the two reducers, a thread of each of two other warps
@@ -673,11 +764,11 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
     }
     return;
   }
-  claim_registers<kConsumerRegs>();
+  claim_registers<DQ_GROUP ? kDqGroupConsumerRegs : kConsumerRegs>();
   const CtaCoords cta = coords();
   Ring<STAGES> ring;
   uint32_t j0 = 0;
-  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE, SameBlock, FOLDED>(
+  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE, SameBlock, FOLDED, SPLIT, DQ_GROUP>(
       s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv, cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
 }
 
@@ -824,12 +915,15 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED)               \
-  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                           \
-      NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                  \
-    extern __shared__ uint8_t smem[];                                                                \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED>(smem, p, maps);  \
+#define DM_DKDV_KERNEL_FORM(NAME, THREADS, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP) \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                          \
+      NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                               \
+    extern __shared__ uint8_t smem[];                                                                             \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP>(smem, p, maps);   \
   }
+#define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED) \
+  DM_DKDV_KERNEL_FORM(NAME, dm::factored::kCtaThreads, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, \
+                      false, false)
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false, false)
@@ -846,7 +940,18 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, 
 // ws3xf: ws3x with 448 folded into the row terms the host passes (ds_tile's FOLDED): one FMUL an element fewer
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq, true, false, 3, true, false, true, true)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq_ordered, true, false, 3, true, true, true, true)
+// ws3xfs: ws3xf with its promotion split into 64-channel halves (a 32-register temporary: four waits a tile, not two);
+// ws3xfd: ws3xfs with dQ's product in a fourth warpgroup (dq_group), the consumers at 208 registers, it at 72
+DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfs_promoted_dq, dm::factored::kCtaThreads, true, false, 3, true, false, true,
+                    true, true, false)
+DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfs_promoted_dq_ordered, dm::factored::kCtaThreads, true, false, 3, true, true,
+                    true, true, true, false)
+DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfd_promoted_dq, dm::factored::kDqGroupThreads, true, false, 3, true, false,
+                    true, true, true, true)
+DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfd_promoted_dq_ordered, dm::factored::kDqGroupThreads, true, false, 3, true,
+                    true, true, true, true, true)
 #undef DM_DKDV_KERNEL
+#undef DM_DKDV_KERNEL_FORM
 extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
     dm_dkdv_factored_ws3xp_promoted_dq_ordered(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps,
                                                int* taken) {
@@ -912,10 +1017,11 @@ namespace {
 
 using DkdvKernel = void (*)(DkdvFactoredParams, dm::dkdv::Maps);
 
-// The kernel of each (variant, promote), in cuda_lib.DKDV_VARIANTS' numbering, and its dynamic shared memory.
+// The kernel of each (variant, promote), in cuda_lib.DKDV_VARIANTS' numbering, its dynamic shared memory and threads.
 struct DkdvLaunch {
   DkdvKernel kernel;
   int smem;
+  int threads = dm::factored::kCtaThreads;
 };
 DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   using namespace dm::dkdv;
@@ -927,6 +1033,11 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
                                                    : dm_dkdv_factored_ws3x_promoted_dq, smem_bytes<3, true>()};
       case 5: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xf_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3xf_promoted_dq, smem_bytes<3, true>()};
+      case 6: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfs_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3xfs_promoted_dq, smem_bytes<3, true>()};
+      case 7: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfd_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3xfd_promoted_dq, smem_bytes<3, true>(),
+                      dm::factored::kDqGroupThreads};
       default: return {nullptr, 0};
     }
   }
@@ -942,7 +1053,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 
 // variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
 // only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
-// folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only).
+// folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
+// 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
@@ -992,7 +1104,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
     dm_dkdv_factored_ws3xp_promoted_dq_ordered<<<unsigned(blocks < sms ? blocks : sms), kCtaThreads, launch.smem,
                                                  stream>>>(*p, maps, taken);
   } else {
-    launch.kernel<<<grid, kCtaThreads, launch.smem, stream>>>(*p, maps);
+    launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(*p, maps);
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;
   dm_dkdv_dq_epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);

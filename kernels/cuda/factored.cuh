@@ -285,6 +285,29 @@ __device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2]
   wgmma_commit();
 }
 
+// One 64-channel half of the promoted channel product above into a 32-register `part` (channels 64·half ..: rows
+// 64·half .. of the channel-major tile, 4 KB on in the 64-byte swizzle), and its FP32 add into the accumulator's
+// registers of those channels (32·half ..: an m64n128 accumulator's first 32 registers hold channels 0-63). Each
+// element is the same k = 32 steps' sum as in the 128-channel product; the promotion's temporary is half the size.
+__device__ __forceinline__ void issue_channel_half(float (&part)[kHeadDim / 4], uint32_t (&frag)[kTileSteps][4],
+                                                   const uint8_t* tile, int half) {
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) fence_operands(frag[kk]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kTileSteps; ++kk) {
+    WgmmaE4M3<kHeadDim / 2>::rs(part, frag[kk], ChannelTile::desc(tile + half * (kHeadDim / 2) * kBlockM, kk), kk > 0);
+  }
+  wgmma_commit();
+}
+__device__ __forceinline__ void finish_half(float (&acc)[kHeadDim / 2], float (&part)[kHeadDim / 4], int half) {
+  fence_operands(part);
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 4; ++i) {
+    acc[(kHeadDim / 4) * half + i] = __fadd_rn(acc[(kHeadDim / 4) * half + i], part[i]);
+  }
+}
+
 // Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.
 __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const uint8_t* k,
                                            const uint8_t* v, const uint8_t* q, const uint8_t* dout) {
@@ -424,6 +447,10 @@ constexpr int kConsumers = 2;                              // consumer warpgroup
 constexpr int kCtaRows = kConsumers * kBlockM;             // 128 keys (dK/dV) or queries (dQ) per CTA
 constexpr int kCtaThreads = (kConsumers + 1) * kThreads;   // the producer warpgroup first
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;     // 24·128 + 240·256 = 168·384, the launch's share
+// dkdv_factored.cu's dQ warpgroup form (`ws3xfd`): a fourth warpgroup for dQ's product, so the consumers give up 24
+// registers each (their promotion split into 64-channel halves) and it takes 72: 24·128 + 208·256 + 72·128 = 128·512
+constexpr int kDqGroupThreads = (kConsumers + 2) * kThreads;
+constexpr int kDqGroupRegs = 72, kDqGroupConsumerRegs = 208;
 // FlashAttention-3's turns of the two consumers (fwd_wide.cu's and delta_wide.cu's ping-pong). Named barriers 1 and 2
 // (0 is __syncthreads'): consumer `half` waits on its own, 256 threads counting its 128 and the other consumer's 128
 // arrivals. The ids are immediates: in registers they were two more values live across the loop, and the consumer
