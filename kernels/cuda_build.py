@@ -111,6 +111,9 @@ KERNELS = (
     *(CudaKernel(f"dm_dkdv_factored_ws3xfs_promoted_dq{o}", {_qgmma(64): 20}, spill_bytes=32) for o in ("", "_ordered")),
     *(CudaKernel(f"dm_dkdv_factored_ws3xfd_promoted_dq{o}", {_qgmma(64): 16, _qgmma(32): 16}, spill_bytes=32)
       for o in ("", "_ordered")),
+    # ws3xfdp: ws3xfd with the promotion in quarters (dV's and dK's products 4 + 4 m64n32 pairs), pipelined
+    *(CudaKernel(f"dm_dkdv_factored_ws3xfdp_promoted_dq{o}", {_qgmma(64): 8, _qgmma(32): 32}, spill_bytes=32)
+      for o in ("", "_ordered")),
     # ws3xp: ws3x ordered, persistent (key blocks from a counter, one CTA an SM); its spills are the producer's and the
     # reducers' (24 registers: the walk of each key block) but for one word a consumer thread keeps a block
     CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=96),

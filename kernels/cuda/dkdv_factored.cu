@@ -396,13 +396,16 @@ struct SameBlock {
 // With DQ, `ring` and `j0` (the stages and tiles walked before this key block) go on across a persistent CTA's key
 // blocks: K̂ and V̂ are those of kv_full's phase `kv_phase`, where `kv_empty` is set each warp arrives on it once the
 // key block's last product has read them, and `where` gives the block again for the epilogue.
-// SPLIT: the promotion through a 32-register temporary, each product in two 64-channel halves (issue_channel_half);
+// SPLIT: the promotion through 32 registers, not 64 — 2: each product in two 64-channel halves, each waited for and
+// added in turn (issue_channel_part<64>); 4: in four 32-channel quarters through two 16-register temporaries, the next
+// quarter's product issued before this one's add (one group in flight while the other is added);
 // DQ_GROUP (with DQ and SPLIT): dQ's product is the dQ warpgroup's (dq_group), the consumers only write dŜ for it.
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock,
-          bool FOLDED = false, bool SPLIT = false, bool DQ_GROUP = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
                                         uint64_t* kv_empty = nullptr, Where where = {}) {
+  static_assert(SPLIT == 0 || SPLIT == 2 || SPLIT == 4, "the promotion whole, in halves or in quarters");
   static_assert(!DQ_GROUP || (DQ && SPLIT), "the dQ warpgroup's registers come from the split promotion");
   const bool releaser = threadIdx.x % 32 == 0;
   auto take = [&](Tile& t) { return ring.take(s.info, s.full, s.empty, half, releaser, t); };
@@ -444,21 +447,55 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   auto promoted_products = [&](const Tile& t, float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2],
                                float (&part)[kHeadDim / 2], uint32_t (&pfrag)[kTileSteps][4],
                                uint32_t (&dsfrag)[kTileSteps][4]) {
-    if constexpr (SPLIT) {
+    if constexpr (SPLIT == 2) {
       float(&h)[kHeadDim / 4] = reinterpret_cast<float(&)[kHeadDim / 4]>(part);  // the first 32 registers only
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        issue_channel_half(h, pfrag, s.dot[t.stage], c);
+        issue_channel_part<64>(h, pfrag, s.dot[t.stage], c);
         wgmma_wait<0>();
-        finish_half(dv, h, c);
+        finish_part<64>(dv, h, c);
       }
-      issue_channel_half(h, dsfrag, s.qt[t.stage], 0);
+      issue_channel_part<64>(h, dsfrag, s.qt[t.stage], 0);
       wgmma_wait<0>();
-      finish_half(dk, h, 0);
-      issue_channel_half(h, dsfrag, s.qt[t.stage], 1);
+      finish_part<64>(dk, h, 0);
+      issue_channel_part<64>(h, dsfrag, s.qt[t.stage], 1);
       wgmma_wait<0>();
       if (releaser) mbar_arrive(&s.empty[t.stage]);
-      finish_half(dk, h, 1);
+      finish_part<64>(dk, h, 1);
+    } else if constexpr (SPLIT == 4) {
+      // quarters i = 0..7: dV's 0-3, then dK's 0-3, quarter i into buffer i % 2 (the first 32 registers of part)
+      float(&pa)[kHeadDim / 8] = reinterpret_cast<float(&)[kHeadDim / 8]>(part[0]);
+      float(&pb)[kHeadDim / 8] = reinterpret_cast<float(&)[kHeadDim / 8]>(part[kHeadDim / 8]);
+      auto issue = [&](float(&buf)[kHeadDim / 8], int i) {
+        if (i < 4) {
+          issue_channel_part<32>(buf, pfrag, s.dot[t.stage], i);
+        } else {
+          issue_channel_part<32>(buf, dsfrag, s.qt[t.stage], i - 4);
+        }
+      };
+      auto finish = [&](float(&buf)[kHeadDim / 8], int i) {
+        if (i < 4) {
+          finish_part<32>(dv, buf, i);
+        } else {
+          finish_part<32>(dk, buf, i - 4);
+        }
+      };
+      issue(pa, 0);
+      issue(pb, 1);
+#pragma unroll
+      for (int i = 0; i < 6; i += 2) {
+        wgmma_wait<1>();
+        finish(pa, i);
+        issue(pa, i + 2);
+        wgmma_wait<1>();
+        finish(pb, i + 1);
+        issue(pb, i + 3);
+      }
+      wgmma_wait<1>();
+      finish(pa, 6);
+      wgmma_wait<0>();
+      if (releaser) mbar_arrive(&s.empty[t.stage]);
+      finish(pb, 7);
     } else {
       issue_channel_product<true>(dv, part, pfrag, s.dot[t.stage]);
       wgmma_wait<0>();
@@ -692,7 +729,7 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool FOLDED = false, bool SPLIT = false, bool DQ_GROUP = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
@@ -922,8 +959,8 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
     dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP>(smem, p, maps);   \
   }
 #define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED) \
-  DM_DKDV_KERNEL_FORM(NAME, dm::factored::kCtaThreads, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, \
-                      false, false)
+  DM_DKDV_KERNEL_FORM(NAME, dm::factored::kCtaThreads, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, 0, \
+                      false)
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false, false)
@@ -941,15 +978,15 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3x_promoted_dq_ordered, true, false, 3, true, 
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq, true, false, 3, true, false, true, true)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq_ordered, true, false, 3, true, true, true, true)
 // ws3xfs: ws3xf with its promotion split into 64-channel halves (a 32-register temporary: four waits a tile, not two);
-// ws3xfd: ws3xfs with dQ's product in a fourth warpgroup (dq_group), the consumers at 208 registers, it at 72
-DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfs_promoted_dq, dm::factored::kCtaThreads, true, false, 3, true, false, true,
-                    true, true, false)
-DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfs_promoted_dq_ordered, dm::factored::kCtaThreads, true, false, 3, true, true,
-                    true, true, true, false)
-DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfd_promoted_dq, dm::factored::kDqGroupThreads, true, false, 3, true, false,
-                    true, true, true, true)
-DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfd_promoted_dq_ordered, dm::factored::kDqGroupThreads, true, false, 3, true,
-                    true, true, true, true, true)
+// ws3xfd: ws3xfs with dQ's product in a fourth warpgroup (dq_group), the consumers at 208 registers, it at 72;
+// ws3xfdp: ws3xfd with the promotion in quarters, one in flight while the last is added (SPLIT 4)
+#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP)                                                       \
+  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP)       \
+  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq_ordered, THREADS, true, false, 3, true, true, true, true, SPLIT, GROUP)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true)
+#undef DM_DKDV_SPLIT_KERNELS
 #undef DM_DKDV_KERNEL
 #undef DM_DKDV_KERNEL_FORM
 extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
@@ -1038,6 +1075,9 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
       case 7: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfd_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3xfd_promoted_dq, smem_bytes<3, true>(),
                       dm::factored::kDqGroupThreads};
+      case 8: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdp_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3xfdp_promoted_dq, smem_bytes<3, true>(),
+                      dm::factored::kDqGroupThreads};
       default: return {nullptr, 0};
     }
   }
@@ -1054,7 +1094,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 // variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
 // only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
 // folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
-// 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup).
+// 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
+// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;

@@ -285,27 +285,28 @@ __device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2]
   wgmma_commit();
 }
 
-// One 64-channel half of the promoted channel product above into a 32-register `part` (channels 64·half ..: rows
-// 64·half .. of the channel-major tile, 4 KB on in the 64-byte swizzle), and its FP32 add into the accumulator's
-// registers of those channels (32·half ..: an m64n128 accumulator's first 32 registers hold channels 0-63). Each
-// element is the same k = 32 steps' sum as in the 128-channel product; the promotion's temporary is half the size.
-__device__ __forceinline__ void issue_channel_half(float (&part)[kHeadDim / 4], uint32_t (&frag)[kTileSteps][4],
-                                                   const uint8_t* tile, int half) {
+// One W-channel part (W = 64: a half, 32: a quarter) of the promoted channel product above into a W/2-register
+// `part` (channels W·c ..: rows W·c .. of the channel-major tile, W·64 bytes on in the 64-byte swizzle), and its FP32
+// add into the accumulator's registers of those channels (W/2 · c ..: an m64n128 accumulator's registers 4i .. 4i + 3
+// hold channels 8i ..). Each element is the same k = 32 steps' sum as in the 128-channel product; the promotion's
+// temporary is W/2 registers instead of 64.
+template <int W>
+__device__ __forceinline__ void issue_channel_part(float (&part)[W / 2], uint32_t (&frag)[kTileSteps][4],
+                                                   const uint8_t* tile, int c) {
 #pragma unroll
   for (int kk = 0; kk < kTileSteps; ++kk) fence_operands(frag[kk]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kTileSteps; ++kk) {
-    WgmmaE4M3<kHeadDim / 2>::rs(part, frag[kk], ChannelTile::desc(tile + half * (kHeadDim / 2) * kBlockM, kk), kk > 0);
+    WgmmaE4M3<W>::rs(part, frag[kk], ChannelTile::desc(tile + c * W * kBlockM, kk), kk > 0);
   }
   wgmma_commit();
 }
-__device__ __forceinline__ void finish_half(float (&acc)[kHeadDim / 2], float (&part)[kHeadDim / 4], int half) {
+template <int W>
+__device__ __forceinline__ void finish_part(float (&acc)[kHeadDim / 2], float (&part)[W / 2], int c) {
   fence_operands(part);
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 4; ++i) {
-    acc[(kHeadDim / 4) * half + i] = __fadd_rn(acc[(kHeadDim / 4) * half + i], part[i]);
-  }
+  for (int i = 0; i < W / 2; ++i) acc[(W / 2) * c + i] = __fadd_rn(acc[(W / 2) * c + i], part[i]);
 }
 
 // Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.

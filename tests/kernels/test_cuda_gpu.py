@@ -582,16 +582,16 @@ def test_the_folded_form_is_ws3x_to_rounding(dk_operands, n, causal, h, hk, orde
         assert_within_rounding(name, ours, theirs, 1e-3, rows=True)
 
 
-@pytest.mark.parametrize("variant", ["ws3xfs", "ws3xfd"])
+@pytest.mark.parametrize("variant", ["ws3xfs", "ws3xfd", "ws3xfdp"])
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (1000, True, 8, 2), (1024, False, 2, 2),
                                               (4096, True, 4, 2), (8192, True, 8, 8)])
 def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n, causal, h, hk, ordered, variant):
     """``ws3xfs`` promotes dV's and dK's products in 64-channel halves, ``ws3xfd`` also moves dQ's product into a
-    fourth warpgroup (m64n32 chunks, each 64-key half from zero and added in FP32 as the consumers did): every element
-    is the same k = 32 steps' sum, so dK and dV are ``ws3xf``'s bits, and so is dQ where its adds are ordered (any
-    order: within rounding); the ordered runs give the same bits twice, one from a scratch of NaN (a query tile's first
-    add stores)."""
+    fourth warpgroup (m64n32 chunks, each 64-key half from zero and added in FP32 as the consumers did), ``ws3xfdp``
+    promotes in 32-channel quarters, one in flight while the last is added: every element is the same k = 32 steps'
+    sum, so dK and dV are ``ws3xf``'s bits, and so is dQ where its adds are ordered (any order: within rounding); the
+    ordered runs give the same bits twice, one from a scratch of NaN (a query tile's first add stores)."""
     ops = dk_operands(n, causal, h, hk)
     s = ops["saved"]
     scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device) if ordered else None
@@ -608,8 +608,8 @@ def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n
 
 
 def test_the_dq_warpgroup_in_the_backward_gives_the_default_bits(monkeypatch):
-    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (and ``ws3xfs``): O, dQ, dK and dV are the default
-    form's (``ws3xf``, ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
+    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (and ``ws3xfdp``, ``ws3xfs``): O, dQ, dK and dV
+    are the default form's (``ws3xf``, ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
@@ -620,12 +620,12 @@ def test_the_dq_warpgroup_in_the_backward_gives_the_default_bits(monkeypatch):
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
     base = run()
-    for variant in ("ws3xfd", "ws3xfs"):
+    for variant in ("ws3xfd", "ws3xfdp", "ws3xfs"):
         monkeypatch.setenv(CUDA_DKDV_SWITCH, variant)
         ours = run()
         for name, a, b in zip(("o", "dq", "dk", "dv"), ours, base):
             assert torch.equal(a, b), (variant, name)
-    assert calls == ["ws3xf", "ws3xfd", "ws3xfs"]
+    assert calls == ["ws3xf", "ws3xfd", "ws3xfdp", "ws3xfs"]
 
 
 def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch):
