@@ -67,17 +67,31 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
   IFS=';' read -ra settings <<< "${VARIANTS:-default;DELTAMATCH_KERNEL_CUDA_DKDV=ws3}"
   # VARIANTS_BUDGET_S (default 480): no profile starts after that many seconds of the call, so a long list still ends
   # with its table and one tgz inside the device's 600 s (the rounds are interleaved: a cut leaves whole rounds first)
+  # a setting whose profile fails (a crash, or its 120 s timeout: a kernel that hangs) is not run again in a later
+  # round, so one hung form costs the call 120 s, not 120 s a round
+  declare -A failed=()
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for setting in "${settings[@]}"; do
       if (( $(date +%s) - start > ${VARIANTS_BUDGET_S:-480} )); then
         echo "  budget: ${VARIANTS_BUDGET_S:-480} s spent, $setting (round $round) and the settings after it skipped"
         break 2
       fi
+      if [[ -n ${failed[$setting]:-} ]]; then
+        echo "  $setting (round $round): skipped, its profile failed in round ${failed[$setting]}"
+        continue
+      fi
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round
       if [[ $setting == default ]]; then envs=(); else read -ra envs <<< "$setting"; fi
       t0=$(date +%s)
       env "${envs[@]}" timeout 120 python3 tools/device/attn_profile.py --out "$OUT/profiles" --tag "$tag" \
         > "$OUT/profiles/$tag.log" 2>&1
+      rc=$?
+      if (( rc != 0 )); then
+        failed[$setting]=$round
+        echo "  $setting (round $round): profile rc $rc$( ((rc == 124)) && echo ' (timed out: a hang?)'), its log's end:"
+        tail -3 "$OUT/profiles/$tag.log" | sed 's/^/    /'
+        continue
+      fi
       echo "  $setting (round $round, $(( $(date +%s) - t0 )) s):" \
         "$(grep -m1 -o '[0-9.]* ms of kernels per step' "$OUT/profiles/$tag.log")"
       # the step's three big kernels (forward, δ pass, dK/dV + dQ), so the call's output says which one moved
