@@ -57,6 +57,24 @@ def test_summary_shares_and_distributions():
     assert got["spun_by_launch_tenth"][0] == 10 and got["spun_by_launch_tenth"][3] == 14
 
 
+def test_the_dq_warpgroups_counters_are_read_from_reducer_1s_consumer_slots():
+    """ws3xfd's dQ warpgroup keeps its waits for dŜ (ds_full), for the reducers (dq_empty) and its loop in reducer 1's
+    consumer slots: one CTA of 1 ms at 2 cycles per ns, its dQ warpgroup waiting 500k and 200k of its 2M cycles and
+    looping 1.8M; the other forms leave them zero."""
+    dq_clock = _module()
+    n = len(dq_clock.SLOTS)
+    raw = np.zeros((1, 2 * n), dtype=np.uint64)
+    raw[0, 1], raw[0, 2], raw[0, 3], raw[0, 4], raw[0, 9] = 10_000_000, 11_000_000, 0, 2_000_000, 4
+    raw[0, n + 1:n + 5] = raw[0, 1:5]
+    assert dq_clock.summary(raw, blocks=1)["group_full"] == 0.0
+    raw[0, n + dq_clock.SLOTS.index("peer_clk0")] = 500_000
+    raw[0, n + dq_clock.SLOTS.index("empty_clk0")] = 200_000
+    raw[0, n + dq_clock.SLOTS.index("loop_clk0")] = 1_800_000
+    got = dq_clock.summary(raw, blocks=1)
+    assert got["group_full"] == pytest.approx(0.25) and got["group_empty"] == pytest.approx(0.1)
+    assert got["group_ms_sum"] == pytest.approx(0.9) and got["peer"] == 0.0
+
+
 def test_occupancy_of_a_launch_with_a_tail():
     """Two SMs over 200 ns: CTA 0 (reducer 1 unused: one tile) 0-100, CTA 2 0-90 (its reducers' earliest start and
     latest end), CTA 1 100-200; a fourth ran no tile. Resident: 2 for 0-90, 1 after; so the halves hold 1.9 and 1.0 on

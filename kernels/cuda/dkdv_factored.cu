@@ -225,6 +225,9 @@ enum ClockSlot : int {  // reducer 1's from kReducerSlots on, the same way; the 
   kLoopClk0, kLoopClk1,    // each consumer's cycles in its tile loop
   kReducerSlots,
 };
+// The dQ warpgroup form (ws3xfd): each consumer's kPeerClk is its wait for the dQ warpgroup to release dŜ (ds_empty),
+// and the dQ warpgroup's own counters sit in reducer 1's unused consumer slots: kPeerClk0 its waits for both
+// consumers' dŜ (ds_full), kEmptyClk0 for the reducers to read its product (dq_empty), kLoopClk0 its tile loop.
 #ifdef DM_DQ_CLOCK
 constexpr int kClockSlots = 2 * kReducerSlots, kClockCtas = 16384;
 __device__ unsigned long long dm_dq_clock[kClockSlots * kClockCtas];
@@ -537,7 +540,13 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       const int buf = j % 2;
       const uint32_t turn = (j / 2) & 1;  // ds[buf]'s phase for tile j
       uint8_t* ds = x.ds[buf];
-      if (j >= 2) mbar_wait(&x.ds_empty[buf], turn ^ 1);  // both consumers are done with tile j - 2's dŜ
+      if constexpr (DQ_GROUP) {  // the dQ warpgroup is done with tile j - 2's dŜ (DqClock: peer_clk counts the wait)
+        const auto c2 = DqClock::now();
+        if (j >= 2) mbar_wait(&x.ds_empty[buf], turn ^ 1);
+        peer_clk += unsigned(DqClock::now() - c2);
+      } else if (j >= 2) {
+        mbar_wait(&x.ds_empty[buf], turn ^ 1);  // both consumers are done with tile j - 2's dŜ
+      }
       uint32_t pfrag[kTileSteps][4], dsfrag[kTileSteps][4];
       if (use) {
         const Scales sc = scales_of(t);
@@ -683,9 +692,10 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
 // both consumers' dŜ (ds_full[j % 2]), then for each 32-channel chunk c the product over the 128 keys as two 64-key
 // halves from zero (SS m64n32k32 over K̂ᶜᵀ's rows 32c ..; DM_DQ_CHUNK 16: m64n16), added in FP32 — each element the sum
 // the consumers' m64n64 halves form — and stored where the consumers' values go (dq_order(4c + i, t): the same layout,
-// one float4 per four registers); dŜ is released (ds_empty, 128 arrivals) after the last chunk's products, dq_full (128 arrivals) after the
-// stores. The walk is the producer's (its tile count); K̂ᶜᵀ arrives with kv_full. Registers: at 56 (consumers at 216)
-// ptxas serialised every wgmma of the kernel (C7512), at 64 or more with the consumers at 208 it spills nothing.
+// one float4 per four registers); dŜ is released (ds_empty, 128 arrivals) after the last chunk's products, dq_full
+// (128 arrivals) after the stores. The walk is the producer's (its tile count); K̂ᶜᵀ arrives with kv_full. Registers:
+// at 56 (consumers at 216) ptxas serialised every wgmma of the kernel (C7512), at 64 or more with the consumers at 208
+// it spills nothing.
 constexpr int kDqChunk = DM_DQ_CHUNK;  // channels a product of the dQ warpgroup
 template <int STAGES, typename Sched>
 __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w) {
@@ -693,9 +703,13 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
   const int t = threadIdx.x % kThreads;
   constexpr int kChunks = kHeadDim / kDqChunk;
   mbar_wait(&s.kv_full, 0);
+  unsigned full_clk = 0, empty_clk = 0;  // DqClock's counts
+  const auto loop_start = DqClock::now();
   for (uint32_t j = 0; !w.done(); ++j, w.advance()) {
     const int buf = j % 2;
+    const auto c0 = DqClock::now();
     mbar_wait(&x.ds_full[buf], (j / 2) & 1);
+    full_clk += unsigned(DqClock::now() - c0);
     const uint8_t* ds = x.ds[buf];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -715,7 +729,11 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
       fence_operands(qa);
       fence_operands(qb);
       if (c == kChunks - 1) mbar_arrive(&x.ds_empty[buf]);  // every product of this tile has read its dŜ
-      if (c == 0 && j >= 1) mbar_wait(&x.dq_empty[(j - 1) & 1], ((j - 1) >> 1) & 1);  // tile j - 1's product was read
+      if (c == 0 && j >= 1) {  // tile j - 1's product was read
+        const auto c1 = DqClock::now();
+        mbar_wait(&x.dq_empty[(j - 1) & 1], ((j - 1) >> 1) & 1);
+        empty_clk += unsigned(DqClock::now() - c1);
+      }
 #pragma unroll
       for (int i = 0; i < kDqChunk / 8; ++i) {
         *reinterpret_cast<float4*>(x.dq + dq_order((kDqChunk / 8) * c + i, t)) =
@@ -725,6 +743,11 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
     }
     fence_async_shared();
     mbar_arrive(&x.dq_full[j & 1]);
+  }
+  if (t == 0) {
+    DqClock::put(kPeerClk0, full_clk, 1);
+    DqClock::put(kEmptyClk0, empty_clk, 1);
+    DqClock::put(kLoopClk0, DqClock::now() - loop_start, 1);
   }
 }
 

@@ -9,10 +9,13 @@ the consumers' waits for the reducer (``dq_empty``) and for each other (``ds_ful
 the first poll; then the turn waits by key block (in eighths of the sequence) and by launch position (in tenths).
 Forms (``--forms``; all by default): any order, ordered with the launch order only (sync 3, the control), ordered
 (sync 0), its count alone (7), its wait's read alone (8), what ``cuda_lib`` dispatches (``dispatched``: ws3x,
-ordered, sync 11) and its persistent form (``persistent``: ws3xp, whose reducers' counters have a row per key block, in
-the order taken, instead of one per CTA: its consumers' counters are not kept). The counters cost a few
-instructions per tile (the reducer's registers are few), so the times are not the plain library's; the shares are what
-to read.
+ordered, sync 11), its persistent form (``persistent``: ws3xp, whose reducers' counters have a row per key block, in
+the order taken, instead of one per CTA: its consumers' counters are not kept) and the dQ warpgroup form
+(``dq_group``: ws3xfd, ordered, sync 11), where ``peer`` is the consumers' wait for the dQ warpgroup to release dŜ and
+``group_full``, ``group_empty`` and ``group_ms_sum`` are the dQ warpgroup's waits for both consumers' dŜ and for the
+reducers to read its product (shares of its time, as the consumers' are of theirs) and its loop's time. The counters
+cost a few instructions per tile (the reducer's registers are few), so the times are not the plain library's; the
+shares are what to read.
 
 Beside them, how full the GPU was over the launch (``occupancy``: CTAs resident over its span, the SMs' idle share and
 its part in the grid's tail). ``--occupancy FILE.npy ...`` prints that for saved counters, without a GPU.
@@ -44,7 +47,7 @@ REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk",
 
 FORMS = (("any", "ws3", False, 0), ("order_only", "ws3", True, 3), ("ordered", "ws3", True, 0),
          ("count_only", "ws3", True, 7), ("read_only", "ws3", True, 8), ("dispatched", "ws3x", True, 11),
-         ("persistent", "ws3xp", True, 11))
+         ("persistent", "ws3xp", True, 11), ("dq_group", "ws3xfd", True, 11))
 """(form, dK/dV variant, ordered, dq_sync) of each launch."""
 
 
@@ -91,6 +94,12 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
                stage=share("stage_clk0", "stage_clk1"),
                consumer_ms_sum=round(float((col["loop_clk0"] + col["loop_clk1"])[live].sum() / clk_per_ns / 2e6), 3),
                spun=int(col["spun"].sum()), turn_max_us=round(float(col["turn_max_clk"].max() / clk_per_ns / 1e3), 2))
+    # the dQ warpgroup's (ws3xfd): in reducer 1's consumer slots, one warpgroup a CTA (zero in the other forms)
+    group = {name: raw[:, n + SLOTS.index(name)].astype(np.float64)
+             for name in ("peer_clk0", "empty_clk0", "loop_clk0")}
+    out.update(group_full=round(float(2 * group["peer_clk0"][live].sum() / total_clk), 4),
+               group_empty=round(float(2 * group["empty_clk0"][live].sum() / total_clk), 4),
+               group_ms_sum=round(float(group["loop_clk0"][live].sum() / clk_per_ns / 1e6), 3))
     # turn waits by key block (eighths of the sequence) and by launch position (tenths), as µs per CTA
     eighth = np.minimum(block * 8 // max(blocks, 1), 7)
     out["turn_us_by_block_eighth"] = [round(float(col["turn_clk"][live & (eighth == e)].mean() / clk_per_ns / 1e3), 2)
