@@ -396,6 +396,37 @@ struct SameBlock {
   __device__ KvBlock operator()(int b, int h_kv, int start_n) const { return {b, h_kv, start_n}; }
 };
 
+// dQ's product of N channels (`kt`: their rows of K̂ᶜᵀ, 128 keys each) over dŜ tile `ds` [64 queries, 128 keys]:
+// keys 0-63 into qa and 64-127 into qb, each from zero (promoted at 64 keys), waited for.
+template <int N>
+__device__ __forceinline__ void dq_product(float (&qa)[N / 2], float (&qb)[N / 2], const uint8_t* ds,
+                                           const uint8_t* kt) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < QTile::kSteps; ++kk) {
+    if (kk < QTile::kSteps / 2) {
+      WgmmaE4M3<N>::ss(qa, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
+    } else {
+      WgmmaE4M3<N>::ss(qb, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > QTile::kSteps / 2);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(qa);
+  fence_operands(qb);
+}
+// Their FP32 sum into DqSmem::dq, four registers a float4, at dq_order(first + i, t) (t: the thread in its warpgroup).
+template <int N>
+__device__ __forceinline__ void store_dq_sum(float* dq, int first, int t, const float (&qa)[N / 2],
+                                             const float (&qb)[N / 2]) {
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i) {
+    *reinterpret_cast<float4*>(dq + dq_order(first + i, t)) =
+        make_float4(__fadd_rn(qa[4 * i], qb[4 * i]), __fadd_rn(qa[4 * i + 1], qb[4 * i + 1]),
+                    __fadd_rn(qa[4 * i + 2], qb[4 * i + 2]), __fadd_rn(qa[4 * i + 3], qb[4 * i + 3]));
+  }
+}
+
 // With DQ, `ring` and `j0` (the stages and tiles walked before this key block) go on across a persistent CTA's key
 // blocks: K̂ and V̂ are those of kv_full's phase `kv_phase`, where `kv_empty` is set each warp arrives on it once the
 // key block's last product has read them, and `where` gives the block again for the epilogue.
@@ -576,29 +607,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       mbar_wait(&x.ds_full[buf], turn);  // the other half's dŜ of tile j
       peer_clk += unsigned(DqClock::now() - c0);
       float qa[kBlockN / 2], qb[kBlockN / 2];  // channels 64h.. over keys 0-63 and 64-127
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < QTile::kSteps; ++kk) {
-        if (kk < QTile::kSteps / 2) {
-          WgmmaE4M3<kBlockN>::ss(qa, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
-        } else {
-          WgmmaE4M3<kBlockN>::ss(qb, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > QTile::kSteps / 2);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(qa);
-      fence_operands(qb);
+      dq_product<kBlockN>(qa, qb, ds, kt);
       mbar_arrive(&x.ds_empty[buf]);
       auto c1 = DqClock::now();
       if (j >= 1) mbar_wait(&x.dq_empty[(j - 1) & 1], ((j - 1) >> 1) & 1);  // tile j - 1's product was read
       empty_clk += unsigned(DqClock::now() - c1);
-#pragma unroll
-      for (int i = 0; i < kBlockN / 8; ++i) {
-        *reinterpret_cast<float4*>(x.dq + dq_order((kBlockN / 8) * half + i, t_in_group)) =
-            make_float4(__fadd_rn(qa[4 * i], qb[4 * i]), __fadd_rn(qa[4 * i + 1], qb[4 * i + 1]),
-                        __fadd_rn(qa[4 * i + 2], qb[4 * i + 2]), __fadd_rn(qa[4 * i + 3], qb[4 * i + 3]));
-      }
+      store_dq_sum<kBlockN>(x.dq, (kBlockN / 8) * half, t_in_group, qa, qb);
       fence_async_shared();
       mbar_arrive(&x.dq_full[j & 1]);
     }
@@ -715,31 +729,14 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
     for (int c = 0; c < kChunks; ++c) {
       const uint8_t* kt = x.kt + c * kDqChunk * kCtaRows;  // channels kDqChunk·c .. over the 128 keys
       float qa[kDqChunk / 2], qb[kDqChunk / 2];  // keys 0-63 and 64-127
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < QTile::kSteps; ++kk) {
-        if (kk < QTile::kSteps / 2) {
-          WgmmaE4M3<kDqChunk>::ss(qa, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > 0);
-        } else {
-          WgmmaE4M3<kDqChunk>::ss(qb, QTile::desc(ds, kk), QTile::desc(kt, kk), kk > QTile::kSteps / 2);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(qa);
-      fence_operands(qb);
+      dq_product<kDqChunk>(qa, qb, ds, kt);
       if (c == kChunks - 1) mbar_arrive(&x.ds_empty[buf]);  // every product of this tile has read its dŜ
       if (c == 0 && j >= 1) {  // tile j - 1's product was read
         const auto c1 = DqClock::now();
         mbar_wait(&x.dq_empty[(j - 1) & 1], ((j - 1) >> 1) & 1);
         empty_clk += unsigned(DqClock::now() - c1);
       }
-#pragma unroll
-      for (int i = 0; i < kDqChunk / 8; ++i) {
-        *reinterpret_cast<float4*>(x.dq + dq_order((kDqChunk / 8) * c + i, t)) =
-            make_float4(__fadd_rn(qa[4 * i], qb[4 * i]), __fadd_rn(qa[4 * i + 1], qb[4 * i + 1]),
-                        __fadd_rn(qa[4 * i + 2], qb[4 * i + 2]), __fadd_rn(qa[4 * i + 3], qb[4 * i + 3]));
-      }
+      store_dq_sum<kDqChunk>(x.dq, (kDqChunk / 8) * c, t, qa, qb);
     }
     fence_async_shared();
     mbar_arrive(&x.dq_full[j & 1]);
