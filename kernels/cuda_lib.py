@@ -815,6 +815,22 @@ def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor
     return x8, sx
 
 
+def _channel_buffers(x: torch.Tensor, shape: tuple[int, ...], stats_rows: int) -> tuple:
+    """What the statistics pass and a per-channel cast of ``x`` need beside it: ``(x8t, sxc, part, tickets,
+    n_blocks)``, the channel-major codes ``(B, H, D, N_pad)``, their scales ``(B, H, D)``, the pass's partials and its
+    tickets (zeroed), and its CTAs per (batch, head) at ``stats_rows`` rows each (a positive multiple of 128, else a
+    ValueError)."""
+    b, n, h, d, n_pad = shape
+    if stats_rows <= 0 or stats_rows % 128:
+        raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
+    n_blocks = -(-n // stats_rows)
+    x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=x.device)
+    sxc = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
+    part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=x.device)
+    tickets = torch.zeros(b * h, dtype=torch.int32, device=x.device)
+    return x8t, sxc, part, tickets, n_blocks
+
+
 def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool = False,
                                fragment_order: bool = False,
                                stats_rows: int | None = None) -> tuple[torch.Tensor, ...]:
@@ -829,17 +845,11 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
     64 (K, V) or 128 (dO)."""
     shape = b, n, h, d, n_pad = _quant_shape(x, block_rows, (64, 128), "expected 64 (K, V) or 128 (Q, dO)")
     stats_rows = QUANT_STATS_ROWS[bool(centre)] if stats_rows is None else stats_rows
-    if stats_rows <= 0 or stats_rows % 128:
-        raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
+    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows)
     device = x.device
-    n_blocks = -(-n // stats_rows)
     x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=device)
-    x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=device)
     sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=device)
-    sxc = torch.empty((b, h, d), dtype=torch.float32, device=device)
     mean = torch.empty((b, h, d), dtype=torch.float32, device=device) if centre else None
-    part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=device)
-    tickets = torch.zeros(b * h, dtype=torch.int32, device=device)
     params = _quant_params(x, shape, block_rows, n_blocks=n_blocks, centre=int(centre),
                            fragment_order=int(fragment_order), part=part.data_ptr(),
                            tickets=tickets.data_ptr(), mean=mean.data_ptr() if centre else None,
@@ -863,15 +873,8 @@ def quantize_channel_scaled(x: torch.Tensor, row_scales: torch.Tensor, *, fragme
                          f"{(b, h, n_pad)} (B, H, N_pad)")
     if row_scales.device != x.device:
         raise ValueError(f"row_scales on {row_scales.device}, x on {x.device}: expected one device")
-    if stats_rows <= 0 or stats_rows % 128:
-        raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
+    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows)
     row_scales = row_scales.contiguous()
-    device = x.device
-    n_blocks = -(-n // stats_rows)
-    x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=device)
-    sxc = torch.empty((b, h, d), dtype=torch.float32, device=device)
-    part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=device)
-    tickets = torch.zeros(b * h, dtype=torch.int32, device=device)
     params = _quant_params(x, shape, 128, n_blocks=n_blocks, centre=0, fragment_order=int(fragment_order),
                            part=part.data_ptr(), tickets=tickets.data_ptr(), mean=None, scale_c=sxc.data_ptr(),
                            x8=None, sx=None, x8t=x8t.data_ptr())

@@ -616,20 +616,30 @@ CUDA_QUANT_DEFAULT = True
 """Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset."""
 
 
-def cuda_quant_selected(x: torch.Tensor) -> bool:
-    """Whether ``matched_factored`` quantises ``x`` (Q, K, V or dO) by the CUDA passes (:data:`CUDA_QUANT_SWITCH`)."""
+def _cuda_quant_pass_selected(x: torch.Tensor, name: str, default, what: str) -> bool:
+    """Whether a CUDA quantisation pass takes ``x`` under the switch ``name``: ``1`` yes (a RuntimeError naming the
+    switch and the reason where it cannot run), ``0`` no, unset ``default()`` where the library loads and takes ``x``
+    (``cuda_lib.quant_reason``)."""
     from deltamatch.kernels import cuda_lib
-    from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
-    switch = env_switch(CUDA_QUANT_SWITCH)
-    if switch is False or (switch is None and (not CUDA_QUANT_DEFAULT or env_switch(CUDA_SWITCH) is not None
-                                               or env_switch(ONE_READ_SWITCH))):
+    switch = env_switch(name)
+    if switch is False or (switch is None and not default()):
         return False
     _, reason = cuda_lib.load()
     reason = reason or cuda_lib.quant_reason(x)
     if reason and switch:
-        raise RuntimeError(f"{CUDA_QUANT_SWITCH}=1 but the CUDA quantisation cannot run: {reason}")
+        raise RuntimeError(f"{name}=1 but {what} cannot run: {reason}")
     return not reason
+
+
+def cuda_quant_selected(x: torch.Tensor) -> bool:
+    """Whether ``matched_factored`` quantises ``x`` (Q, K, V or dO) by the CUDA passes (:data:`CUDA_QUANT_SWITCH`)."""
+    from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
+
+    def default():
+        return CUDA_QUANT_DEFAULT and env_switch(CUDA_SWITCH) is None and not env_switch(ONE_READ_SWITCH)
+
+    return _cuda_quant_pass_selected(x, CUDA_QUANT_SWITCH, default, "the CUDA quantisation")
 
 
 CUDA_QPRIME_SWITCH = "DELTAMATCH_KERNEL_CUDA_QPRIME"
@@ -646,16 +656,8 @@ CUDA_QPRIME_DEFAULT = False
 def cuda_qprime_selected(q: torch.Tensor) -> bool:
     """Whether ``matched_factored``'s backward quantises Q'ᶜ of ``q`` by the CUDA passes
     (:data:`CUDA_QPRIME_SWITCH`)."""
-    from deltamatch.kernels import cuda_lib
-
-    switch = env_switch(CUDA_QPRIME_SWITCH)
-    if switch is False or (switch is None and not CUDA_QPRIME_DEFAULT):
-        return False
-    _, reason = cuda_lib.load()
-    reason = reason or cuda_lib.quant_reason(q)
-    if reason and switch:
-        raise RuntimeError(f"{CUDA_QPRIME_SWITCH}=1 but the CUDA quantisation of Q'ᶜ cannot run: {reason}")
-    return not reason
+    return _cuda_quant_pass_selected(q, CUDA_QPRIME_SWITCH, lambda: CUDA_QPRIME_DEFAULT,
+                                     "the CUDA quantisation of Q'ᶜ")
 
 
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:

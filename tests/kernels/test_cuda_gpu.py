@@ -582,6 +582,14 @@ def test_the_folded_form_is_ws3x_to_rounding(dk_operands, n, causal, h, hk, orde
         assert_within_rounding(name, ours, theirs, 1e-3, rows=True)
 
 
+def _record_dkdv_forms(monkeypatch) -> list:
+    """The ``variant`` of every ``cuda_lib.dqdkdv_factored`` call from here on, in order (each call still runs)."""
+    calls = []
+    fused = cuda_lib.dqdkdv_factored
+    monkeypatch.setattr(cuda_lib, "dqdkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    return calls
+
+
 @pytest.mark.parametrize("variant", ["ws3xfs", "ws3xfd", "ws3xfdp"])
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (1000, True, 8, 2), (1024, False, 2, 2),
@@ -614,9 +622,7 @@ def test_the_dq_warpgroup_in_the_backward_gives_the_default_bits(monkeypatch):
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
     q, k, v, do = attention_inputs(2, 1000, 4, 2, seed=23)
-    calls = []
-    fused = cuda_lib.dqdkdv_factored
-    monkeypatch.setattr(cuda_lib, "dqdkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    calls = _record_dkdv_forms(monkeypatch)
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
     base = run()
@@ -636,9 +642,7 @@ def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch)
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
     q, k, v, do = attention_inputs(2, 1000, 4, 2, seed=19)
-    calls = []
-    fused = cuda_lib.dqdkdv_factored
-    monkeypatch.setattr(cuda_lib, "dqdkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    calls = _record_dkdv_forms(monkeypatch)
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")
     ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     assert calls == ["ws3xf"]
@@ -656,9 +660,7 @@ def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
     q, k, v, do = attention_inputs(1, 1000, 4, 2, seed=17)
-    calls = []
-    fused = cuda_lib.dqdkdv_factored
-    monkeypatch.setattr(cuda_lib, "dqdkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    calls = _record_dkdv_forms(monkeypatch)
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
     ours = run()
