@@ -65,10 +65,6 @@
 #include "tma.cuh"
 #include "wgmma.cuh"
 
-#ifndef DM_DQ_CHUNK
-#define DM_DQ_CHUNK 32
-#endif
-
 namespace dm {
 namespace dkdv {
 
@@ -704,13 +700,13 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
 
 // The dQ warpgroup (`ws3xfd`): dQ's product of every tile the CTA walks, in the consumers' stead. Per tile j: wait for
 // both consumers' dŜ (ds_full[j % 2]), then for each 32-channel chunk c the product over the 128 keys as two 64-key
-// halves from zero (SS m64n32k32 over K̂ᶜᵀ's rows 32c ..; DM_DQ_CHUNK 16: m64n16), added in FP32 — each element the sum
-// the consumers' m64n64 halves form — and stored where the consumers' values go (dq_order(4c + i, t): the same layout,
-// one float4 per four registers); dŜ is released (ds_empty, 128 arrivals) after the last chunk's products, dq_full
+// halves from zero (SS m64n32k32 over K̂ᶜᵀ's rows 32c ..), added in FP32 — each element the sum the consumers' m64n64
+// halves form — and stored where the consumers' values go (dq_order(4c + i, t): the same layout, one float4 per four
+// registers); dŜ is released (ds_empty, 128 arrivals) after the last chunk's products, dq_full
 // (128 arrivals) after the stores. The walk is the producer's (its tile count); K̂ᶜᵀ arrives with kv_full. Registers:
 // at 56 (consumers at 216) ptxas serialised every wgmma of the kernel (C7512), at 64 or more with the consumers at 208
 // it spills nothing.
-constexpr int kDqChunk = DM_DQ_CHUNK;  // channels a product of the dQ warpgroup
+constexpr int kDqChunk = 32;  // channels a product of the dQ warpgroup
 template <int STAGES, typename Sched>
 __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w) {
   DqSmem& x = dq_smem(s);

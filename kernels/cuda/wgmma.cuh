@@ -127,18 +127,6 @@ template <int N>
 struct WgmmaE4M3;
 
 template <>
-struct WgmmaE4M3<16> {
-  __device__ __forceinline__ static void ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-        : DM_ACC8(d, 0)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }
-};
-
-template <>
 struct WgmmaE4M3<32> {
   __device__ __forceinline__ static void ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
