@@ -521,12 +521,13 @@ def dq_ordered_requested() -> bool:
 
 CUDA_DKDV_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV"
 """The form of the CUDA dK/dV launch that also forms dQ (:data:`DQ_ORDERED_SWITCH`, :data:`DQ_ATOMIC_SWITCH`): one of
-``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3xf``: ``ws3x`` (dQ's dŜ tile by lane exchange:
-``ws3``'s bits in 61 instructions fewer a thread and tile, the kernel 4.78 → 4.52 ms at the reference shape, H200,
-session 23) with 448 folded into the row terms (``cuda_lib.DKDV_FOLDED``: one multiply an element fewer, ``ws3x``'s
-bits to a few ulps before the casts; 4.140 ms a step against 4.194, H200, session 30); ``ws3x`` and ``ws3`` (the byte
-stores) when asked."""
-CUDA_DKDV_DEFAULT = "ws3xf"
+``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3xfd``: ``ws3xf`` with dQ's product in a fourth
+warpgroup of its own, so the consumers' chain a tile ends with dK's product (``ws3xf``'s bits; dK/dV + dQ 4.204 →
+4.036 ms a step, H100, session 32). ``ws3xf`` is ``ws3x`` (dQ's dŜ tile by lane exchange: ``ws3``'s bits in 61
+instructions fewer a thread and tile, 4.78 → 4.52 ms, H200, session 23) with 448 folded into the row terms
+(``cuda_lib.DKDV_FOLDED``: one multiply an element fewer, ``ws3x``'s bits to a few ulps before the casts; 4.140 ms a
+step against 4.194, H200, session 30); ``ws3xf``, ``ws3x`` and ``ws3`` (the byte stores) when asked."""
+CUDA_DKDV_DEFAULT = "ws3xfd"
 
 
 def cuda_dkdv_variant(ordered: bool = True) -> str:
@@ -648,9 +649,9 @@ has written s) by the CUDA passes (``cuda_lib.quantize_channel_scaled``: the max
 alone) where Triton's ``quantize_per_channel`` takes two launches (0.037 + 0.077 ms on the H200 at the reference shape,
 session 30). The same bits. ``1`` (an error where they cannot run), ``0`` Triton's. Unset: :data:`CUDA_QPRIME_DEFAULT`
 where the library loads and takes Q (``cuda_lib.quant_reason``)."""
-CUDA_QPRIME_DEFAULT = False
-"""Whether Q'ᶜ is quantised by the CUDA passes where :data:`CUDA_QPRIME_SWITCH` is unset: not until timed on the H200
-(kernels/NOTES.md, Versions row "Q'ᶜ by the CUDA passes")."""
+CUDA_QPRIME_DEFAULT = True
+"""Whether Q'ᶜ is quantised by the CUDA passes where :data:`CUDA_QPRIME_SWITCH` is unset: yes (the same bits; the
+step's quantisation 0.664 → 0.656 ms, H100, session 32: kernels/NOTES.md, Versions row "Q'ᶜ by the CUDA passes")."""
 
 
 def cuda_qprime_selected(q: torch.Tensor) -> bool:

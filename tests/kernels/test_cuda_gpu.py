@@ -616,17 +616,17 @@ def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n
 
 
 def test_the_dq_warpgroup_in_the_backward_gives_the_default_bits(monkeypatch):
-    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (and ``ws3xfdp``, ``ws3xfs``): O, dQ, dK and dV
-    are the default form's (``ws3xf``, ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
+    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (the default), ``ws3xfdp`` and ``ws3xfs``: O, dQ,
+    dK and dV are ``ws3xf``'s (ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
     q, k, v, do = attention_inputs(2, 1000, 4, 2, seed=23)
     calls = _record_dkdv_forms(monkeypatch)
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
-    monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")
     base = run()
-    for variant in ("ws3xfd", "ws3xfdp", "ws3xfs"):
+    for variant in ("", "ws3xfdp", "ws3xfs"):
         monkeypatch.setenv(CUDA_DKDV_SWITCH, variant)
         ours = run()
         for name, a, b in zip(("o", "dq", "dk", "dv"), ours, base):
@@ -652,10 +652,10 @@ def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch)
 
 
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
-    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xf`` (dŜ's tile by lane exchange, 448 folded into
-    the row terms) unless ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for ``ws3x`` or ``ws3`` (the byte stores); those two give
-    the same gradients bit for bit (ordered adds), and the default gives them to rounding (as
-    ``test_the_folded_form_is_ws3x_to_rounding``)."""
+    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xfd`` (dŜ's tile by lane exchange, 448 folded
+    into the row terms, dQ's product in a warpgroup of its own) unless ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for
+    ``ws3x`` or ``ws3`` (the byte stores); those two give the same gradients bit for bit (ordered adds), and the
+    default gives them to rounding (as ``test_the_folded_form_is_ws3x_to_rounding``)."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
@@ -668,7 +668,7 @@ def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     exchanged = run()
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
     base = run()
-    assert calls == ["ws3xf", "ws3x", "ws3"]
+    assert calls == ["ws3xfd", "ws3x", "ws3"]
     assert all(torch.equal(a, b) for a, b in zip(exchanged, base))
     assert torch.equal(ours[0], exchanged[0])  # O: the forward is the same
     for name, a, b in zip(("dq", "dk", "dv"), ours[1:], exchanged[1:]):

@@ -449,15 +449,16 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
         cuda_delta_variant(128)
 
 
-def test_the_cuda_dkdv_form_with_dq_is_ws3xf_unless_asked(monkeypatch):
-    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xf`` (dŜ's
-    tile by lane exchange, 448 folded); ``ws3`` (byte stores), ``ws3x`` or ``ws3xp`` (persistent) when asked; a form
+def test_the_cuda_dkdv_form_with_dq_is_ws3xfd_unless_asked(monkeypatch):
+    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfd``
+    (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own); ``ws3`` (byte stores), ``ws3x``,
+    ``ws3xf`` or ``ws3xp`` (persistent) when asked; a form
     not built with dQ, a bad value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
-    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3xf" in cuda_lib.DKDV_FOLDED
+    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3xfd" in cuda_lib.DKDV_FOLDED
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
     assert cuda_dkdv_variant() == "ws3" in cuda_lib.DKDV_WITH_DQ
     for bad in ("ws4", "fast"):
@@ -571,9 +572,9 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
         cuda_lib.quantize_block(packed[0])
 
 
-def test_the_cuda_quantisation_of_q_prime_is_opt_in_and_says_why_not(monkeypatch, tmp_path):
-    """``DELTAMATCH_KERNEL_CUDA_QPRIME`` unset: Q'ᶜ by Triton's passes (``CUDA_QPRIME_DEFAULT``, off until timed) even
-    where the library loads; ``1`` selects the CUDA passes where they can run and is an error naming the switch and
+def test_the_cuda_quantisation_of_q_prime_says_why_not(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_QPRIME`` unset: Q'ᶜ by the CUDA passes (``CUDA_QPRIME_DEFAULT``) where they can run,
+    Triton's where the library does not load; ``1`` selects the CUDA passes where they can run and is an error naming the switch and
     the reason where they cannot; ``cuda_lib.quantize_channel_scaled`` refuses row scales of the wrong dtype, shape or
     device, and statistics blocks that are no multiple of 128 rows, before it needs a GPU."""
     from deltamatch.kernels import cuda_lib
@@ -593,7 +594,7 @@ def test_the_cuda_quantisation_of_q_prime_is_opt_in_and_says_why_not(monkeypatch
     monkeypatch.setattr(cuda_lib, "quant_reason", lambda x: "")  # as if q were a CUDA tensor
     assert cuda_qprime_selected(q)
     monkeypatch.delenv(CUDA_QPRIME_SWITCH)
-    assert cuda_qprime_selected(q) is CUDA_QPRIME_DEFAULT is False
+    assert cuda_qprime_selected(q) is CUDA_QPRIME_DEFAULT is True
     monkeypatch.setenv(CUDA_QPRIME_SWITCH, "0")
     assert not cuda_qprime_selected(q)
     monkeypatch.setenv(CUDA_QPRIME_SWITCH, "yes")
