@@ -615,7 +615,7 @@ def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n
                 assert_within_rounding(name, a, b, 1e-3, rows=True)
 
 
-def test_the_dq_warpgroup_in_the_backward_gives_the_default_bits(monkeypatch):
+def test_the_dq_warpgroup_in_the_backward_gives_ws3xf_bits(monkeypatch):
     """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (the default), ``ws3xfdp`` and ``ws3xfs``: O, dQ,
     dK and dV are ``ws3xf``'s (ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
     from deltamatch.kernels.triton_attention import triton_attention
@@ -626,7 +626,7 @@ def test_the_dq_warpgroup_in_the_backward_gives_the_default_bits(monkeypatch):
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")
     base = run()
-    for variant in ("", "ws3xfdp", "ws3xfs"):
+    for variant in ("", "ws3xfdp", "ws3xfs"):  # "": unset, the default (ws3xfd)
         monkeypatch.setenv(CUDA_DKDV_SWITCH, variant)
         ours = run()
         for name, a, b in zip(("o", "dq", "dk", "dv"), ours, base):

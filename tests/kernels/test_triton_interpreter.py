@@ -452,8 +452,8 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
 def test_the_cuda_dkdv_form_with_dq_is_ws3xfd_unless_asked(monkeypatch):
     """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfd``
     (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own); ``ws3`` (byte stores), ``ws3x``,
-    ``ws3xf`` or ``ws3xp`` (persistent) when asked; a form
-    not built with dQ, a bad value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
+    ``ws3xf`` or ``ws3xp`` (persistent) when asked; a form not built with dQ, a bad value, or ``ws3xp`` with the adds
+    asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
@@ -574,9 +574,9 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
 
 def test_the_cuda_quantisation_of_q_prime_says_why_not(monkeypatch, tmp_path):
     """``DELTAMATCH_KERNEL_CUDA_QPRIME`` unset: Q'ᶜ by the CUDA passes (``CUDA_QPRIME_DEFAULT``) where they can run,
-    Triton's where the library does not load; ``1`` selects the CUDA passes where they can run and is an error naming the switch and
-    the reason where they cannot; ``cuda_lib.quantize_channel_scaled`` refuses row scales of the wrong dtype, shape or
-    device, and statistics blocks that are no multiple of 128 rows, before it needs a GPU."""
+    Triton's where the library does not load; ``1`` selects the CUDA passes where they can run and is an error naming
+    the switch and the reason where they cannot; ``cuda_lib.quantize_channel_scaled`` refuses row scales of the wrong
+    dtype, shape or device, and statistics blocks that are no multiple of 128 rows, before it needs a GPU."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_QPRIME_DEFAULT, CUDA_QPRIME_SWITCH, cuda_qprime_selected
 
