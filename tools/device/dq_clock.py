@@ -8,7 +8,7 @@ buffer and for its last add's writes;
 the consumers' waits for the reducer (``dq_empty``) and for each other (``ds_full``); how many turns were not reached at
 the first poll; then the turn waits by key block (in eighths of the sequence) and by launch position (in tenths).
 Forms (``--forms``; all by default): any order, ordered with the launch order only (sync 3, the control), ordered
-(sync 0), its count alone (7), its wait's read alone (8), what ``cuda_lib`` dispatches (``dispatched``: ws3x,
+(sync 0), its count alone (7), its wait's read alone (8), the dispatch before session 30's ``ws3xf`` (``ws3x``:
 ordered, sync 11), its persistent form (``persistent``: ws3xp, whose reducers' counters have a row per key block, in
 the order taken, instead of one per CTA: its consumers' counters are not kept) and the dQ warpgroup form
 (``dq_group``: ws3xfd, ordered, sync 11), where ``peer`` is the consumers' wait for the dQ warpgroup to release dŜ and
@@ -46,7 +46,7 @@ REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk",
 
 
 FORMS = (("any", "ws3", False, 0), ("order_only", "ws3", True, 3), ("ordered", "ws3", True, 0),
-         ("count_only", "ws3", True, 7), ("read_only", "ws3", True, 8), ("dispatched", "ws3x", True, 11),
+         ("count_only", "ws3", True, 7), ("read_only", "ws3", True, 8), ("ws3x", "ws3x", True, 11),
          ("persistent", "ws3xp", True, 11), ("dq_group", "ws3xfd", True, 11))
 """(form, dK/dV variant, ordered, dq_sync) of each launch."""
 
