@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     parser.add_argument("--bh", type=int, default=64)
     parser.add_argument("--forms", nargs="+", choices=[f[0] for f in FORMS], help="forms to launch (default: all)")
     parser.add_argument("--repeats", type=int, default=2, help="launches read per form (each after a warm-up)")
+    parser.add_argument("--diag", nargs="+", type=int, default=[0], metavar="BITS",
+                        help="dm_dq_diag settings to launch each form under (timing only, the results wrong): bit 1 "
+                             "skips the split-promotion consumers' dV product (ws3xfd, ws3xfs), bit 2 their dK product")
     args = parser.parse_args(argv)
     if args.occupancy:
         for path in args.occupancy:
@@ -164,25 +167,33 @@ def main(argv=None) -> int:
     blocks = padded_len(args.n) // 128
     ctas = blocks * args.bh
 
+    if args.diag != [0] and not hasattr(lib, "dm_dq_diag_set"):
+        sys.exit(f"{cuda_lib.library_path()} has no dm_dq_diag_set: rebuild the diagnostic library")
     rows = []
     for form, variant, ordered, sync in FORMS:
         if args.forms and form not in args.forms:
             continue
         launch = fused(variant, ordered, 0, sync)
         for rep in range(args.repeats):
-            for _ in range(3):
+            for diag in args.diag:  # the settings interleaved, so a drift in the clocks meets each alike
+                if hasattr(lib, "dm_dq_diag_set") and lib.dm_dq_diag_set(ctypes.c_int(diag)):
+                    raise RuntimeError("dm_dq_diag_set failed")
+                for _ in range(3):
+                    launch()
+                torch.cuda.synchronize()
+                if lib.dm_dq_clock_clear():
+                    raise RuntimeError("dm_dq_clock_clear failed")
                 launch()
-            torch.cuda.synchronize()
-            if lib.dm_dq_clock_clear():
-                raise RuntimeError("dm_dq_clock_clear failed")
-            launch()
-            torch.cuda.synchronize()
-            raw = read(lib, ctas, slots)
-            np.save(os.path.join(args.out, f"clock_{form}_{rep}.npy"), raw)
-            row = dict(form=form, rep=rep, **summary(raw, blocks),
-                       **occupancy(raw, torch.cuda.get_device_properties(0).multi_processor_count))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+                torch.cuda.synchronize()
+                raw = read(lib, ctas, slots)
+                name = form if diag == 0 else f"{form}_diag{diag}"
+                np.save(os.path.join(args.out, f"clock_{name}_{rep}.npy"), raw)
+                row = dict(form=name, rep=rep, diag=diag, **summary(raw, blocks),
+                           **occupancy(raw, torch.cuda.get_device_properties(0).multi_processor_count))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if hasattr(lib, "dm_dq_diag_set"):
+        lib.dm_dq_diag_set(ctypes.c_int(0))
     with open(os.path.join(args.out, "clock.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return 0
