@@ -247,11 +247,12 @@ struct DqClock {
   }
 };
 // What the consumers' chain would cost without a product (timing only, the results wrong): dm_dq_diag's bit 1
-// skips the consumers' dV product, bit 2 their dK product (the stage still released), set by dm_dq_diag_set.
+// skips the consumers' dV product, bit 2 their dK product (the stage still released), set by dm_dq_diag_set; read
+// once before the tile loop (a global load a tile would lengthen the very chain it prices: 4.00 → 4.76 ms).
 __device__ int dm_dq_diag;
-__device__ __forceinline__ bool diag_skips(int bit) { return (*(volatile int*)&dm_dq_diag & bit) != 0; }
+__device__ __forceinline__ int diag_bits() { return *(volatile int*)&dm_dq_diag; }
 #else
-__device__ __forceinline__ constexpr bool diag_skips(int) { return false; }
+__device__ __forceinline__ constexpr int diag_bits() { return 0; }
 struct DqClock {
   static __device__ __forceinline__ unsigned long long now() { return 0; }
   static __device__ __forceinline__ unsigned long long ns() { return 0; }
@@ -443,6 +444,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   static_assert(SPLIT == 0 || SPLIT == 2 || SPLIT == 4, "the promotion whole, in halves or in quarters");
   static_assert(!DQ_GROUP || (DQ && SPLIT), "the dQ warpgroup's registers come from the split promotion");
   const bool releaser = threadIdx.x % 32 == 0;
+  const int diag = diag_bits();  // 0 but in the DM_DQ_CLOCK build
+  auto diag_skips = [&](int bit) { return (diag & bit) != 0; };
   auto take = [&](Tile& t) { return ring.take(s.info, s.full, s.empty, half, releaser, t); };
   const uint8_t* k = s.k[half];
   const uint8_t* v = s.v[half];
