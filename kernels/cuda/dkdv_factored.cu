@@ -247,7 +247,8 @@ struct DqClock {
   }
 };
 // What the consumers' chain would cost without a product (timing only, the results wrong): dm_dq_diag's bit 1
-// skips the consumers' dV product, bit 2 their dK product (the stage still released), set by dm_dq_diag_set; read
+// skips the consumers' dV product, bit 2 their dK product (the stage still released), bit 4 the reducers' adds into
+// dq_acc (the kernel without its dQ traffic into L2), set by dm_dq_diag_set; read
 // once before the tile loop (a global load a tile would lengthen the very chain it prices: 4.00 → 4.76 ms).
 __device__ int dm_dq_diag;
 __device__ __forceinline__ int diag_bits() { return *(volatile int*)&dm_dq_diag; }
@@ -326,6 +327,7 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
   DqClock::put(kStartNs, DqClock::ns(), r, clock_row);
   DqClock::put(kStartClk, DqClock::now(), r, clock_row);
   unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
+  const bool skip_add = (diag_bits() & 4) != 0;
   uint32_t j = j0;
   for (; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
@@ -343,7 +345,8 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
     const auto t1 = DqClock::now();
     mbar_wait(&x.dq_full[r], (j >> 1) & 1);
     const auto t2 = DqClock::now();
-    if (store) {
+    if (skip_add) {  // DM_DQ_CLOCK's dm_dq_diag bit 4: no dQ traffic into L2 (timing only)
+    } else if (store) {
       bulk_store_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
     } else {
       bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));

@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="launches read per form (each after a warm-up)")
     parser.add_argument("--diag", nargs="+", type=int, default=[0], metavar="BITS",
                         help="dm_dq_diag settings to launch each form under (timing only, the results wrong): bit 1 "
-                             "skips the split-promotion consumers' dV product (ws3xfd, ws3xfs), bit 2 their dK product")
+                             "skips the split-promotion consumers' dV product (ws3xfd, ws3xfs), bit 2 their dK product, "
+                             "bit 4 the reducers' adds into dq_acc")
     args = parser.parse_args(argv)
     if args.occupancy:
         for path in args.occupancy:
