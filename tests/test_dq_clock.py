@@ -32,7 +32,8 @@ def test_summary_shares_and_distributions():
     """Two CTAs of 1 ms each at 2 cycles per ns, their two reducers alike: the reducers' shares are their counters over
     2 x 4e6 cycles, the consumers' theirs over as much (two consumers), by hand."""
     dq_clock = _module()
-    raw = np.zeros((3, 40), dtype=np.uint64)  # the third CTA ran no tile (a padded grid): left out
+    n = len(dq_clock.SLOTS)
+    raw = np.zeros((3, 2 * n), dtype=np.uint64)  # the third CTA ran no tile (a padded grid): left out
     for i, (block, turn, full, spun) in enumerate(((3, 400_000, 200_000, 5), (0, 1_200_000, 0, 7))):
         raw[i, 0] = block | (i << 16) | (7 << 32)
         raw[i, 1], raw[i, 2] = 10_000_000, 11_000_000  # ns
@@ -41,7 +42,7 @@ def test_summary_shares_and_distributions():
         raw[i, 9], raw[i, 10], raw[i, 11] = 10, spun, turn // 2
         raw[i, 12], raw[i, 13], raw[i, 14], raw[i, 15] = 300_000, 100_000, 40_000, 0
         raw[i, 16], raw[i, 17], raw[i, 18], raw[i, 19] = 80_000, 120_000, 1_800_000, 1_800_000
-        raw[i, 21:32] = raw[i, 1:12]  # reducer 1: the same times and counts
+        raw[i, n + 1:n + 12] = raw[i, 1:12]  # reducer 1: the same times and counts
     got = dq_clock.summary(raw, blocks=4)
     assert got["ctas"] == 2 and got["tiles"] == 40 and got["ghz"] == 2.0
     assert got["span_ms"] == 1.0 and got["cta_ms_sum"] == 2.0
@@ -73,6 +74,32 @@ def test_the_dq_warpgroups_counters_are_read_from_reducer_1s_consumer_slots():
     got = dq_clock.summary(raw, blocks=1)
     assert got["group_full"] == pytest.approx(0.25) and got["group_empty"] == pytest.approx(0.1)
     assert got["group_ms_sum"] == pytest.approx(0.9) and got["peer"] == 0.0
+
+
+def test_transitions_between_ctas_on_an_sm():
+    """Two CTAs on SM 5, one on SM 6 (ns): CTA 0 starts at 0, its reducers run 1,000-9,000, its consumers' epilogues
+    8,800-9,500 and 8,900-9,300; CTA 1 (SM 5) starts at 12,500 (3,000 after CTA 0's last epilogue), reducers
+    13,500-20,000, epilogues 19,000-19,600 (one consumer: its other half has no key); CTA 2 (SM 6) starts at 0,
+    reducers 2,000-7,000, epilogues 7,000-7,500 and 7,000-7,700. Medians: prologue 1,000, after the reducers 500,
+    epilogue 600 (of 700, 400, 600, 500, 700), launch gap 3,000; a build without the counters gives nothing."""
+    dq_clock = _module()
+    n = len(dq_clock.SLOTS)
+    col = {name: i for i, name in enumerate(dq_clock.SLOTS)}
+    raw = np.zeros((3, 2 * n), dtype=np.uint64)
+    assert dq_clock.transitions(raw) == {}
+    ctas = ((5, 0, (1_000, 9_000), ((8_800, 9_500), (8_900, 9_300))),
+            (5, 12_500, (13_500, 20_000), ((19_000, 19_600), (0, 0))),
+            (6, 0, (2_000, 7_000), ((7_000, 7_500), (7_000, 7_700))))
+    for i, (sm, start, (r0, r1), epilogues) in enumerate(ctas):
+        raw[i, 0] = np.uint64(i) | np.uint64(sm) << np.uint64(32)
+        raw[i, col["cta_ns"]] = start
+        raw[i, col["start_ns"]], raw[i, col["end_ns"]] = r0, r1
+        raw[i, n + col["start_ns"]], raw[i, n + col["end_ns"]] = r0, r1
+        for r, (b, e) in enumerate(epilogues):
+            raw[i, r * n + col["epilogue_ns"]], raw[i, r * n + col["exit_ns"]] = b, e
+    raw[:, col["cta_ns"]] += 1  # 0 reads as "no counter": a real globaltimer is never 0
+    got = dq_clock.transitions(raw)
+    assert got == dict(prologue_us=1.0, after_reducers_us=0.5, epilogue_us=0.6, launch_gap_us=3.0)
 
 
 def test_occupancy_of_a_launch_with_a_tail():

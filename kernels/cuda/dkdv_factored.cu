@@ -219,6 +219,8 @@ enum ClockSlot : int {  // reducer 1's from kReducerSlots on, the same way; the 
   kPeerClk0, kPeerClk1,    // each consumer's cycles waiting for the other's dŜ (ds_full)
   kStageClk0, kStageClk1,  // each consumer's cycles waiting for its stages' loads (full)
   kLoopClk0, kLoopClk1,    // each consumer's cycles in its tile loop
+  kCtaNs,                  // reducer 0's: thread 0's first moment (globaltimer; the CTA's start)
+  kEpilogueNs, kExitNs,    // reducer r's: consumer r's epilogue start and end (its thread 0; globaltimer)
   kReducerSlots,
 };
 // The dQ warpgroup form (ws3xfd): each consumer's kPeerClk is its wait for the dQ warpgroup to release dŜ (ds_empty),
@@ -637,7 +639,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       DqClock::put(kStageClk0 + half, stage_clk);
       DqClock::put(kLoopClk0 + half, DqClock::now() - loop_start);
     }
+    if (t_in_group == 0) DqClock::put(kEpilogueNs, DqClock::ns(), half);
     if (head >= 0) epilogue(dv, dk, head, where(b, h_kv, start_n));  // else no key of this half below N
+    if (t_in_group == 0) DqClock::put(kExitNs, DqClock::ns(), half);
     return;
   }
 
@@ -772,6 +776,7 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
   auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
   if (threadIdx.x == 0) {
+    DqClock::put(kCtaNs, DqClock::ns());
     const CtaCoords cta = coords();
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
     const int row = int(int64_t(cta.bh_kv) * p.n_pad + cta.block * kCtaRows);

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SLOTS = ("where", "start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
          "spun", "turn_max_clk", "empty_clk0", "empty_clk1", "peer_clk0", "peer_clk1", "stage_clk0", "stage_clk1",
-         "loop_clk0", "loop_clk1")
+         "loop_clk0", "loop_clk1", "cta_ns", "epilogue_ns", "exit_ns")
 """The counters of a CTA as ``ClockSlot`` lays them out: reducer 0's (with ``where`` and the consumers'), then reducer
 1's the same way (``where`` and the consumers' slots unused there)."""
 REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk", "count_clk", "read_clk", "tiles",
@@ -109,6 +109,35 @@ def summary(raw: np.ndarray, blocks: int) -> dict:
                                       if (live & (pos == t)).any() else None for t in range(10)]
     out["spun_by_launch_tenth"] = [int(col["spun"][live & (pos == t)].sum()) for t in range(10)]
     return out
+
+
+def transitions(raw: np.ndarray) -> dict:
+    """Where a CTA's time outside its reducers' window goes (medians over CTAs, µs; builds with ``cta_ns``): from its
+    first moment to the reducers' start (``prologue_us``), from the reducers' end to its consumers' last epilogue end
+    (``after_reducers_us``), the consumers' epilogues themselves (``epilogue_us``), and on each SM from one CTA's end
+    (its last reducer or epilogue) to the next CTA's first moment (``launch_gap_us``: the block scheduler's)."""
+    n = len(SLOTS)
+    at = {name: (raw[:, SLOTS.index(name)].astype(np.int64), raw[:, n + SLOTS.index(name)].astype(np.int64))
+          for name in ("cta_ns", "epilogue_ns", "exit_ns", "start_ns", "end_ns")}
+    cta = at["cta_ns"][0]
+    if not (cta > 0).any():
+        return {}
+    first, last = (x.astype(np.int64) for x in spans(raw))
+    exits = np.maximum(at["exit_ns"][0], at["exit_ns"][1])
+    end = np.maximum(last, exits)
+    epi = [e - b for b, e in zip(at["epilogue_ns"], at["exit_ns"])]
+    epi = np.concatenate([d[(b > 0)] for d, b in zip(epi, at["epilogue_ns"])])
+    sm = (raw[:, 0] >> np.uint64(32)).astype(np.int64)
+    gaps = []
+    for one in np.unique(sm):
+        idx = np.where((sm == one) & (cta > 0))[0]
+        order = idx[np.argsort(cta[idx])]
+        gaps.append(cta[order[1:]] - end[order[:-1]])
+    gaps = np.concatenate(gaps) if gaps else np.zeros(1)
+    med = lambda x: round(float(np.median(x)) / 1e3, 2)  # noqa: E731
+    live = cta > 0
+    return dict(prologue_us=med((first - cta)[live]), after_reducers_us=med((end - last)[live]), epilogue_us=med(epi),
+                launch_gap_us=med(gaps))
 
 
 def occupancy(raw: np.ndarray, sms: int, parts: int = 20, samples: int = 2000) -> dict:
@@ -189,7 +218,7 @@ def main(argv=None) -> int:
                 raw = read(lib, ctas, slots)
                 name = form if diag == 0 else f"{form}_diag{diag}"
                 np.save(os.path.join(args.out, f"clock_{name}_{rep}.npy"), raw)
-                row = dict(form=name, rep=rep, diag=diag, **summary(raw, blocks),
+                row = dict(form=name, rep=rep, diag=diag, **summary(raw, blocks), **transitions(raw),
                            **occupancy(raw, torch.cuda.get_device_properties(0).multi_processor_count))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
