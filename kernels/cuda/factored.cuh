@@ -398,12 +398,24 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
 
 // The epilogue of a [64 rows, D] accumulator (keys of dK/dV, queries of dQ): finish(value, half, channel) of each
 // element (half: this thread's row g, or g + 8) into `out` (B, N, heads, D) at head `head`, bf16 or fp16, rows
-// start_n.. below n; element strides, D contiguous.
+// start_n.. below n; element strides, D contiguous. Every value is finished before the first store: finish reads
+// per-channel scales from global memory, and a store the compiler cannot prove apart from them would order each
+// load after the store before it — one load's latency per element pair, 12 µs of a dK/dV CTA's epilogue on the H100
+// (kernels/NOTES.md, session 33), where finishing first lets the loads overlap.
 template <typename Finish>
 __device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
                                            int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int head,
                                            int start_n, int n) {
   const auto [warp, g, q] = lane();
+  float y[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      y[4 * i + 2 * half] = finish(acc[4 * i + 2 * half], half, 8 * i + 2 * q);
+      y[4 * i + 2 * half + 1] = finish(acc[4 * i + 2 * half + 1], half, 8 * i + 2 * q + 1);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kHeadDim / 8; ++i) {
     const int col = 8 * i + 2 * q;
@@ -411,8 +423,8 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Fin
     for (int half = 0; half < 2; ++half) {
       const int key = start_n + 16 * warp + g + 8 * half;
       if (key >= n) continue;
-      const float x0 = finish(acc[4 * i + 2 * half], half, col);
-      const float x1 = finish(acc[4 * i + 2 * half + 1], half, col + 1);
+      const float x0 = y[4 * i + 2 * half];
+      const float x1 = y[4 * i + 2 * half + 1];
       const int64_t at = int64_t(b) * stride_b + int64_t(key) * stride_n + int64_t(head) * stride_h + col;
       if (fp16) {
         *reinterpret_cast<__half2*>(static_cast<__half*>(out) + at) = __floats2half2_rn(x0, x1);
