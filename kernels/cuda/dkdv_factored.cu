@@ -560,10 +560,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     const float* sdoc = p.sdoc + bh * kHeadDim;
     const float* sqc = p.sqc + bh * kHeadDim;
     const float scale = p.softmax_scale;
-    store_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, p.dv,
-               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
-    store_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, p.dk,
-               p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
+    // both finished before either is stored: the loads of both tensors' channel scales overlap (store_rows)
+    float yv[kHeadDim / 2], yk[kHeadDim / 2];
+    finish_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, yv);
+    finish_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, yk);
+    store_finished_rows(yv, p.dv, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
+    store_finished_rows(yk, p.dk, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
   };
 
   if constexpr (DQ) {

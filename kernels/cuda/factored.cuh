@@ -396,18 +396,17 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
   }
 }
 
-// The epilogue of a [64 rows, D] accumulator (keys of dK/dV, queries of dQ): finish(value, half, channel) of each
-// element (half: this thread's row g, or g + 8) into `out` (B, N, heads, D) at head `head`, bf16 or fp16, rows
-// start_n.. below n; element strides, D contiguous. Every value is finished before the first store: finish reads
-// per-channel scales from global memory, and a store the compiler cannot prove apart from them would order each
-// load after the store before it — one load's latency per element pair, 12 µs of a dK/dV CTA's epilogue on the H100
-// (kernels/NOTES.md, session 33), where finishing first lets the loads overlap.
+// The epilogue of a [64 rows, D] accumulator (keys of dK/dV, queries of dQ), in two steps: finish_rows applies
+// finish(value, half, channel) to each element (half: this thread's row g, or g + 8), store_finished_rows writes the
+// results into `out` (B, N, heads, D) at head `head`, bf16 or fp16, rows start_n.. below n; element strides, D
+// contiguous. Every value is finished before the first store: finish reads per-channel scales from global memory, and
+// a store the compiler cannot prove apart from them would order each load after the store before it — one load's
+// latency per element pair, 12 µs of a dK/dV CTA's epilogue on the H100 (kernels/NOTES.md, session 33), where
+// finishing first lets the loads overlap. store_rows does both for one accumulator.
 template <typename Finish>
-__device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
-                                           int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int head,
-                                           int start_n, int n) {
-  const auto [warp, g, q] = lane();
-  float y[kHeadDim / 2];
+__device__ __forceinline__ void finish_rows(const float (&acc)[kHeadDim / 2], Finish finish,
+                                            float (&y)[kHeadDim / 2]) {
+  const int q = threadIdx.x % 4;
 #pragma unroll
   for (int i = 0; i < kHeadDim / 8; ++i) {
 #pragma unroll
@@ -416,6 +415,12 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Fin
       y[4 * i + 2 * half + 1] = finish(acc[4 * i + 2 * half + 1], half, 8 * i + 2 * q + 1);
     }
   }
+}
+
+__device__ __forceinline__ void store_finished_rows(const float (&y)[kHeadDim / 2], void* out, bool fp16,
+                                                    int64_t stride_b, int64_t stride_n, int64_t stride_h, int b,
+                                                    int head, int start_n, int n) {
+  const auto [warp, g, q] = lane();
 #pragma unroll
   for (int i = 0; i < kHeadDim / 8; ++i) {
     const int col = 8 * i + 2 * q;
@@ -433,6 +438,15 @@ __device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Fin
       }
     }
   }
+}
+
+template <typename Finish>
+__device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
+                                           int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int head,
+                                           int start_n, int n) {
+  float y[kHeadDim / 2];
+  finish_rows(acc, finish, y);
+  store_finished_rows(y, out, fp16, stride_b, stride_n, stride_h, b, head, start_n, n);
 }
 
 // Tile j of a CTA's sequence (every query head of its GQA group, each head's tiles in Schedule order) without
