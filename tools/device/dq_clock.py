@@ -117,27 +117,29 @@ def transitions(raw: np.ndarray) -> dict:
     (``after_reducers_us``), the consumers' epilogues themselves (``epilogue_us``), and on each SM from one CTA's end
     (its last reducer or epilogue) to the next CTA's first moment (``launch_gap_us``: the block scheduler's)."""
     n = len(SLOTS)
-    at = {name: (raw[:, SLOTS.index(name)].astype(np.int64), raw[:, n + SLOTS.index(name)].astype(np.int64))
-          for name in ("cta_ns", "epilogue_ns", "exit_ns", "start_ns", "end_ns")}
-    cta = at["cta_ns"][0]
-    if not (cta > 0).any():
+
+    def both(name):  # reducer 0's and reducer 1's slot (the consumers' epilogue times: consumer 0's, consumer 1's)
+        return raw[:, SLOTS.index(name)].astype(np.int64), raw[:, n + SLOTS.index(name)].astype(np.int64)
+
+    def median_us(x):
+        return round(float(np.median(x)) / 1e3, 2)
+
+    cta = both("cta_ns")[0]
+    live = cta > 0
+    if not live.any():
         return {}
     first, last = (x.astype(np.int64) for x in spans(raw))
-    exits = np.maximum(at["exit_ns"][0], at["exit_ns"][1])
-    end = np.maximum(last, exits)
-    epi = [e - b for b, e in zip(at["epilogue_ns"], at["exit_ns"])]
-    epi = np.concatenate([d[(b > 0)] for d, b in zip(epi, at["epilogue_ns"])])
+    epilogue, exit_ = both("epilogue_ns"), both("exit_ns")
+    end = np.maximum(last, np.maximum(*exit_))
+    took = np.concatenate([(e - b)[b > 0] for b, e in zip(epilogue, exit_)])
     sm = (raw[:, 0] >> np.uint64(32)).astype(np.int64)
     gaps = []
-    for one in np.unique(sm):
-        idx = np.where((sm == one) & (cta > 0))[0]
+    for one in np.unique(sm[live]):
+        idx = np.where((sm == one) & live)[0]
         order = idx[np.argsort(cta[idx])]
         gaps.append(cta[order[1:]] - end[order[:-1]])
-    gaps = np.concatenate(gaps) if gaps else np.zeros(1)
-    med = lambda x: round(float(np.median(x)) / 1e3, 2)  # noqa: E731
-    live = cta > 0
-    return dict(prologue_us=med((first - cta)[live]), after_reducers_us=med((end - last)[live]), epilogue_us=med(epi),
-                launch_gap_us=med(gaps))
+    return dict(prologue_us=median_us((first - cta)[live]), after_reducers_us=median_us((end - last)[live]),
+                epilogue_us=median_us(took), launch_gap_us=median_us(np.concatenate(gaps)))
 
 
 def occupancy(raw: np.ndarray, sms: int, parts: int = 20, samples: int = 2000) -> dict:
