@@ -406,7 +406,7 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
 template <typename Finish>
 __device__ __forceinline__ void finish_rows(const float (&acc)[kHeadDim / 2], Finish finish,
                                             float (&y)[kHeadDim / 2]) {
-  const int q = threadIdx.x % 4;
+  const int q = lane().q;
 #pragma unroll
   for (int i = 0; i < kHeadDim / 8; ++i) {
 #pragma unroll
