@@ -50,6 +50,10 @@ def test_gaps_split_device_idle_from_host_lateness():
     assert df["gap_us"].tolist() == pytest.approx([392.5, 40, 5])
     assert df["host_late_us"].tolist() == pytest.approx([388.5, 30, 0])
     assert "aten::empty" in df.loc[1, "host_ops"]
+    # by step: in step 1 b's launch is 30 µs late; in step 2 a's is 777 (after step 1's c) and b's 30 again
+    assert [s["host_late_us"] for s in df.attrs["by_step"]] == pytest.approx([30, 777 + 30])
+    assert [s["gap_us"] for s in df.attrs["by_step"]] == pytest.approx([45, 785 + 45])
+    assert [s["launch_span_us"] for s in df.attrs["by_step"]] == pytest.approx([130, 130])
     total = _module().summary(df)
     assert total["kernels_ms"] == pytest.approx(0.17)
     assert total["host_late_ms"] == pytest.approx((388.5 + 30) / 1e3)

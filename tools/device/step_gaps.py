@@ -15,6 +15,7 @@ launch, so ``host_late_us`` is an upper bound of the eager step's; compare with 
 """
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -34,7 +35,9 @@ def _short(name: str, width: int = 60) -> str:
 def gaps(trace: dict, iters: int) -> pd.DataFrame:
     """One row per kernel position of a step (the trace holds ``iters`` identical steps, back to back): ``kernel``,
     ``dur_us``, ``gap_us`` (idle since the previous GPU activity ended; the first kernel of the trace has none),
-    ``host_late_us`` (the part of that gap before the launch call returned), ``host_ops``; means over the steps."""
+    ``host_late_us`` (the part of that gap before the launch call returned), ``host_ops``; means over the steps.
+    ``attrs["by_step"]``: per step, its gaps, their host-bound part and the host's span from its first launch to its
+    last (µs), which say whether the host falls behind in every step or only in the first."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     gpu = sorted((e for e in events if e.get("cat") in GPU_CATS), key=lambda e: float(e["ts"]))
     if not gpu:
@@ -46,19 +49,26 @@ def gaps(trace: dict, iters: int) -> pd.DataFrame:
     cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"]))
     per_step = len(gpu) // iters
     rows = defaultdict(lambda: dict(dur_us=0.0, gap_us=0.0, host_late_us=0.0, ops=defaultdict(float)))
+    by_step = [dict(gap_us=0.0, host_late_us=0.0, launch_span_us=0.0) for _ in range(iters)]
+    step_launches = [[] for _ in range(iters)]
     prev_end, prev_launch_end = None, None
     for i, e in enumerate(gpu):
         ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         launch = launches.get(e.get("args", {}).get("correlation"))
         launch_end = float(launch["ts"]) + float(launch.get("dur", 0.0)) if launch else None
-        row = rows[i % per_step]
+        row, step = rows[i % per_step], by_step[i // per_step]
+        if launch is not None:
+            step_launches[i // per_step].append(float(launch["ts"]))
         row["kernel"] = _short(e["name"])
         row["dur_us"] += dur / iters
         if prev_end is not None:
             gap = max(0.0, ts - prev_end)
             row["gap_us"] += gap / iters
+            step["gap_us"] += gap
             if launch_end is not None:
-                row["host_late_us"] += min(gap, max(0.0, launch_end - prev_end)) / iters
+                late = min(gap, max(0.0, launch_end - prev_end))
+                row["host_late_us"] += late / iters
+                step["host_late_us"] += late
             if launch is not None and prev_launch_end is not None:  # what the host did between the two launches
                 for op in cpu_ops:
                     start = float(op["ts"])
@@ -69,6 +79,8 @@ def gaps(trace: dict, iters: int) -> pd.DataFrame:
         prev_end = max(prev_end or 0.0, ts + dur)
         if launch_end is not None:
             prev_launch_end = launch_end
+    for step, launched in zip(by_step, step_launches):
+        step["launch_span_us"] = max(launched) - min(launched) if launched else 0.0
     out = []
     for pos in range(per_step):
         r = rows[pos]
@@ -76,7 +88,9 @@ def gaps(trace: dict, iters: int) -> pd.DataFrame:
         out.append(dict(pos=pos, kernel=r["kernel"], dur_us=r["dur_us"], gap_us=r["gap_us"],
                         host_late_us=r["host_late_us"],
                         host_ops=", ".join(f"{name} {us:.0f}" for name, us in top)))
-    return pd.DataFrame(out)
+    df = pd.DataFrame(out)
+    df.attrs["by_step"] = by_step  # each step's gaps, their host-bound part and its first to last launch (µs)
+    return df
 
 
 def host_calls(trace: dict, iters: int, top: int = 8) -> pd.DataFrame:
@@ -146,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for step_gaps_<method>.{md,json}")
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--keep-trace", action="store_true", help="keep the Chrome trace (large)")
+    parser.add_argument("--keep-trace", action="store_true", help="keep the Chrome trace (gzipped)")
     parser.add_argument("--sync-debug", action="store_true",
                         help="also run one step under PyTorch's sync debug mode (the first synchronising operation)")
     args = parser.parse_args(argv)
@@ -155,14 +169,19 @@ def main(argv=None) -> int:
         trace_path = os.path.join(args.out, f"trace_{method}.json")
         trace = profile(method, args.seq_len, args.iters, trace_path)
         df, calls = gaps(trace, args.iters), host_calls(trace, args.iters)
-        if not args.keep_trace:
-            os.remove(trace_path)
+        if args.keep_trace:  # gzipped: the device returns a handful of files, each within its size limit
+            with open(trace_path, "rb") as f, gzip.open(trace_path + ".gz", "wb") as g:
+                g.write(f.read())
+        os.remove(trace_path)
         total = summary(df)
+        steps = pd.DataFrame(df.attrs["by_step"])
         text = (f"### {method}, N = {args.seq_len}: {json.dumps(total)}\n\n"
                 + df.to_markdown(index=False, floatfmt=".1f") + "\n\nCUDA runtime and driver calls a step:\n\n"
-                + calls.to_markdown(index=False, floatfmt=".1f") + "\n")
+                + calls.to_markdown(index=False, floatfmt=".1f") + "\n\nEach step (µs):\n\n"
+                + steps.to_markdown(floatfmt=".1f") + "\n")
         print(text)
-        record = dict(summary=total, rows=df.to_dict("records"), host_calls=calls.to_dict("records"))
+        record = dict(summary=total, rows=df.to_dict("records"), host_calls=calls.to_dict("records"),
+                      by_step=df.attrs["by_step"])
         if args.sync_debug:
             record["sync"] = sync_check(method, args.seq_len)
             print("PyTorch's synchronising operations in a step:", record["sync"] or "none")
