@@ -162,11 +162,6 @@ KERNELS = (
     *(CudaKernel(f"dm_quant_stats_scaled_{dtype}", {}) for dtype in ("bf16", "fp16")),
     *(CudaKernel(f"dm_quant_channel_scaled_{order}_{dtype}", {}) for order in ("natural", "fragment")
       for dtype in ("bf16", "fp16")),
-    # the one-read forms of both (statistics and casts in one launch, each block held in registers)
-    *(CudaKernel(f"dm_quant_fused_{rows}{centred}_{order}_{dtype}", {}) for rows in (64, 128)
-      for centred in ("", "_centred") for order in ("natural", "fragment") for dtype in ("bf16", "fp16")),
-    *(CudaKernel(f"dm_quant_fused_scaled_{order}_{dtype}", {}) for order in ("natural", "fragment")
-      for dtype in ("bf16", "fp16")),
 )
 
 

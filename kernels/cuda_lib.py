@@ -85,8 +85,6 @@ SIGNATURES = {
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
     "dm_quant_channel_scaled": ((_P, _I, _P, _I, _P), _I),
-    "dm_quant_fused": ((_P, _P, _I, _I, _P), _I),
-    "dm_quant_fused_capacity": ((_I, _I, _I, _I, _I, _I), _I),
     "dm_quant_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
@@ -817,94 +815,37 @@ def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor
     return x8, sx
 
 
-QUANT_ONE_READ_SWITCH = "DELTAMATCH_KERNEL_CUDA_QUANT_ONE_READ"
-"""K's, V's, dO's and Q'ᶜ's CUDA quantisation from one read of each (``dm_quant_fused``: every CTA holds its scale
-block in registers while the (batch, head)'s statistics form; ``quantize_block_and_channel``,
-``quantize_channel_scaled``) instead of two (the statistics pass, then the casts). ``1``: one read wherever a (batch,
-head)'s blocks fit on the device twice over (``quant_one_read``; longer sequences take two), ``0``: two. Unset:
-:data:`QUANT_ONE_READ_DEFAULT`. The codes and scales are the same function of x and the mean; K's mean is folded over
-the cast's blocks (64 rows) instead of the statistics pass's ``stats_rows``, so its bits differ by FP32 rounding."""
-QUANT_ONE_READ_DEFAULT = False
-"""Whether the one-read form runs where :data:`QUANT_ONE_READ_SWITCH` is unset (where it fits)."""
-
-
-@functools.cache
-def quant_fused_capacity(block_rows: int, centre: bool, fragment_order: bool, fp16: bool, scaled: bool,
-                         device: int) -> int:
-    """CTAs of the one-read form for these arguments the device holds at once (``dm_quant_fused_capacity``)."""
-    capacity = _library().dm_quant_fused_capacity(block_rows, int(centre), int(fragment_order), int(fp16),
-                                                  int(scaled), device)
-    if capacity < 0:
-        raise RuntimeError(f"dm_quant_fused_capacity: CUDA error {-capacity} "
-                           f"({_library().dm_attn_sm90_error_string(-capacity).decode()})")
-    return capacity
-
-
-def quant_one_read(x: torch.Tensor, block_rows: int, *, centre: bool = False, fragment_order: bool = False,
-                   scaled: bool = False, one_read: bool | None = None) -> int:
-    """The one-read form's capacity (``quant_fused_capacity``) where the CUDA quantisation of ``x`` in
-    ``block_rows``-row scale blocks takes it, else 0. It takes ``x`` where a (batch, head)'s N_pad / block_rows blocks
-    fit twice in the capacity (its CTAs wait on each other) and ``one_read`` asks for it: True (else a ValueError that
-    says why not), False never, None as :data:`QUANT_ONE_READ_SWITCH` says (``1`` yes, ``0`` no, unset
-    :data:`QUANT_ONE_READ_DEFAULT`)."""
-    from deltamatch.kernels.triton_quant import env_switch, padded_len
-
-    asked = one_read
-    if asked is None:
-        asked = env_switch(QUANT_ONE_READ_SWITCH)
-        asked = QUANT_ONE_READ_DEFAULT if asked is None else asked
-    if not asked:
-        return 0
-    capacity = quant_fused_capacity(block_rows, centre, fragment_order, x.dtype == torch.float16, scaled,
-                                    x.device.index)
-    blocks = padded_len(x.shape[1]) // block_rows
-    if 2 * blocks <= capacity:
-        return capacity
-    if one_read:
-        raise ValueError(f"one_read=True: a (batch, head)'s {blocks} blocks of {block_rows} rows (N = {x.shape[1]}) "
-                         f"do not fit twice in the {capacity} CTAs of the one-read quantisation the device holds at "
-                         "once")
-    return 0
-
-
-def _channel_buffers(x: torch.Tensor, shape: tuple[int, ...], stats_rows: int, one_read: int = 0,
-                     block_rows: int = 128) -> tuple:
+def _channel_buffers(x: torch.Tensor, shape: tuple[int, ...], stats_rows: int) -> tuple:
     """What the statistics pass and a per-channel cast of ``x`` need beside it: ``(x8t, sxc, part, tickets,
     n_blocks)``, the channel-major codes ``(B, H, D, N_pad)``, their scales ``(B, H, D)``, the pass's partials and its
     tickets (zeroed), and its CTAs per (batch, head) at ``stats_rows`` rows each (a positive multiple of 128, else a
-    ValueError). ``one_read`` (a capacity): the one-read form's instead, a partial per ``block_rows``-row block and
-    2 · B·H + 1 tickets (arrivals, flags, the claim counter)."""
+    ValueError)."""
     b, n, h, d, n_pad = shape
-    if one_read:
-        n_blocks, n_tickets = n_pad // block_rows, 2 * b * h + 1
-    else:
-        if stats_rows <= 0 or stats_rows % 128:
-            raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
-        n_blocks, n_tickets = -(-n // stats_rows), b * h
+    if stats_rows <= 0 or stats_rows % 128:
+        raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
+    n_blocks = -(-n // stats_rows)
     x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=x.device)
     sxc = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
     part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=x.device)
-    tickets = torch.zeros(n_tickets, dtype=torch.int32, device=x.device)
+    tickets = torch.zeros(b * h, dtype=torch.int32, device=x.device)
     return x8t, sxc, part, tickets, n_blocks
 
 
 def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool = False,
-                               fragment_order: bool = False, stats_rows: int | None = None,
-                               one_read: bool | None = None) -> tuple[torch.Tensor, ...]:
-    """Both of an operand's factored-layout copies (``kernels/cuda/quant_passes.cu``): ``(x8, sx, x8t, sxc, mean)``.
-    ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx`` (B, H, N_pad / block_rows) their
-    scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in ``triton_quant.fragment_token_order``
-    with ``fragment_order``) and ``sxc`` (B, H, D) their scales; ``centre`` subtracts the token mean ``mean``
-    (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are the bits of
-    ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean is Σx / N
-    folded in a fixed order (deterministic, not ``token_mean``'s bits; it depends on the rows a CTA sums: two reads'
-    ``stats_rows``, a multiple of 128, default ``QUANT_STATS_ROWS[centre]``; one read's ``block_rows``).
-    ``block_rows``: 64 (K, V) or 128 (dO). ``one_read``: :func:`quant_one_read`'s (one launch that reads ``x`` once,
-    or the statistics pass and then the casts, two reads)."""
+                               fragment_order: bool = False,
+                               stats_rows: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Both of an operand's factored-layout copies from two reads of ``x`` (``kernels/cuda/quant_passes.cu``):
+    ``(x8, sx, x8t, sxc, mean)``. ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx``
+    (B, H, N_pad / block_rows) their scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in
+    ``triton_quant.fragment_token_order`` with ``fragment_order``) and ``sxc`` (B, H, D) their scales; ``centre``
+    subtracts the token mean ``mean`` (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are
+    the bits of ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean
+    is Σx / N folded in a fixed order (deterministic, not ``token_mean``'s bits; it depends on ``stats_rows``, the
+    rows a CTA of the statistics pass reads, a multiple of 128; default ``QUANT_STATS_ROWS[centre]``). ``block_rows``:
+    64 (K, V) or 128 (dO)."""
     shape = b, n, h, d, n_pad = _quant_shape(x, block_rows, (64, 128), "expected 64 (K, V) or 128 (Q, dO)")
     stats_rows = QUANT_STATS_ROWS[bool(centre)] if stats_rows is None else stats_rows
-    capacity = quant_one_read(x, block_rows, centre=centre, fragment_order=fragment_order, one_read=one_read)
-    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows, capacity, block_rows)
+    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows)
     device = x.device
     x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=device)
     sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=device)
@@ -914,38 +855,29 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
                            tickets=tickets.data_ptr(), mean=mean.data_ptr() if centre else None,
                            scale_c=sxc.data_ptr(), x8=x8.data_ptr(), sx=sx.data_ptr(), x8t=x8t.data_ptr())
     lib = _library()
-    if capacity:
-        _call(lib, "dm_quant_fused", ctypes.byref(params), None, capacity, *_launch_args(x))
-    else:
-        _call(lib, "dm_quant_stats", ctypes.byref(params), stats_rows, *_launch_args(x))
-        _call(lib, "dm_quant_dual", ctypes.byref(params), 1, *_launch_args(x))
+    _call(lib, "dm_quant_stats", ctypes.byref(params), stats_rows, *_launch_args(x))
+    _call(lib, "dm_quant_dual", ctypes.byref(params), 1, *_launch_args(x))
     return x8, sx, x8t, sxc, mean
 
 
 def quantize_channel_scaled(x: torch.Tensor, row_scales: torch.Tensor, *, fragment_order: bool = False,
-                            stats_rows: int = QUANT_STATS_ROWS[False],
-                            one_read: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            stats_rows: int = QUANT_STATS_ROWS[False]) -> tuple[torch.Tensor, torch.Tensor]:
     """Q'ᶜ, the dK product's operand: the per-channel channel-major codes ``(B, H, D, N_pad)`` of ``x ⊙ row_scales``
     (each token times its row scale; ``row_scales`` (B, H, N_pad) FP32, the δ pass's dŜ row scales) and their scales
-    ``(B, H, D)``: from two reads of ``x`` (``dm_quant_channel_scaled``: the max |x| pass, then the channel cast alone)
-    or, as :func:`quant_one_read` says for ``one_read``, one (``dm_quant_fused``). The bits of
-    ``triton_quant.quantize_per_channel(x, row_scales=row_scales, layouts="channel", fragment_order=...)`` either way.
-    ``stats_rows``: rows a CTA of the two-read statistics pass reads (a positive multiple of 128)."""
+    ``(B, H, D)``, from two reads of ``x`` (``dm_quant_channel_scaled``: the max |x| pass, then the channel cast alone).
+    The bits of ``triton_quant.quantize_per_channel(x, row_scales=row_scales, layouts="channel", fragment_order=...)``.
+    ``stats_rows``: rows a CTA of the statistics pass reads (a positive multiple of 128)."""
     shape = b, n, h, d, n_pad = _quant_shape(x, 128, (128,), "")
     if row_scales.dtype != torch.float32 or tuple(row_scales.shape) != (b, h, n_pad):
         raise ValueError(f"row_scales is {row_scales.dtype} {tuple(row_scales.shape)}, expected torch.float32 "
                          f"{(b, h, n_pad)} (B, H, N_pad)")
     if row_scales.device != x.device:
         raise ValueError(f"row_scales on {row_scales.device}, x on {x.device}: expected one device")
-    capacity = quant_one_read(x, 128, fragment_order=fragment_order, scaled=True, one_read=one_read)
-    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows, capacity)
+    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows)
     row_scales = row_scales.contiguous()
     params = _quant_params(x, shape, 128, n_blocks=n_blocks, centre=0, fragment_order=int(fragment_order),
                            part=part.data_ptr(), tickets=tickets.data_ptr(), mean=None, scale_c=sxc.data_ptr(),
                            x8=None, sx=None, x8t=x8t.data_ptr())
-    if capacity:
-        _call(_library(), "dm_quant_fused", ctypes.byref(params), row_scales.data_ptr(), capacity, *_launch_args(x))
-    else:
-        _call(_library(), "dm_quant_channel_scaled", ctypes.byref(params), stats_rows, row_scales.data_ptr(),
-              *_launch_args(x))
+    _call(_library(), "dm_quant_channel_scaled", ctypes.byref(params), stats_rows, row_scales.data_ptr(),
+          *_launch_args(x))
     return x8t, sxc

@@ -417,26 +417,81 @@ __device__ __forceinline__ void finish_rows(const float (&acc)[kHeadDim / 2], Fi
   }
 }
 
+// One 16-byte store a thread for every four of its column pairs: a row's 16 contiguous bytes (8 columns) are held by the
+// four lanes of its quad, a pair each, so the quad transposes each 4 x 4 block of pairs (chunks 4k..4k+3) and lane q
+// stores chunk 4k + q whole. Where each lane stored its own pairs (4-byte stores), a warp's store wrote 8 rows x 16
+// bytes, half of each 32-byte sector, and the dK/dV epilogue issued 64 of them a thread (kernels/NOTES.md, session 34).
+// words[c]: this lane's pair of chunk 4k + c; returns the four pairs of chunk 4k + q in column order.
+__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&words)[4], int q) {
+  const bool q0 = q & 1, q1 = q & 2;
+  // lanes q and q ^ 2 swap the chunks whose bit 1 is not their own: each then holds chunks (q1, 0) and (q1, 1) of both
+  uint32_t own[2], other[2];
+#pragma unroll
+  for (int c0 = 0; c0 < 2; ++c0) {
+    own[c0] = q1 ? words[2 + c0] : words[c0];
+    other[c0] = __shfl_xor_sync(0xFFFFFFFFu, q1 ? words[c0] : words[2 + c0], 2);
+  }
+  // lanes q and q ^ 1 swap the chunk that is not their own: each then holds chunk q of lanes q ^ d, d = 0..3
+  const uint32_t held[4] = {q0 ? own[1] : own[0], __shfl_xor_sync(0xFFFFFFFFu, q0 ? own[0] : own[1], 1),
+                            q0 ? other[1] : other[0], __shfl_xor_sync(0xFFFFFFFFu, q0 ? other[0] : other[1], 1)};
+  // column pair s of the chunk is lane s's: held[s ^ q]
+  uint32_t a[4], out[4];
+#pragma unroll
+  for (int x = 0; x < 4; ++x) a[x] = q0 ? held[x ^ 1] : held[x];
+#pragma unroll
+  for (int x = 0; x < 4; ++x) out[x] = q1 ? a[x ^ 2] : a[x];
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// A 16-byte global store written as PTX: as C++ (a uint4 assignment) ptxas split one of the forward's four a row into
+// four 4-byte stores where its words did not sit in four consecutive registers (session 34's SASS check).
+__device__ __forceinline__ void store_u32x4(void* at, const uint4& v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+template <bool FP16>
+__device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
+  if constexpr (FP16) {
+    const __half2 v = __floats2half2_rn(x0, x1);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+template <bool FP16>
+__device__ __forceinline__ void store_finished_rows_as(const float (&y)[kHeadDim / 2], void* out, int64_t stride_b,
+                                                       int64_t stride_n, int64_t stride_h, int b, int head,
+                                                       int start_n, int n) {
+  const auto [warp, g, q] = lane();
+  uint16_t* const base = static_cast<uint16_t*>(out) + int64_t(b) * stride_b + int64_t(head) * stride_h;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = start_n + 16 * warp + g + 8 * half;
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 32; ++k) {
+      uint32_t words[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = 4 * k + c;  // chunk: columns 8i..8i + 7; this lane's pair 8i + 2q, + 1
+        words[c] = pack_pair<FP16>(y[4 * i + 2 * half], y[4 * i + 2 * half + 1]);
+      }
+      const uint4 chunk = quad_transpose(words, q);  // every lane of the warp, before the row test
+      if (key < n) store_u32x4(base + int64_t(key) * stride_n + 8 * (4 * k + q), chunk);
+    }
+  }
+}
+
+// `out`'s rows are 16-byte aligned (D contiguous, every stride a multiple of 8 elements: cuda_lib allocates them).
 __device__ __forceinline__ void store_finished_rows(const float (&y)[kHeadDim / 2], void* out, bool fp16,
                                                     int64_t stride_b, int64_t stride_n, int64_t stride_h, int b,
                                                     int head, int start_n, int n) {
-  const auto [warp, g, q] = lane();
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-    const int col = 8 * i + 2 * q;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = start_n + 16 * warp + g + 8 * half;
-      if (key >= n) continue;
-      const float x0 = y[4 * i + 2 * half];
-      const float x1 = y[4 * i + 2 * half + 1];
-      const int64_t at = int64_t(b) * stride_b + int64_t(key) * stride_n + int64_t(head) * stride_h + col;
-      if (fp16) {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(out) + at) = __floats2half2_rn(x0, x1);
-      } else {
-        *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + at) = __floats2bfloat162_rn(x0, x1);
-      }
-    }
+  if (fp16) {
+    store_finished_rows_as<true>(y, out, stride_b, stride_n, stride_h, b, head, start_n, n);
+  } else {
+    store_finished_rows_as<false>(y, out, stride_b, stride_n, stride_h, b, head, start_n, n);
   }
 }
 

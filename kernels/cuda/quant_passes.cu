@@ -71,15 +71,13 @@ __device__ __forceinline__ const uint16_t* row_base(const Params& p, int bh, int
   return static_cast<const uint16_t*>(p.x) + b * p.stride_b + h * p.stride_h + 8 * chunk;
 }
 
-// Eight elements of row `row`, as loaded (16 bytes). A row >= n reads row 0 instead, so that a thread's loads issue
-// back to back without a branch.
-__device__ __forceinline__ uint4 load_raw(const Params& p, const uint16_t* base, int row) {
-  return __ldg(reinterpret_cast<const uint4*>(base + int64_t(row < p.n ? row : 0) * p.stride_n));
-}
-
-// The eight elements of `raw` in FP32 (FP16: the input is half precision, else BF16); zero: all 0 instead.
-template <bool FP16>
-__device__ __forceinline__ void unpack8(const uint4& raw, bool zero, float (&v)[8]) {
+// Eight elements of row `row` in FP32 (FP16: the input is half precision, else BF16). A row >= n reads row 0 instead,
+// so that a thread's loads issue back to back without a branch; ZERO then makes its values 0 (the casts), else they
+// stay row 0's (the statistics, where a repeated row changes no maximum or minimum).
+template <bool FP16, bool ZERO>
+__device__ __forceinline__ void load8(const Params& p, const uint16_t* base, int row, float (&v)[8]) {
+  const bool inside = row < p.n;
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + int64_t(inside ? row : 0) * p.stride_n));
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -90,15 +88,8 @@ __device__ __forceinline__ void unpack8(const uint4& raw, bool zero, float (&v)[
       v[2 * i] = __uint_as_float(words[i] << 16);
       v[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
     }
-    if (zero) v[2 * i] = v[2 * i + 1] = 0.0f;
+    if (ZERO && !inside) v[2 * i] = v[2 * i + 1] = 0.0f;
   }
-}
-
-// Eight elements of row `row` in FP32 (load_raw, unpack8): a row >= n is row 0's, or with ZERO 0 (the casts; the
-// statistics keep row 0's, where a repeated row changes no maximum or minimum).
-template <bool FP16, bool ZERO>
-__device__ __forceinline__ void load8(const Params& p, const uint16_t* base, int row, float (&v)[8]) {
-  unpack8<FP16>(load_raw(p, base, row), ZERO && row >= p.n, v);
 }
 
 __device__ __forceinline__ float infinity() { return __int_as_float(0x7F800000); }
@@ -295,19 +286,31 @@ __device__ __forceinline__ float load_block(const Params& p, const uint16_t* bas
   return amax;
 }
 
-// The casts of one scale block whose rows a thread holds in x (block blk of (batch, head) bh; amax: the max |x| of
-// this thread's values, which the token-major cast's block scale folds over the CTA; sc: this thread's channel
-// scales). Both casts (CHANNEL false: the block-scaled token-major one alone, Q's; TOKEN false: the channel-major one
-// alone, Q'ᶜ's).
-template <int ROWS, bool FRAGMENT, bool CHANNEL, bool TOKEN>
-__device__ __forceinline__ void cast_rows(const Params& p, const Lane& ln, int64_t bh, int blk,
-                                          const float (&x)[ROWS / 16][8], float amax, const float (&sc)[8]) {
+// One scale block: both casts of ROWS rows (CHANNEL false: the block-scaled token-major one alone, Q's; TOKEN false:
+// the channel-major one alone, of the rows times their scales rs, Q'ᶜ's).
+template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true, bool TOKEN = true>
+__device__ __forceinline__ void dual_block(const Params& p, const float* rs = nullptr) {
   static_assert(CHANNEL || TOKEN, "a cast to write");
-  constexpr int kRuns = ROWS / 16;  // 16-token runs per channel
+  static_assert(TOKEN || !CENTRE, "the row-scaled channel cast is of uncentred rows");
+  constexpr bool kScaled = !TOKEN;
+  constexpr int kSlabs = ROWS / 16, kRuns = ROWS / 16;  // 16-row slabs; 16-token runs per channel
   __shared__ __align__(16) uint8_t tile[CHANNEL ? kHeadDim * ROWS : 16];  // channel-major codes, runs swizzled
   __shared__ float warp_max[kThreads / 32];
   const int t = threadIdx.x;
-  const int row0 = blk * ROWS;
+  const Lane ln = lane_of(t);
+  const int64_t bh = blockIdx.y;
+  const int row0 = blockIdx.x * ROWS;
+  const uint16_t* base = row_base(p, int(bh), ln.chunk);
+  float x[kSlabs][8];
+  float mean[8], sc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
+    sc[i] = CHANNEL ? p.scale_c[bh * kHeadDim + 8 * ln.chunk + i] : 1.0f;
+  }
+  const float* rs_row = kScaled ? rs + bh * p.n_pad : nullptr;
+  float amax = row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false, kScaled>(p, base, row0, ln, mean, x, rs_row)
+                                   : load_block<ROWS, FP16, CENTRE, true, kScaled>(p, base, row0, ln, mean, x, rs_row);
   float sb = 1.0f;
   if (TOKEN) {
 #pragma unroll
@@ -317,7 +320,7 @@ __device__ __forceinline__ void cast_rows(const Params& p, const Lane& ln, int64
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);  // max is exact in any order
     sb = scale_from_amax(amax);
-    if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blk] = sb;
+    if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blockIdx.x] = sb;
   }
   Divisor channel[8];
   bool fast = in_fast_range(sb);
@@ -337,191 +340,6 @@ __device__ __forceinline__ void cast_rows(const Params& p, const Lane& ln, int64
     const uint4 codes = *reinterpret_cast<const uint4*>(tile + ch * ROWS + 16 * stored);
     *reinterpret_cast<uint4*>(p.x8t + (bh * kHeadDim + ch) * p.n_pad + row0 + 16 * run) = codes;
   }
-}
-
-// One scale block: both casts of ROWS rows (CHANNEL false: the block-scaled token-major one alone, Q's; TOKEN false:
-// the channel-major one alone, of the rows times their scales rs, Q'ᶜ's), with the statistics dm_quant_stats wrote.
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true, bool TOKEN = true>
-__device__ __forceinline__ void dual_block(const Params& p, const float* rs = nullptr) {
-  static_assert(TOKEN || !CENTRE, "the row-scaled channel cast is of uncentred rows");
-  constexpr bool kScaled = !TOKEN;
-  const Lane ln = lane_of(threadIdx.x);
-  const int64_t bh = blockIdx.y;
-  const int row0 = blockIdx.x * ROWS;
-  const uint16_t* base = row_base(p, int(bh), ln.chunk);
-  float x[ROWS / 16][8];
-  float mean[8], sc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
-    sc[i] = CHANNEL ? p.scale_c[bh * kHeadDim + 8 * ln.chunk + i] : 1.0f;
-  }
-  const float* rs_row = kScaled ? rs + bh * p.n_pad : nullptr;
-  const float amax =
-      row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false, kScaled>(p, base, row0, ln, mean, x, rs_row)
-                         : load_block<ROWS, FP16, CENTRE, true, kScaled>(p, base, row0, ln, mean, x, rs_row);
-  cast_rows<ROWS, FRAGMENT, CHANNEL, TOKEN>(p, ln, bh, blockIdx.x, x, amax, sc);
-}
-
-// The one-read form of a (batch, head)'s statistics and casts (dm_quant_fused_*): each CTA holds one scale block's
-// rows in registers, so x is read once where dm_quant_stats + dm_quant_dual read it twice. A CTA claims the next block
-// in (batch, head)-major order from a counter (so every block of a (batch, head) is claimed by a CTA that has started
-// before any block of the next one), writes its per-channel partials of its rows and waits: the (batch, head)'s last
-// CTA to arrive folds the partials in block order (the mean's bits depend on the block rows, as dm_quant_stats's on
-// its stats_rows), writes the mean and channel scales and raises the (batch, head)'s flag. A waiting CTA holds its SM
-// slot, so the host launches this form only where every block of a (batch, head) fits on the GPU at once, twice over
-// (dm_quant_fused_blocks_fit); the claim order then guarantees progress. p.tickets: 2 · B·H + 1 zeroed ints, the
-// arrivals, then the flags, then the claim counter. TOKEN false: Q'ᶜ's channel cast alone, of the rows times rs.
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool TOKEN = true>
-__device__ __forceinline__ void fused_block(const Params& p, const float* rs = nullptr) {
-  static_assert(TOKEN || !CENTRE, "the row-scaled channel cast is of uncentred rows");
-  constexpr bool kScaled = !TOKEN;
-  constexpr int kSlabs = ROWS / 16;
-  __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]; then the fold's halves
-  __shared__ int claimed, last;
-  const int t = threadIdx.x;
-  const Lane ln = lane_of(t);
-  const int bhs = p.b * p.h, blocks = p.n_pad / ROWS;
-  if (t == 0) claimed = atomicAdd(p.tickets + 2 * bhs, 1);
-  __syncthreads();
-  const int64_t bh = claimed / blocks;
-  const int blk = claimed - int(bh) * blocks, row0 = blk * ROWS;
-  const uint16_t* base = row_base(p, int(bh), ln.chunk);
-  const float* rs_row = kScaled ? rs + bh * p.n_pad : nullptr;
-  // the block's rows as loaded (half the registers of their FP32 values, which the wait below would hold), and the
-  // partials of this thread's values: rows >= n count as zero in max |x| and are skipped by the centred statistics
-  uint4 raw[kSlabs];
-  float r[kSlabs];
-#pragma unroll
-  for (int s = 0; s < kSlabs; ++s) {
-    const int row = row0 + 16 * s + ln.row_in_slab;
-    raw[s] = load_raw(p, base, row);
-    r[s] = kScaled ? __ldg(rs_row + row) : 1.0f;  // row < n_pad: the scales' length
-  }
-  float sum[8], hi[8], lo[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) sum[i] = 0.0f, hi[i] = CENTRE ? -infinity() : 0.0f, lo[i] = infinity();
-#pragma unroll
-  for (int s = 0; s < kSlabs; ++s) {
-    const bool inside = row0 + 16 * s + ln.row_in_slab < p.n;
-    float v[8];
-    unpack8<FP16>(raw[s], !inside, v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (CENTRE) {
-        sum[i] = __fadd_rn(sum[i], v[i]);
-        hi[i] = fmaxf(hi[i], inside ? v[i] : -infinity());
-        lo[i] = fminf(lo[i], inside ? v[i] : infinity());
-      } else {
-        hi[i] = fmaxf(hi[i], kScaled && !inside ? 0.0f : fabsf(kScaled ? __fmul_rn(v[i], r[s]) : v[i]));
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 4; m < 32; m *= 2) {  // lanes l, l ^ 4, l ^ 8, l ^ 16 hold the same channels
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      hi[i] = fmaxf(hi[i], __shfl_xor_sync(0xFFFFFFFFu, hi[i], m));
-      if (CENTRE) {
-        sum[i] = __fadd_rn(sum[i], __shfl_xor_sync(0xFFFFFFFFu, sum[i], m));
-        lo[i] = fminf(lo[i], __shfl_xor_sync(0xFFFFFFFFu, lo[i], m));
-      }
-    }
-  }
-  if (t % 32 < 4) {
-    const int group = (t / 32) / 4;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      partial[group][0][8 * ln.chunk + i] = sum[i];
-      partial[group][1][8 * ln.chunk + i] = hi[i];
-      partial[group][2][8 * ln.chunk + i] = lo[i];
-    }
-  }
-  __syncthreads();
-  float* const parts = p.part + bh * blocks * 3 * kHeadDim;
-  if (t < kHeadDim) {
-    float* part = parts + blk * 3 * kHeadDim;
-    part[kHeadDim + t] = fmaxf(partial[0][1][t], partial[1][1][t]);
-    if (CENTRE) {
-      part[t] = __fadd_rn(partial[0][0][t], partial[1][0][t]);
-      part[2 * kHeadDim + t] = fminf(partial[0][2][t], partial[1][2][t]);
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  if (t == 0) last = atomicAdd(p.tickets + bh, 1) == blocks - 1;
-  __syncthreads();
-  int* const flag = p.tickets + bhs + bh;
-  if (last) {  // fold: thread (c, h) the blocks of half h of channel c in order, then half 0's result with half 1's
-    __threadfence();
-    const int c = t % kHeadDim, h = t / kHeadDim, k_begin = h * (blocks / 2), k_end = h ? blocks : blocks / 2;
-    float total = 0.0f, top = CENTRE ? -infinity() : 0.0f, bottom = infinity();
-    constexpr int kBatch = 8;  // loads in flight a thread
-#pragma unroll 1
-    for (int k0 = k_begin; k0 < k_end; k0 += kBatch) {
-      float v[kBatch][3];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const float* q = parts + int64_t(min(k0 + j, k_end - 1)) * 3 * kHeadDim + c;
-        v[j][1] = __ldcg(q + kHeadDim);
-        if (CENTRE) v[j][0] = __ldcg(q), v[j][2] = __ldcg(q + 2 * kHeadDim);
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (k0 + j < k_end) {
-          top = fmaxf(top, v[j][1]);
-          if (CENTRE) total = __fadd_rn(total, v[j][0]), bottom = fminf(bottom, v[j][2]);
-        }
-      }
-    }
-    __syncthreads();  // the row groups' partials are read: the halves go in their place
-    partial[h][0][c] = total, partial[h][1][c] = top, partial[h][2][c] = bottom;
-    __syncthreads();
-    if (t < kHeadDim) {
-      float amax_c = fmaxf(partial[0][1][t], partial[1][1][t]);
-      if (CENTRE) {
-        const float mean = __fdiv_rn(__fadd_rn(partial[0][0][t], partial[1][0][t]), float(p.n));
-        p.mean[bh * kHeadDim + t] = mean;
-        amax_c = fmaxf(__fsub_rn(fmaxf(partial[0][1][t], partial[1][1][t]), mean),
-                       __fsub_rn(mean, fminf(partial[0][2][t], partial[1][2][t])));
-      }
-      p.scale_c[bh * kHeadDim + t] = scale_from_amax(amax_c);
-    }
-    __threadfence();
-    __syncthreads();
-    if (t == 0) atomicExch(flag, 1);
-  } else {
-    if (t == 0) {
-      int ready;
-      for (;;) {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(ready) : "l"(flag) : "memory");
-        if (ready) break;
-        __nanosleep(256);
-      }
-    }
-    __syncthreads();
-  }
-  float sc[8];
-  float mean[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    sc[i] = __ldcg(p.scale_c + bh * kHeadDim + 8 * ln.chunk + i);
-    mean[i] = CENTRE ? __ldcg(p.mean + bh * kHeadDim + 8 * ln.chunk + i) : 0.0f;
-  }
-  float x[kSlabs][8];  // load_block's values: fl(x − mean) (CENTRE) or fl(x · r) (Q'ᶜ), rows >= n zero
-  float amax = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kSlabs; ++s) {
-    const bool outside = row0 + 16 * s + ln.row_in_slab >= p.n;  // zero, whatever the row scale of padding
-    unpack8<FP16>(raw[s], outside, x[s]);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (CENTRE) x[s][i] = outside ? 0.0f : __fsub_rn(x[s][i], mean[i]);
-      if (kScaled) x[s][i] = outside ? 0.0f : __fmul_rn(x[s][i], r[s]);
-      amax = fmaxf(amax, fabsf(x[s][i]));
-    }
-  }
-  cast_rows<ROWS, FRAGMENT, true, TOKEN>(p, ln, bh, blk, x, amax, sc);
 }
 
 }  // namespace dm::quant_passes
@@ -582,64 +400,6 @@ extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)
 DM_QUANT_SCALED_KERNELS(bf16, false)
 DM_QUANT_SCALED_KERNELS(fp16, true)
 #undef DM_QUANT_SCALED_KERNELS
-
-// The one-read forms (fused_block): K's, V's and dO's statistics and both casts, Q'ᶜ's (the rows times rs) max |x| and
-// channel cast; one launch each, its CTAs claiming the blocks in order. Three CTAs an SM at least for 64-row blocks
-// (at most 85 registers), two for 128 (128): the 128-row forms, left alone, took 216 registers and so one CTA an SM,
-// too few loads in flight and half the capacity a (batch, head)'s blocks need
-#define DM_QUANT_FUSED_KERNEL(ROWS, CENTRED, ORDER, DTYPE, FP16, CENTRE, FRAGMENT)                             \
-  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads, ROWS == 64 ? 3 : 2)                  \
-      dm_quant_fused_##ROWS##CENTRED##_##ORDER##_##DTYPE(const dm::quant_passes::Params p) {                 \
-    dm::quant_passes::fused_block<ROWS, FP16, CENTRE, FRAGMENT>(p);                                          \
-  }
-#define DM_QUANT_FUSED_ORDERS(ROWS, CENTRED, DTYPE, FP16, CENTRE)                                              \
-  DM_QUANT_FUSED_KERNEL(ROWS, CENTRED, natural, DTYPE, FP16, CENTRE, false)                                    \
-  DM_QUANT_FUSED_KERNEL(ROWS, CENTRED, fragment, DTYPE, FP16, CENTRE, true)
-#define DM_QUANT_FUSED_FORMS(DTYPE, FP16)                                                                      \
-  DM_QUANT_FUSED_ORDERS(64, , DTYPE, FP16, false)                                                              \
-  DM_QUANT_FUSED_ORDERS(64, _centred, DTYPE, FP16, true)                                                       \
-  DM_QUANT_FUSED_ORDERS(128, , DTYPE, FP16, false)                                                             \
-  DM_QUANT_FUSED_ORDERS(128, _centred, DTYPE, FP16, true)                                                      \
-  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads, 2)                                 \
-      dm_quant_fused_scaled_natural_##DTYPE(const dm::quant_passes::Params p, const float* rs) {              \
-    dm::quant_passes::fused_block<128, FP16, false, false, false>(p, rs);                                      \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads, 2)                                 \
-      dm_quant_fused_scaled_fragment_##DTYPE(const dm::quant_passes::Params p, const float* rs) {             \
-    dm::quant_passes::fused_block<128, FP16, false, true, false>(p, rs);                                       \
-  }
-DM_QUANT_FUSED_FORMS(bf16, false)
-DM_QUANT_FUSED_FORMS(fp16, true)
-#undef DM_QUANT_FUSED_FORMS
-#undef DM_QUANT_FUSED_ORDERS
-#undef DM_QUANT_FUSED_KERNEL
-
-namespace dm::quant_passes {
-
-// The one-read kernel of a form: K, V, dO (scaled false; rows 64 or 128, centred or not) or Q'ᶜ (scaled: rows 128,
-// uncentred), both orders and input types; the scaled ones take rs as a second argument.
-using FusedKernel = void (*)(const Params);
-using FusedScaledKernel = void (*)(const Params, const float*);
-
-inline const void* fused_kernel(int block_rows, int centre, int fragment, int fp16, int scaled) {
-  static const FusedKernel plain[16] = {
-      dm_quant_fused_64_natural_bf16,          dm_quant_fused_64_fragment_bf16,
-      dm_quant_fused_64_centred_natural_bf16,  dm_quant_fused_64_centred_fragment_bf16,
-      dm_quant_fused_128_natural_bf16,         dm_quant_fused_128_fragment_bf16,
-      dm_quant_fused_128_centred_natural_bf16, dm_quant_fused_128_centred_fragment_bf16,
-      dm_quant_fused_64_natural_fp16,          dm_quant_fused_64_fragment_fp16,
-      dm_quant_fused_64_centred_natural_fp16,  dm_quant_fused_64_centred_fragment_fp16,
-      dm_quant_fused_128_natural_fp16,         dm_quant_fused_128_fragment_fp16,
-      dm_quant_fused_128_centred_natural_fp16, dm_quant_fused_128_centred_fragment_fp16};
-  static const FusedScaledKernel row_scaled[4] = {
-      dm_quant_fused_scaled_natural_bf16, dm_quant_fused_scaled_fragment_bf16,
-      dm_quant_fused_scaled_natural_fp16, dm_quant_fused_scaled_fragment_fp16};
-  if (scaled) return reinterpret_cast<const void*>(row_scaled[2 * (fp16 != 0) + (fragment != 0)]);
-  return reinterpret_cast<const void*>(
-      plain[8 * (fp16 != 0) + (block_rows == 128 ? 4 : 0) + 2 * (centre != 0) + (fragment != 0)]);
-}
-
-}  // namespace dm::quant_passes
 
 extern "C" {
 
@@ -708,51 +468,6 @@ int dm_quant_channel_scaled(const dm::quant_passes::Params* params, int stats_ro
       dm_quant_channel_scaled_natural_fp16, dm_quant_channel_scaled_fragment_fp16};
   kernels[2 * (p.in_fp16 != 0) + (p.fragment_order != 0)]<<<dim3(p.n_pad / 128, p.b * p.h), kThreads, 0, stream>>>(
       p, rs);
-  return cudaGetLastError();
-}
-
-// How many CTAs of a one-read form (dm_quant_fused's arguments) the device holds at once: its CTAs per SM times its
-// SMs, or a negative CUDA error. A (batch, head)'s blocks (N_pad / block_rows) must fit, twice over, for
-// dm_quant_fused to take x (its CTAs wait on each other).
-int dm_quant_fused_capacity(int block_rows, int centre, int fragment, int in_fp16, int scaled, int device) {
-  using namespace dm::quant_passes;
-  if ((block_rows != 64 && block_rows != 128) || (scaled && (block_rows != 128 || centre))) {
-    return -int(cudaErrorInvalidValue);
-  }
-  int per_sm = 0, sms = 0;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return -int(err);
-  if (cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, fused_kernel(block_rows, centre, fragment, in_fp16, scaled), kThreads, 0);
-      err != cudaSuccess) {
-    return -int(err);
-  }
-  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); err != cudaSuccess) {
-    return -int(err);
-  }
-  return per_sm * sms;
-}
-
-// The one-read form of dm_quant_stats + dm_quant_dual (rs null) or of dm_quant_channel_scaled (rs, the row scales):
-// p.tickets 2 · B·H + 1 zeroed ints, p.part (B·H, N_pad / block_rows, 3, D), p.n_blocks N_pad / block_rows; the rest
-// as those take it. capacity: dm_quant_fused_capacity's for the form (the caller's cache), at least twice a (batch,
-// head)'s blocks, else cudaErrorCooperativeLaunchTooLarge and nothing launched.
-int dm_quant_fused(const dm::quant_passes::Params* params, const float* rs, int capacity, int device,
-                   cudaStream_t stream) {
-  using namespace dm::quant_passes;
-  const Params& p = *params;
-  if (p.n <= 0 || p.n_pad % 128 || (p.block_rows != 64 && p.block_rows != 128) ||
-      p.n_blocks != p.n_pad / p.block_rows || (rs && (p.block_rows != 128 || p.centre))) {
-    return cudaErrorInvalidValue;
-  }
-  if (capacity < 2 * p.n_blocks) return cudaErrorCooperativeLaunchTooLarge;
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
-  const dim3 grid(p.n_blocks * p.b * p.h);
-  const void* kernel = fused_kernel(p.block_rows, p.centre, p.fragment_order, p.in_fp16, rs != nullptr);
-  if (rs) {
-    reinterpret_cast<FusedScaledKernel>(kernel)<<<grid, kThreads, 0, stream>>>(p, rs);
-  } else {
-    reinterpret_cast<FusedKernel>(kernel)<<<grid, kThreads, 0, stream>>>(p);
-  }
   return cudaGetLastError();
 }
 

@@ -253,43 +253,6 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
         assert lib is None and "no CUDA GPU" in reason
 
 
-def test_the_one_read_quantisation_fits_its_ctas_per_sm(rows):
-    """The one-read quantisation's CTAs wait on each other, so how many an SM holds sets both its loads in flight and
-    the longest N it takes (``cuda_lib.quant_one_read``): three 256-thread CTAs an SM for 64-row blocks, two for 128,
-    no spills (the check above)."""
-    fused = [r for r in rows if r["name"].startswith("dm_quant_fused_")]
-    assert len(fused) == 20
-    for r in fused:
-        per_sm = 3 if "_64" in r["name"] else 2
-        assert r["registers"] * 256 * per_sm <= 65536, r
-        assert r["stack_bytes"] == 0, r
-
-
-def test_the_one_read_switch_picks_the_form_where_it_fits(monkeypatch):
-    """``quant_one_read``: the form's capacity where it is asked for (``one_read=True``, the switch at ``1``, or unset
-    with ``QUANT_ONE_READ_DEFAULT``) and a (batch, head)'s blocks fit twice, else 0; ``one_read=True`` where they do
-    not is an error that says so."""
-    capacity = {64: 396, 128: 264}
-    monkeypatch.setattr(cuda_lib, "quant_fused_capacity", lambda rows, *a: capacity[rows])
-    monkeypatch.delenv(cuda_lib.QUANT_ONE_READ_SWITCH, raising=False)
-    x = torch.zeros(1, 8192, 2, 128, dtype=torch.bfloat16)  # 128 blocks of 64 rows, 64 of 128
-    long = torch.zeros(1, 17000, 1, 128, dtype=torch.bfloat16)  # 133 blocks of 128 rows: 266 > 264
-    for default in (False, True):
-        monkeypatch.setattr(cuda_lib, "QUANT_ONE_READ_DEFAULT", default)
-        assert cuda_lib.quant_one_read(x, 64) == (396 if default else 0)
-        assert cuda_lib.quant_one_read(x, 64, one_read=True) == 396
-        assert cuda_lib.quant_one_read(x, 64, one_read=False) == 0
-        assert cuda_lib.quant_one_read(long, 128) == 0  # two reads where it does not fit
-        assert cuda_lib.quant_one_read(long, 64) == 0  # 266 blocks of 64 rows: 532 > 396
-        for switch, want in (("1", 264), ("0", 0)):
-            monkeypatch.setenv(cuda_lib.QUANT_ONE_READ_SWITCH, switch)
-            assert cuda_lib.quant_one_read(x, 128, scaled=True) == want
-            assert cuda_lib.quant_one_read(long, 128) == 0
-        monkeypatch.delenv(cuda_lib.QUANT_ONE_READ_SWITCH)
-    with pytest.raises(ValueError, match="one_read=True: a \\(batch, head\\)'s 133 blocks of 128 rows"):
-        cuda_lib.quant_one_read(long, 128, one_read=True)
-
-
 def test_the_wrappers_check_their_inputs_before_needing_the_library():
     codes = torch.zeros(64, 128, dtype=torch.uint8)
     with pytest.raises(ValueError, match="expected a CUDA tensor"):

@@ -1113,7 +1113,7 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
     assert torch.equal(bits(q8), bits(want[0])) and torch.equal(bits(sq), bits(want[2]))
     for rows, centre, stats_rows in ((64, True, 128), (64, True, 1024), (64, False, 256), (128, False, 512)):
         for fragment in (False, True):
-            kw = dict(centre=centre, fragment_order=fragment, stats_rows=stats_rows, one_read=False)
+            kw = dict(centre=centre, fragment_order=fragment, stats_rows=stats_rows)
             ours = cuda_lib.quantize_block_and_channel(x, rows, **kw)
             again = cuda_lib.quantize_block_and_channel(x, rows, **kw)
             mean = ours[4]
@@ -1148,118 +1148,12 @@ def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype):
     for fragment in (False, True):
         _, want_t, want_s = tq.quantize_per_channel(x, "q", row_scales=rs, layouts="channel", fragment_order=fragment)
         for stats_rows in (128, 1024):
-            kw = dict(fragment_order=fragment, stats_rows=stats_rows, one_read=False)
-            ours = cuda_lib.quantize_channel_scaled(x, rs, **kw)
-            again = cuda_lib.quantize_channel_scaled(x, rs, **kw)
+            ours = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, stats_rows=stats_rows)
+            again = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, stats_rows=stats_rows)
             for i, want in enumerate((want_t, want_s)):
                 assert torch.equal(bits(ours[i]), bits(want)), (fragment, stats_rows, i)
                 assert torch.equal(bits(ours[i]), bits(again[i])), (fragment, stats_rows, i)
     assert torch.isfinite(want_s).all() and (want_s > 0).all()
-
-
-# one token, a ragged scale block, a ragged N, the reference length over six heads (768 CTAs of 64 rows: more than
-# the GPU holds at once, so CTAs wait on blocks not yet claimed), and all 64 heads of the reference shape
-@pytest.mark.parametrize("b, n, h", [(2, 1, 3), (2, 130, 3), (2, 1000, 3), (2, 8192, 3), (4, 8192, 16)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_read_quantisation_gives_the_triton_passes_bits(b, n, h, dtype):
-    """``quantize_block_and_channel(..., one_read=True)`` (``dm_quant_fused``: statistics and both casts from one read,
-    the CTAs of a (batch, head) waiting on its statistics) against Triton's two passes given its K mean, bit for bit,
-    in both token orders, 64- and 128-row blocks, centred or not; uncentred, the bits of the two-read form too (max |x|
-    is exact in any order); the mean within FP32 summation order of PyTorch's; the same bits on a second run."""
-    from deltamatch.kernels import triton_quant as tq
-
-    if dtype == torch.float16 and b * h > 6:
-        pytest.skip("the full shape once, in bf16")
-    bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
-    x = _quant_input(b, n, h, dtype, seed=n + 7)
-    for rows, centre in ((64, True), (64, False), (128, False), (128, True)):
-        for fragment in (False, True):
-            kw = dict(centre=centre, fragment_order=fragment)
-            ours = cuda_lib.quantize_block_and_channel(x, rows, one_read=True, **kw)
-            again = cuda_lib.quantize_block_and_channel(x, rows, one_read=True, **kw)
-            mean = ours[4]
-            x8, _, sx = tq.quantize_operand(x, rows, centre=centre, mean=mean, layouts="token")
-            _, x8t, sxc = tq.quantize_per_channel(x, "x", mean=mean, layouts="channel", fragment_order=fragment)
-            two_reads = cuda_lib.quantize_block_and_channel(x, rows, one_read=False, **kw)
-            for i, want in enumerate((x8, sx, x8t, sxc)):
-                assert torch.equal(bits(ours[i]), bits(want)), (rows, centre, fragment, i)
-                assert torch.equal(bits(ours[i]), bits(again[i])), (rows, centre, fragment, i)
-                if not centre:
-                    assert torch.equal(bits(ours[i]), bits(two_reads[i])), (rows, fragment, i)
-            if centre:
-                assert torch.equal(bits(mean), bits(again[4]))
-                assert torch.allclose(mean, x.mean(dim=1, dtype=torch.float32), rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("b, n, h", [(2, 1, 3), (2, 1000, 3), (2, 8192, 3), (4, 8192, 16)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_read_q_prime_gives_the_two_reads_bits(b, n, h, dtype):
-    """``quantize_channel_scaled(..., one_read=True)`` (Q'ᶜ from one read) gives the two-read form's bits and Triton's
-    ``quantize_per_channel(x, row_scales=s, layouts="channel")``'s, both token orders, row scales over twelve binades
-    and NaN in the padded rows (which must not reach a code or a scale), and the same bits again."""
-    from deltamatch.kernels import triton_quant as tq
-
-    if dtype == torch.float16 and b * h > 6:
-        pytest.skip("the full shape once, in bf16")
-    bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
-    x = _quant_input(b, n, h, dtype, seed=n + 3)
-    n_pad = tq.padded_len(n)
-    gen = torch.Generator(device="cuda").manual_seed(n)
-    rs = torch.exp2(torch.randint(-20, -8, (b, h, n_pad), device="cuda", generator=gen).float())
-    rs *= 1 + torch.rand((b, h, n_pad), device="cuda", generator=gen)
-    rs[..., n:] = float("nan")
-    for fragment in (False, True):
-        _, want_t, want_s = tq.quantize_per_channel(x, "q", row_scales=rs, layouts="channel", fragment_order=fragment)
-        ours = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, one_read=True)
-        again = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, one_read=True)
-        two_reads = cuda_lib.quantize_channel_scaled(x, rs, fragment_order=fragment, one_read=False)
-        for i, want in enumerate((want_t, want_s)):
-            assert torch.equal(bits(ours[i]), bits(want)), (fragment, i)
-            assert torch.equal(bits(ours[i]), bits(again[i])), (fragment, i)
-            assert torch.equal(bits(ours[i]), bits(two_reads[i])), (fragment, i)
-
-
-def test_one_read_refuses_a_head_longer_than_the_gpu_holds_and_the_default_falls_back(monkeypatch):
-    """A (batch, head) whose blocks do not fit twice in the one-read form's capacity: ``one_read=True`` is an error
-    that says so, while the default (the form where it fits) gives the two-read form's bits."""
-    capacity = cuda_lib.quant_fused_capacity(128, False, False, False, False, torch.cuda.current_device())
-    n = (capacity // 2 + 1) * 128
-    x = _quant_input(1, n, 1, torch.bfloat16, seed=5)
-    with pytest.raises(ValueError, match="do not fit twice"):
-        cuda_lib.quantize_block_and_channel(x, 128, one_read=True)
-    monkeypatch.setattr(cuda_lib, "QUANT_ONE_READ_DEFAULT", True)
-    monkeypatch.delenv(cuda_lib.QUANT_ONE_READ_SWITCH, raising=False)
-    bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
-    default, two_reads = (cuda_lib.quantize_block_and_channel(x, 128, one_read=r) for r in (None, False))
-    for a, b in zip(default[:4], two_reads[:4]):
-        assert torch.equal(bits(a), bits(b))
-
-
-@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
-def test_one_read_switch_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
-    """matched_factored's step with K, V, dO and Q'ᶜ quantised from one read each
-    (``DELTAMATCH_KERNEL_CUDA_QUANT_ONE_READ=1``: four launches of the form a step) against the reference simulation
-    and FP64, as the two-read step is held (K's mean, and so its codes, differ by FP32 rounding)."""
-    from deltamatch.kernels.reference import attention_exact, attention_reference
-    from deltamatch.kernels.triton_attention import triton_attention
-
-    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=23)
-    fused = []
-    launch = cuda_lib._call
-    monkeypatch.setattr(cuda_lib, "_call", lambda lib, name, *a: fused.append(name == "dm_quant_fused")
-                        or launch(lib, name, *a))
-    step = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
-    monkeypatch.setenv(cuda_lib.QUANT_ONE_READ_SWITCH, "1")
-    ours = _fwd_bwd(step, q, k, v, do)
-    assert sum(fused) == 4  # K, V, dO, Q'ᶜ
-    monkeypatch.setenv(cuda_lib.QUANT_ONE_READ_SWITCH, "0")
-    fused.clear()
-    two_reads = _fwd_bwd(step, q, k, v, do)
-    assert sum(fused) == 0
-    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
-    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
-    assert_near_reference(ours, ref, exact)
-    assert_near_reference(two_reads, ref, exact)
 
 
 @pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
