@@ -564,8 +564,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     float yv[kHeadDim / 2], yk[kHeadDim / 2];
     finish_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, yv);
     finish_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, yk);
-    store_finished_rows(yv, p.dv, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
-    store_finished_rows(yk, p.dk, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
+    store_finished_pairs(yv, p.dv, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
+    store_finished_pairs(yk, p.dk, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
   };
 
   if constexpr (DQ) {
