@@ -1,18 +1,12 @@
 """tools/delta_pv_probe.py: the sweep's measures for each δ, matched's reassociated forms among them, run reduced."""
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_script import load_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("delta_pv_probe", ROOT / "tools" / "delta_pv_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/delta_pv_probe.py")
 
 
 def test_the_probe_prints_and_writes_every_delta_and_the_exact_p_form_equals_matched(tmp_path, capsys):

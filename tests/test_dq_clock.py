@@ -1,20 +1,18 @@
 """tools/device/dq_clock.py: the shares of the dQ-in-dK/dV forms' waits, from counters laid out as the kernel writes
 them (kernels/cuda/dkdv_factored.cu, ClockSlot); and the diagnostic build's guard (kernels/cuda_build.py)."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from repo_script import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("dq_clock", ROOT / "tools" / "device" / "dq_clock.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/device/dq_clock.py")
 
 
 def test_slots_follow_the_kernels_enum():

@@ -1,19 +1,13 @@
 """tools/device/step_gaps.py: the idle time before each kernel of a step and its host-bound part, read from a Chrome
 trace laid out as torch.profiler writes it (kernel and launch events joined by their correlation id)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_script import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("step_gaps", ROOT / "tools" / "device" / "step_gaps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/device/step_gaps.py")
 
 
 def _trace(steps):

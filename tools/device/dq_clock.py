@@ -201,6 +201,7 @@ def main(argv=None) -> int:
 
     if args.diag != [0] and not hasattr(lib, "dm_dq_diag_set"):
         sys.exit(f"{cuda_lib.library_path()} has no dm_dq_diag_set: rebuild the diagnostic library")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for form, variant, ordered, sync in FORMS:
         if args.forms and form not in args.forms:
@@ -221,7 +222,7 @@ def main(argv=None) -> int:
                 name = form if diag == 0 else f"{form}_diag{diag}"
                 np.save(os.path.join(args.out, f"clock_{name}_{rep}.npy"), raw)
                 row = dict(form=name, rep=rep, diag=diag, **summary(raw, blocks), **transitions(raw),
-                           **occupancy(raw, torch.cuda.get_device_properties(0).multi_processor_count))
+                           **occupancy(raw, sms))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if hasattr(lib, "dm_dq_diag_set"):

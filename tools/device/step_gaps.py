@@ -19,9 +19,12 @@ import gzip
 import json
 import os
 import sys
+from bisect import bisect_left
 from collections import defaultdict
 
 import pandas as pd
+
+from deltamatch.atomic import write_json, write_text
 
 GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -47,6 +50,7 @@ def gaps(trace: dict, iters: int) -> pd.DataFrame:
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
     cpu_ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: float(e["ts"]))
+    op_starts = [float(op["ts"]) for op in cpu_ops]
     per_step = len(gpu) // iters
     rows = defaultdict(lambda: dict(dur_us=0.0, gap_us=0.0, host_late_us=0.0, ops=defaultdict(float)))
     by_step = [dict(gap_us=0.0, host_late_us=0.0, launch_span_us=0.0) for _ in range(iters)]
@@ -70,12 +74,9 @@ def gaps(trace: dict, iters: int) -> pd.DataFrame:
                 row["host_late_us"] += late / iters
                 step["host_late_us"] += late
             if launch is not None and prev_launch_end is not None:  # what the host did between the two launches
-                for op in cpu_ops:
-                    start = float(op["ts"])
-                    if start >= float(launch["ts"]):
-                        break
-                    if start >= prev_launch_end:
-                        row["ops"][op["name"]] += float(op.get("dur", 0.0)) / iters
+                between = slice(bisect_left(op_starts, prev_launch_end), bisect_left(op_starts, float(launch["ts"])))
+                for op in cpu_ops[between]:
+                    row["ops"][op["name"]] += float(op.get("dur", 0.0)) / iters
         prev_end = max(prev_end or 0.0, ts + dur)
         if launch_end is not None:
             prev_launch_end = launch_end
@@ -185,11 +186,8 @@ def main(argv=None) -> int:
         if args.sync_debug:
             record["sync"] = sync_check(method, args.seq_len)
             print("PyTorch's synchronising operations in a step:", record["sync"] or "none")
-        for ext, body in (("md", text), ("json", json.dumps(record, indent=1))):
-            path = os.path.join(args.out, f"step_gaps_{method}.{ext}")
-            with open(path + ".tmp", "w") as f:
-                f.write(body)
-            os.replace(path + ".tmp", path)
+        write_text(os.path.join(args.out, f"step_gaps_{method}.md"), text)
+        write_json(os.path.join(args.out, f"step_gaps_{method}.json"), record, indent=1)
     return 0
 
 

@@ -1,0 +1,16 @@
+"""A script of the repository (not a package module), imported by its path for the tests that call its functions."""
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative: str) -> ModuleType:
+    """The module of ``ROOT / relative`` (e.g. ``tools/device/dq_clock.py``), named by its stem."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
