@@ -96,7 +96,7 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
@@ -112,16 +112,18 @@ SMs, a benchmark's control). ``ws3xf`` (with dQ only) is ``ws3x`` with 448 folde
 four waits a tile where ``ws3xf`` has two), and ``ws3xfd`` that with dQ's product taken out of the consumers into a
 fourth warpgroup (the consumers at 208 registers, it at 72: ``dkdv_factored.cu`` ``dq_group``), so each consumer's
 chain a tile ends with dK's product; ``ws3xfdp`` is ``ws3xfd`` with the promotion in 32-channel quarters through two
-16-register temporaries, the next quarter's product in flight while the last is added. All three meant to give
-``ws3xf``'s bits (each element the same k-steps' sums), built in session 31 and not yet run (kernels/NOTES.md)."""
+16-register temporaries, the next quarter's product in flight while the last is added. All three give ``ws3xf``'s
+bits (each element the same k-steps' sums; kernels/NOTES.md, session 32). ``ws3xfdt`` is ``ws3xfd`` with its epilogue
+through shared memory: each consumer stages dV, then dK in its freed K̂ and V̂ buffers (``stmatrix``, TMA's 128-byte
+swizzle) and one thread writes them by tensor stores, the same bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp")
+DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
-DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp")
+DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms that take 448 (E4M3's largest value, P̂ᵀ's fixed scale) folded into their row terms: the launch passes
 lse2 − log2(448) for lse2 and div.full(1, s) / 448 for the inverses, so the kernel's exponential gives P · 448 itself
 (``factored.cuh`` ``ds_tile``'s FOLDED: P̂ᵀ without its multiply; dŜ = (P · 448)(dP − δ) · (1/s) / 448). P then differs

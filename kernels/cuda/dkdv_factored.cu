@@ -117,6 +117,7 @@ struct Maps {
   CUtensorMap q, k, v, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
   CUtensorMap qt, dot;        // channel-major codes, boxes of 128 channels x 64 queries, 64-byte swizzle
   CUtensorMap kt;             // DQ: K̂ᶜ channel-major, boxes of 128 channels x 128 keys, 128-byte swizzle
+  CUtensorMap dk, dv;         // TMA_OUT: the outputs, boxes of 64 channels x 64 keys (encode_out_rows)
 };
 
 // e4m3(dpt), a consumer's dŜᵀ [64 keys, 64 queries] in accumulator order, as the A fragments of dK's product
@@ -441,11 +442,15 @@ __device__ __forceinline__ void store_dq_sum(float* dq, int first, int t, const 
 // added in turn (issue_channel_part<64>); 4: in four 32-channel quarters through two 16-register temporaries, the next
 // quarter's product issued before this one's add (one group in flight while the other is added);
 // DQ_GROUP (with DQ and SPLIT): dQ's product is the dQ warpgroup's (dq_group), the consumers only write dŜ for it.
+// TMA_OUT (with DQ_GROUP): the epilogue stores dV, then dK through this half's K̂ and V̂ buffers, free once its last
+// product has read them, by two tensor stores each (store_rows_tma, the maps `out`); not for the persistent form, whose
+// producer refills those buffers with the next block's.
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock,
-          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false>
 __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
-                                        uint64_t* kv_empty = nullptr, Where where = {}) {
+                                        uint64_t* kv_empty = nullptr, Where where = {}, const Maps* out = nullptr) {
+  static_assert(!TMA_OUT || DQ_GROUP, "the TMA epilogue is built into the dQ warpgroup's form");
   static_assert(SPLIT == 0 || SPLIT == 2 || SPLIT == 4, "the promotion whole, in halves or in quarters");
   static_assert(!DQ_GROUP || (DQ && SPLIT), "the dQ warpgroup's registers come from the split promotion");
   const bool releaser = threadIdx.x % 32 == 0;
@@ -564,6 +569,15 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     float yv[kHeadDim / 2], yk[kHeadDim / 2];
     finish_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, yv);
     finish_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, yk);
+    if constexpr (TMA_OUT) {
+      uint8_t* const box0 = s.k[half];
+      uint8_t* const box1 = s.v[half];
+      group_sync(half);  // every warp of this half is past its last product, which read box0 and box1
+      store_rows_tma(yv, p.out_fp16, box0, box1, &out->dv, at.b, at.h_kv, at.start_n, half);
+      group_sync(half);  // dV's boxes have been read (the issuer waited)
+      store_rows_tma(yk, p.out_fp16, box0, box1, &out->dk, at.b, at.h_kv, at.start_n, half);
+      return;
+    }
     store_finished_pairs(yv, p.dv, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
     store_finished_pairs(yk, p.dk, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
   };
@@ -768,7 +782,7 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
@@ -845,8 +859,9 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
   const CtaCoords cta = coords();
   Ring<STAGES> ring;
   uint32_t j0 = 0;
-  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE, SameBlock, FOLDED, SPLIT, DQ_GROUP>(
-      s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv, cta.block * kCtaRows + kBlockN * (role - 1), ring, j0);
+  consume<PROMOTE, PIPELINED, STAGES, DQ, EXCHANGE, SameBlock, FOLDED, SPLIT, DQ_GROUP, TMA_OUT>(
+      s, p, role - 1, cta.bh_kv / p.h_kv, cta.bh_kv % p.h_kv, cta.block * kCtaRows + kBlockN * (role - 1), ring, j0,
+      0, nullptr, {}, &maps);
 }
 
 // ws3xp: ws3x ordered, persistent (FlashAttention-3's persistent tile scheduler, as the δ pass's w4pd). One CTA an SM;
@@ -992,15 +1007,17 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
 }  // namespace dkdv
 }  // namespace dm
 
-#define DM_DKDV_KERNEL_FORM(NAME, THREADS, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP) \
+#define DM_DKDV_KERNEL_FORM(NAME, THREADS, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, \
+                            TMA_OUT)                                                                                 \
   extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                          \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                               \
     extern __shared__ uint8_t smem[];                                                                             \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP>(smem, p, maps);   \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, TMA_OUT>(smem, p,  \
+                                                                                                        maps);     \
   }
 #define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED) \
   DM_DKDV_KERNEL_FORM(NAME, dm::factored::kCtaThreads, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, 0, \
-                      false)
+                      false, false)
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false, false)
@@ -1019,13 +1036,16 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq, true, false, 3, true, false, 
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq_ordered, true, false, 3, true, true, true, true)
 // ws3xfs: ws3xf with its promotion split into 64-channel halves (a 32-register temporary: four waits a tile, not two);
 // ws3xfd: ws3xfs with dQ's product in a fourth warpgroup (dq_group), the consumers at 208 registers, it at 72;
-// ws3xfdp: ws3xfd with the promotion in quarters, one in flight while the last is added (SPLIT 4)
-#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP)                                                       \
-  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP)       \
-  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq_ordered, THREADS, true, false, 3, true, true, true, true, SPLIT, GROUP)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true)
+// ws3xfdp: ws3xfd with the promotion in quarters, one in flight while the last is added (SPLIT 4);
+// ws3xfdt: ws3xfd with its epilogue through shared memory and tensor stores (TMA_OUT)
+#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP, TMA_OUT)                                                    \
+  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP, TMA_OUT)   \
+  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq_ordered, THREADS, true, false, 3, true, true, true, true, SPLIT, GROUP,     \
+                      TMA_OUT)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdt, dm::factored::kDqGroupThreads, 2, true, true)
 #undef DM_DKDV_SPLIT_KERNELS
 #undef DM_DKDV_KERNEL
 #undef DM_DKDV_KERNEL_FORM
@@ -1118,6 +1138,9 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
       case 8: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdp_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3xfdp_promoted_dq, smem_bytes<3, true>(),
                       dm::factored::kDqGroupThreads};
+      case 9: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdt_promoted_dq_ordered
+                                                   : dm_dkdv_factored_ws3xfdt_promoted_dq, smem_bytes<3, true>(),
+                      dm::factored::kDqGroupThreads};
       default: return {nullptr, 0};
     }
   }
@@ -1135,7 +1158,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 // only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
 // folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
 // 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
-// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined).
+// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA: the maps
+// dk, dv are encoded for it alone).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
@@ -1156,7 +1180,11 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
       !encode_channels(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM) ||
       !encode_channels(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM) ||
       (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kCtaRows, kHeadDim,
-                           CU_TENSOR_MAP_SWIZZLE_128B))) {
+                           CU_TENSOR_MAP_SWIZZLE_128B)) ||
+      (variant == 9 && (!encode_out_rows(&maps.dk, p->dk, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h,
+                                         kBlockN) ||
+                        !encode_out_rows(&maps.dv, p->dv, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h,
+                                         kBlockN)))) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   if (dq) {

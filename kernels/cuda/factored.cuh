@@ -521,6 +521,70 @@ __device__ __forceinline__ void store_finished_pairs(const float (&y)[kHeadDim /
   }
 }
 
+// ---- the epilogue through shared memory and the TMA (dkdv_factored.cu's `ws3xfdt`) -------------------------------
+// A [64 rows, D] result in the output dtype is staged in shared memory as two boxes of 64 rows x 64 channels (128
+// bytes a row) in TMA's 128-byte swizzle, then written by two tensor stores of one thread: four bulk operations a
+// warpgroup and tensor where store_finished_pairs issues 64 4-byte stores a thread. Rows past the tensor's N are not
+// written (the TMA clips the box).
+
+// Four 8 x 8 matrices of 16-bit values from a warp's accumulator fragments into shared memory (PTX "stmatrix"): lane l
+// gives the address of row l % 8 of matrix l / 8; register m holds matrix m's (row l / 4, columns 2(l % 4) and + 1),
+// the accumulator layout's (g, 2q) pair.
+__device__ __forceinline__ void stmatrix_x4(uint32_t at, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// One consumer warpgroup's own barrier (named barriers 3 and 4: 0 is __syncthreads', 1 and 2 the turns').
+__device__ __forceinline__ void group_sync(int half) {
+  if (half == 0) {
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 4, 128;\n" ::: "memory");
+  }
+}
+
+// The finished rows y (finish_rows' layout) packed to 16 bits into `box[c]` (channels 64c .. 64c + 63; each 8 KB,
+// 1024-byte aligned) in the 128-byte swizzle: row r's 16-byte chunk c at r · 128 + ((c ^ r % 8) · 16). An
+// stmatrix_x4 writes chunks i and i + 1 of the warp's 16 rows (matrices: rows 0-7 and 8-15 of chunk i, then of i + 1);
+// each 8 x 8 matrix's rows land in eight distinct chunks of 128 bytes, so no bank is written twice.
+template <bool FP16>
+__device__ __forceinline__ void stage_swizzled(const float (&y)[kHeadDim / 2], uint8_t* box0, uint8_t* box1) {
+  const int warp = lane().warp, l = int(threadIdx.x % 32), m = l / 8, r = l % 8;
+  const uint32_t row = uint32_t(16 * warp + 8 * (m & 1) + r) * 128;
+  const uint32_t at[2] = {smem_addr(box0) + row, smem_addr(box1) + row};
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; i += 2) {
+    const uint32_t chunk = uint32_t(i % 8 + (m >> 1));
+    stmatrix_x4(at[i / 8] + ((chunk ^ uint32_t(r)) << 4), pack_pair<FP16>(y[4 * i], y[4 * i + 1]),
+                pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]), pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]),
+                pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
+  }
+}
+
+// y into `out` (the map of a (B, N, heads, D) tensor: encode_out_rows) at head `head`, rows start_n .., by consumer
+// warpgroup `half` through its free buffers box0, box1. Every thread of the warpgroup calls it; before the first call
+// the warpgroup is done reading the buffers (a group_sync after its last product), and between two calls a group_sync
+// lets the issuer's wait for the first stores' reads order the second staging after them. The issuer (one thread of
+// the warpgroup) waits for the reads before it returns, so the buffers are free again and the CTA may exit.
+__device__ __forceinline__ void store_rows_tma(const float (&y)[kHeadDim / 2], bool fp16, uint8_t* box0,
+                                               uint8_t* box1, const CUtensorMap* out, int b, int head, int start_n,
+                                               int half) {
+  if (fp16) {
+    stage_swizzled<true>(y, box0, box1);
+  } else {
+    stage_swizzled<false>(y, box0, box1);
+  }
+  fence_async_shared();
+  group_sync(half);
+  if (threadIdx.x % kThreads == 0) {
+    tma_store_4d(out, box0, 0, head, start_n, b);
+    tma_store_4d(out, box1, kHeadDim / 2, head, start_n, b);
+    bulk_wait_read<0>();
+  }
+}
+
 template <typename Finish>
 __device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
                                            int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int head,
@@ -788,6 +852,21 @@ inline bool encode_codes(CUtensorMap* map, const void* base, uint64_t row_bytes,
   const cuuint32_t box[2] = {box_bytes, box_rows}, unit[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, unit,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// A (B, N, heads, D) tensor of 16-bit values (dK, dV) at element strides stride_b, stride_n, stride_h (D contiguous,
+// each stride a multiple of 8 elements) for store_rows_tma: boxes of 64 channels x 1 head x box_rows rows x 1 batch,
+// the 128-byte swizzle. False where the TMA cannot describe it (or no driver entry point).
+inline bool encode_out_rows(CUtensorMap* map, void* base, int b, int n, int heads, int64_t stride_b, int64_t stride_n,
+                            int64_t stride_h, uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
+  if (!encode || stride_b < 0 || stride_n < 0 || stride_h < 0) return false;
+  const cuuint64_t dims[4] = {kHeadDim, cuuint64_t(heads), cuuint64_t(n), cuuint64_t(b)};
+  const cuuint64_t strides[3] = {cuuint64_t(stride_h) * 2, cuuint64_t(stride_n) * 2, cuuint64_t(stride_b) * 2};
+  const cuuint32_t box[4] = {kHeadDim / 2, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, base, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

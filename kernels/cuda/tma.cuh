@@ -74,6 +74,17 @@ __device__ __forceinline__ void bulk_store_f32(float* dst, const float* src, uin
                : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
+// A 4D box of shared memory written into the tensor of `map` at coordinates (c0 innermost .. c3), as one bulk group
+// of the issuing thread; the box's elements outside the tensor's dimensions are not written (a ragged last tile).
+// The shared memory as for bulk_reduce_add_f32: written, fence_async_shared(), a barrier, then this.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");

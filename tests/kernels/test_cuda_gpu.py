@@ -590,15 +590,15 @@ def _record_dkdv_forms(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("variant", ["ws3xfs", "ws3xfd", "ws3xfdp"])
+@pytest.mark.parametrize("variant", ["ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt"])
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (1000, True, 8, 2), (1024, False, 2, 2),
                                               (4096, True, 4, 2), (8192, True, 8, 8)])
 def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n, causal, h, hk, ordered, variant):
     """``ws3xfs`` promotes dV's and dK's products in 64-channel halves, ``ws3xfd`` also moves dQ's product into a
     fourth warpgroup (m64n32 chunks, each 64-key half from zero and added in FP32 as the consumers did), ``ws3xfdp``
-    promotes in 32-channel quarters, one in flight while the last is added: every element is the same k = 32 steps'
-    sum, so dK and dV are ``ws3xf``'s bits, and so is dQ where its adds are ordered (any order: within rounding); the
+    promotes in 32-channel quarters, one in flight while the last is added, ``ws3xfdt`` stores dK and dV through
+    shared memory and the TMA: every element is the same k = 32 steps' sum, so dK and dV are ``ws3xf``'s bits, and so is dQ where its adds are ordered (any order: within rounding); the
     ordered runs give the same bits twice, one from a scratch of NaN (a query tile's first add stores)."""
     ops = dk_operands(n, causal, h, hk)
     s = ops["saved"]
@@ -615,9 +615,21 @@ def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n
                 assert_within_rounding(name, a, b, 1e-3, rows=True)
 
 
+@pytest.mark.parametrize("n, h, hk", [(130, 2, 2), (1000, 8, 2)])
+def test_the_tma_epilogue_gives_the_store_epilogues_bits_in_fp16(dk_operands, n, h, hk):
+    """``ws3xfdt``'s epilogue packs dK and dV to the output dtype in shared memory (``stmatrix``) and writes them by
+    tensor stores: in fp16 as in bf16 (the test above), ``ws3xfd``'s bits, rows past a ragged N left out."""
+    ops = dict(dk_operands(n, True, h, hk), dtype=torch.float16)
+    base = cuda_dqdkdv(ops, variant="ws3xfd", ordered=True)
+    ours = cuda_dqdkdv(ops, variant="ws3xfdt", ordered=True)
+    for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
+        assert a.dtype == torch.float16 and a.shape[1] == n, name
+        assert torch.isfinite(a).all() and torch.equal(a, b), name
+
+
 def test_the_dq_warpgroup_in_the_backward_gives_ws3xf_bits(monkeypatch):
-    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (the default), ``ws3xfdp`` and ``ws3xfs``: O, dQ,
-    dK and dV are ``ws3xf``'s (ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
+    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (the default), ``ws3xfdp``, ``ws3xfdt`` and
+    ``ws3xfs``: O, dQ, dK and dV are ``ws3xf``'s (ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 
@@ -626,12 +638,12 @@ def test_the_dq_warpgroup_in_the_backward_gives_ws3xf_bits(monkeypatch):
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")
     base = run()
-    for variant in ("", "ws3xfdp", "ws3xfs"):  # "": unset, the default (ws3xfd)
+    for variant in ("", "ws3xfdp", "ws3xfdt", "ws3xfs"):  # "": unset, the default (ws3xfd)
         monkeypatch.setenv(CUDA_DKDV_SWITCH, variant)
         ours = run()
         for name, a, b in zip(("o", "dq", "dk", "dv"), ours, base):
             assert torch.equal(a, b), (variant, name)
-    assert calls == ["ws3xf", "ws3xfd", "ws3xfdp", "ws3xfs"]
+    assert calls == ["ws3xf", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfs"]
 
 
 def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch):

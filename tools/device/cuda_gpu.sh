@@ -70,8 +70,13 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
   # a setting whose profile fails (a crash, or its 120 s timeout: a kernel that hangs) is not run again in a later
   # round, so one hung form costs the call 120 s, not 120 s a round
   declare -A failed=()
+  # the order of the settings alternates by round (as the ab stage's trees: the first in odd rounds, the last in even
+  # ones), so a bias towards the first profile of a round falls on each setting alike
+  reversed=()
+  for (( i = ${#settings[@]} - 1; i >= 0; i-- )); do reversed+=("${settings[$i]}"); done
   for round in $(seq 1 "${ROUNDS:-2}"); do
-    for setting in "${settings[@]}"; do
+    if (( round % 2 )); then order=("${settings[@]}"); else order=("${reversed[@]}"); fi
+    for setting in "${order[@]}"; do
       if (( $(date +%s) - start > ${VARIANTS_BUDGET_S:-480} )); then
         echo "  budget: ${VARIANTS_BUDGET_S:-480} s spent, $setting (round $round) and the settings after it skipped"
         break 2
