@@ -521,13 +521,15 @@ def dq_ordered_requested() -> bool:
 
 CUDA_DKDV_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV"
 """The form of the CUDA dK/dV launch that also forms dQ (:data:`DQ_ORDERED_SWITCH`, :data:`DQ_ATOMIC_SWITCH`): one of
-``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3xfd``: ``ws3xf`` with dQ's product in a fourth
-warpgroup of its own, so the consumers' chain a tile ends with dK's product (``ws3xf``'s bits; dK/dV + dQ 4.204 →
-4.036 ms a step, H100, session 32). ``ws3xf`` is ``ws3x`` (dQ's dŜ tile by lane exchange: ``ws3``'s bits in 61
+``cuda_lib.DKDV_WITH_DQ``; unset: :data:`CUDA_DKDV_DEFAULT`, ``ws3xfdt``: ``ws3xfd`` with dK and dV stored through
+shared memory by tensor stores (the same bits; dK/dV + dQ 3.795 → 3.701 ms a step, lower in each of four interleaved
+rounds, H100, session 35). ``ws3xfd`` is ``ws3xf`` with dQ's product in a fourth warpgroup of its own, so the
+consumers' chain a tile ends with dK's product (``ws3xf``'s bits; dK/dV + dQ 4.204 → 4.036 ms a step, H100, session
+32). ``ws3xf`` is ``ws3x`` (dQ's dŜ tile by lane exchange: ``ws3``'s bits in 61
 instructions fewer a thread and tile, 4.78 → 4.52 ms, H200, session 23) with 448 folded into the row terms
 (``cuda_lib.DKDV_FOLDED``: one multiply an element fewer, ``ws3x``'s bits to a few ulps before the casts; 4.140 ms a
 step against 4.194, H200, session 30); ``ws3xf``, ``ws3x`` and ``ws3`` (the byte stores) when asked."""
-CUDA_DKDV_DEFAULT = "ws3xfd"
+CUDA_DKDV_DEFAULT = "ws3xfdt"
 
 
 def cuda_dkdv_variant(ordered: bool = True) -> str:

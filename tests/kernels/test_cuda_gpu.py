@@ -628,7 +628,7 @@ def test_the_tma_epilogue_gives_the_store_epilogues_bits_in_fp16(dk_operands, n,
 
 
 def test_the_dq_warpgroup_in_the_backward_gives_ws3xf_bits(monkeypatch):
-    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfd`` (the default), ``ws3xfdp``, ``ws3xfdt`` and
+    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdt`` (the default), ``ws3xfd``, ``ws3xfdp`` and
     ``ws3xfs``: O, dQ, dK and dV are ``ws3xf``'s (ordered adds) bit for bit, GQA 4 on 2 at a ragged N."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
@@ -638,12 +638,12 @@ def test_the_dq_warpgroup_in_the_backward_gives_ws3xf_bits(monkeypatch):
     run = lambda: _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xf")
     base = run()
-    for variant in ("", "ws3xfdp", "ws3xfdt", "ws3xfs"):  # "": unset, the default (ws3xfd)
+    for variant in ("", "ws3xfd", "ws3xfdp", "ws3xfs"):  # "": unset, the default (ws3xfdt)
         monkeypatch.setenv(CUDA_DKDV_SWITCH, variant)
         ours = run()
         for name, a, b in zip(("o", "dq", "dk", "dv"), ours, base):
             assert torch.equal(a, b), (variant, name)
-    assert calls == ["ws3xf", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfs"]
+    assert calls == ["ws3xf", "ws3xfdt", "ws3xfd", "ws3xfdp", "ws3xfs"]
 
 
 def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch):
@@ -664,8 +664,8 @@ def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch)
 
 
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
-    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xfd`` (dŜ's tile by lane exchange, 448 folded
-    into the row terms, dQ's product in a warpgroup of its own) unless ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for
+    """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xfdt`` (dŜ's tile by lane exchange, 448 folded
+    into the row terms, dQ's product in a warpgroup of its own, dK and dV by tensor stores) unless ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for
     ``ws3x`` or ``ws3`` (the byte stores); those two give the same gradients bit for bit (ordered adds), and the
     default gives them to rounding (as ``test_the_folded_form_is_ws3x_to_rounding``)."""
     from deltamatch.kernels.triton_attention import triton_attention
@@ -680,7 +680,7 @@ def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     exchanged = run()
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
     base = run()
-    assert calls == ["ws3xfd", "ws3x", "ws3"]
+    assert calls == ["ws3xfdt", "ws3x", "ws3"]
     assert all(torch.equal(a, b) for a, b in zip(exchanged, base))
     assert torch.equal(ours[0], exchanged[0])  # O: the forward is the same
     for name, a, b in zip(("dq", "dk", "dv"), ours[1:], exchanged[1:]):
@@ -968,6 +968,22 @@ def test_wide_forward_against_reference_and_fp64(n, causal, h, h_kv, variant, mo
     exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
     assert not torch.equal(ours[0], narrow[0])  # the switch took effect
     assert_near_reference(ours, ref, exact)
+
+
+@pytest.mark.parametrize("n, h, h_kv", [(129, 2, 2), (1000, 4, 2)])
+def test_the_forward_tma_epilogue_gives_the_store_epilogues_bits_in_fp16(forward_operands, n, h, h_kv):
+    """``w4pt`` packs O to the output dtype in shared memory and writes it by tensor stores: in fp16 as in bf16 (the
+    test below), ``w4p``'s O and lse2 bits, rows past a ragged N left out."""
+    from deltamatch.kernels.triton_quant import fragment_token_order
+
+    ops = forward_operands(n, h, h_kv)
+    v8t = ops["v8t"][..., fragment_token_order(ops["v8t"].shape[-1], "cuda")].contiguous()
+    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), True,
+            128**-0.5 * math.log2(math.e))
+    base = cuda_lib.fwd_wide(*args, dtype=torch.float16, variant="w4p")
+    ours = cuda_lib.fwd_wide(*args, dtype=torch.float16, variant="w4pt")
+    assert ours[0].dtype == torch.float16 and ours[0].shape[1] == n and torch.isfinite(ours[0]).all()
+    assert torch.equal(ours[0], base[0]) and torch.equal(ours[1], base[1])
 
 
 @pytest.mark.parametrize("causal", [True, False])

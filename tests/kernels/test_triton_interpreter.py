@@ -450,15 +450,15 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
 
 
 def test_the_cuda_dkdv_form_with_dq_is_ws3xfd_unless_asked(monkeypatch):
-    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfd``
-    (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own); ``ws3`` (byte stores), ``ws3x``,
+    """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfdt``
+    (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own, dK and dV by tensor stores); ``ws3`` (byte stores), ``ws3x``,
     ``ws3xf`` or ``ws3xp`` (persistent) when asked; a form not built with dQ, a bad value, or ``ws3xp`` with the adds
     asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 
     monkeypatch.delenv(CUDA_DKDV_SWITCH, raising=False)
-    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3xfd" in cuda_lib.DKDV_FOLDED
+    assert cuda_dkdv_variant() == CUDA_DKDV_DEFAULT == "ws3xfdt" in cuda_lib.DKDV_FOLDED
     monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3")
     assert cuda_dkdv_variant() == "ws3" in cuda_lib.DKDV_WITH_DQ
     for bad in ("ws4", "fast"):
