@@ -47,7 +47,8 @@ REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk",
 
 FORMS = (("any", "ws3", False, 0), ("order_only", "ws3", True, 3), ("ordered", "ws3", True, 0),
          ("count_only", "ws3", True, 7), ("read_only", "ws3", True, 8), ("ws3x", "ws3x", True, 11),
-         ("persistent", "ws3xp", True, 11), ("dq_group", "ws3xfd", True, 11))
+         ("persistent", "ws3xp", True, 11), ("dq_group", "ws3xfd", True, 11),
+         ("dq_group_tma", "ws3xfdt", True, 11))
 """(form, dK/dV variant, ordered, dq_sync) of each launch."""
 
 
