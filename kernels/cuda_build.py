@@ -155,7 +155,7 @@ KERNELS = (
     # the first tile's S before the loop in both forms, and in the pipelined one the last tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_wide_w4_{promoted}", {_qgmma(128): 12}) for promoted in ("promoted", "unpromoted")),
     *(CudaKernel(f"dm_fwd_wide_{v}_{promoted}", {_qgmma(128): 16})
-      for v in ("w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2", "w4pt") for promoted in ("promoted", "unpromoted")),
+      for v in ("w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2") for promoted in ("promoted", "unpromoted")),
     # matched_factored's quantisation of K, V and dO (quant_passes.cu): per-channel statistics, then both casts
     *(CudaKernel(f"dm_quant_stats_{stat}_{dtype}", {}) for stat in ("centred", "absmax") for dtype in ("bf16", "fp16")),
     *(CudaKernel(f"dm_quant_dual_{rows}{centred}_{order}_{dtype}", {}) for rows in (64, 128)

@@ -172,7 +172,7 @@ FWD_VARIANTS = ("ws4", "ws4p")
 warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64 queries each) share; ``ws4`` runs each
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
-FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2", "w4pt")
+FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2")
 """The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
 before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
@@ -180,8 +180,8 @@ to issue their products (FlashAttention-3's ping-pong), ``w4po`` is ``w4p`` with
 first has formed its first tile's P (2% slower than ``w4p`` on the H200, session 26). Not Triton's bits; the four give
 the same bits. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with a share of the exponentials emulated
 (:data:`EXP_EMULATED`; a degree-3 polynomial, relative error 7.5e-5, where P becomes E4M3): each its own bits.
-``w4pt`` is ``w4p`` with O staged in shared memory (``stmatrix``, TMA's 128-byte swizzle) and written by tensor
-stores: ``w4p``'s bits."""
+(``w4pt``, O through shared memory and tensor stores as the dK/dV's ``ws3xfdt`` stores dK and dV, gave ``w4p``'s bits
+and was 2.1% slower: removed, its code in 65bf4d2; kernels/NOTES.md, session 35.)"""
 
 
 class DvFactoredParams(ctypes.Structure):

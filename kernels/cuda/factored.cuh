@@ -892,19 +892,18 @@ inline bool encode_channels(CUtensorMap* map, const void* codes, uint64_t n_pad,
 inline dim3 cta_grid(int n, int heads) { return dim3((n + kCtaRows - 1) / kCtaRows, heads); }
 
 // A forward's launch (fwd_factored.cu, fwd_wide.cu: Maps holds q, k, vt) over 128-query CTAs: the device and shared
-// memory prepared, Q̂ mapped in boxes of 64 rows, K̂ in boxes of `key_rows`, V̂ᶜᵀ in boxes of D channels x 64 keys;
-// `more(maps)` encodes what else the kernel's maps hold (false: a layout the TMA cannot describe). `extra`: the
-// kernel's arguments after the maps.
-template <typename Params, typename Maps, typename More, typename... Extra>
+// memory prepared, Q̂ mapped in boxes of 64 rows, K̂ in boxes of `key_rows`, V̂ᶜᵀ in boxes of D channels x 64 keys.
+// `extra`: the kernel's arguments after the maps.
+template <typename Params, typename Maps, typename... Extra>
 inline int launch_forward(void (*kernel)(const Params, const Maps, Extra...), int smem, uint32_t key_rows,
-                          const Params& p, int device, cudaStream_t stream, More more, Extra... extra) {
+                          const Params& p, int device, cudaStream_t stream, Extra... extra) {
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
   Maps maps;
   const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
   if (!encode_rows(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows(&maps.k, p.k8, kv_rows, key_rows) ||
-      !encode_channels(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * kHeadDim, kBlockN) || !more(maps)) {
+      !encode_channels(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * kHeadDim, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps, extra...);

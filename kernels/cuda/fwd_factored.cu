@@ -324,7 +324,7 @@ extern "C" int dm_fwd_factored(const FwdFactoredParams* p, int promote, int vari
   const Kernel kernels[2][2] = {{dm_fwd_factored_ws4_unpromoted, dm_fwd_factored_ws4_promoted},
                                 {dm_fwd_factored_ws4p_unpromoted, dm_fwd_factored_ws4p_promoted}};
   return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd::smem_bytes<dm::fwd::kStages>(), kBlockN, *p, device,
-                        stream, [](dm::fwd::Maps&) { return true; });
+                        stream);
 }
 
 // sizeof(FwdFactoredParams), for the loader's check that its ctypes mirror has the same layout.

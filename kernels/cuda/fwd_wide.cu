@@ -23,7 +23,6 @@
 // epilogue writes (O · s_Vᶜ[d]) / l (l sums P · 448) for queries < N and lse2 = m + log2(l) for every query of the CTA.
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
 
 #include "factored.cuh"
@@ -46,18 +45,13 @@ struct __align__(1024) Smem {
   uint8_t k[kStages][kKeys * kHeadDim];
   uint8_t vt[kStages][2][kHeadDim * kBlockN];  // two 64-key boxes of V̂ᶜᵀ
   uint64_t full[kStages], empty[kStages], rows_full;
-  // TMA_OUT: channels 64 .. 127 of consumer h's O, staged (channels 0 .. 63 go into its q[h], free by then); the other
-  // forms' launches leave it out of their shared memory (kSmemBytes), so their carve-out is what it was
-  alignas(1024) uint8_t o_high[kConsumers][kBlockM * kHeadDim];
 };
-constexpr int kSmemBytes = int(offsetof(Smem, o_high)) + 1024;  // + room to align the base
-constexpr int kSmemBytesTmaOut = int(sizeof(Smem)) + 1024;
+constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
 
 struct Maps {
   CUtensorMap q;   // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
   CUtensorMap k;   // the same, boxes of 128 rows
   CUtensorMap vt;  // V̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
-  CUtensorMap o;   // TMA_OUT: O, boxes of 64 channels x 64 queries (encode_out_rows)
 };
 
 // One tile's online-softmax step for this thread's two rows: S (st, raw products) becomes P · 448; m and l move on;
@@ -159,11 +153,9 @@ __device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&pa
   }
 }
 
-// TMA_OUT: O staged in shared memory (channels 0 .. 63 in this half's q, its last S product done; 64 .. 127 in o_high)
-// and written by two tensor stores (factored.cuh store_rows_tma, the map maps->o)
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0, bool TMA_OUT = false>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
 __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
-                                        int start_cta, float* row_max, const Maps* maps) {
+                                        int start_cta, float* row_max) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
   const int start_m = start_cta + kBlockM * half;
@@ -268,16 +260,8 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     }
   }
   const float* svc = p.svc + bh_kv * kHeadDim;
-  auto finish = [&](float x, int r, int col) { return div_full(__fmul_rn(x, svc[col]), l[r]); };
-  if constexpr (TMA_OUT) {
-    float y[kHeadDim / 2];
-    finish_rows(acc, finish, y);
-    group_sync(half);  // every warp of this half is past its last S product, which read q[half]
-    store_rows_tma(y, p.out_fp16, s.q[half], s.o_high[half], &maps->o, int(bh / p.h), int(bh % p.h), start_m, half);
-  } else {
-    store_rows(acc, finish, p.o, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h),
-               start_m, p.n);
-  }
+  store_rows(acc, [&](float x, int r, int col) { return div_full(__fmul_rn(x, svc[col]), l[r]); },
+             p.o, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
   if (q == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -287,7 +271,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0, bool TMA_OUT = false>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps, float* row_max) {
   Smem& s = aligned_smem<Smem>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
@@ -317,20 +301,18 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE, TMA_OUT>(s, p, role - 1, bh, bh_kv, start_cta, row_max, &maps);
+  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta, row_max);
 }
 
 }  // namespace fwd_wide
 }  // namespace dm
 
-#define DM_FWD_WIDE_KERNEL_FORM(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE, TMA_OUT)               \
-  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                               \
-      NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps, float* row_max) {      \
-    extern __shared__ uint8_t smem[];                                                                    \
-    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE, TMA_OUT>(smem, p, maps, row_max); \
+#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE)                      \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                          \
+      NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps, float* row_max) { \
+    extern __shared__ uint8_t smem[];                                                               \
+    dm::fwd_wide::fwd_block<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(smem, p, maps, row_max); \
   }
-#define DM_FWD_WIDE_KERNEL(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE) \
-  DM_FWD_WIDE_KERNEL_FORM(NAME, PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE, false)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_promoted, true, false, false, false, 0)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4_unpromoted, false, false, false, false, 0)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4p_promoted, true, true, false, false, 0)
@@ -345,42 +327,29 @@ DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe4_promoted, true, true, false, false, 4)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe4_unpromoted, false, true, false, false, 4)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe2_promoted, true, true, false, false, 2)
 DM_FWD_WIDE_KERNEL(dm_fwd_wide_w4pe2_unpromoted, false, true, false, false, 2)
-// w4pt: w4p with O stored through shared memory by the TMA
-DM_FWD_WIDE_KERNEL_FORM(dm_fwd_wide_w4pt_promoted, true, true, false, false, 0, true)
-DM_FWD_WIDE_KERNEL_FORM(dm_fwd_wide_w4pt_unpromoted, false, true, false, false, 0, true)
 #undef DM_FWD_WIDE_KERNEL
-#undef DM_FWD_WIDE_KERNEL_FORM
 
 // variant: 0 each tile in turn (w4), 1 the next tile's S and softmax beside this tile's P̂ V̂ᶜ (w4p), 2 w4p with the
 // consumers taking turns to issue (w4pp), 3 w4p with the second consumer started half a tile late (w4po), 4, 5, 6 w4p
 // with every 8th, 4th, 2nd 8-key chunk's exponentials emulated on the FMA pipe (w4pe8, w4pe4, w4pe2; ex2_poly<3>: not
-// the other variants' bits), 7 w4p with O written by tensor stores from shared memory (w4pt)
-// (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order. row_max: null,
+// the other variants' bits) (cuda_lib.FWD_WIDE_VARIANTS). p->v8t in triton_quant.fragment_token_order. row_max: null,
 // or (B, H, N_pad) FP32 that takes each row's m (the max of S·c less log2(448), as lse2 = m + log2(l) holds it), which
 // the δ pass's DELTA_ROW_MAX variants read in place of their per-element max P (an argument of its own, not a field of
 // FwdFactoredParams: kernels/NOTES.md, session 24, on a Params that grew).
 extern "C" int dm_fwd_wide(const FwdFactoredParams* p, float* row_max, int promote, int variant, int device,
                            cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant < 0 || variant > 7) {
+  if (!valid_shape(*p) || variant < 0 || variant > 6) {
     return cudaErrorInvalidValue;
   }
   using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps, float*);
-  const Kernel kernels[8][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
+  const Kernel kernels[7][2] = {{dm_fwd_wide_w4_unpromoted, dm_fwd_wide_w4_promoted},
                                 {dm_fwd_wide_w4p_unpromoted, dm_fwd_wide_w4p_promoted},
                                 {dm_fwd_wide_w4pp_unpromoted, dm_fwd_wide_w4pp_promoted},
                                 {dm_fwd_wide_w4po_unpromoted, dm_fwd_wide_w4po_promoted},
                                 {dm_fwd_wide_w4pe8_unpromoted, dm_fwd_wide_w4pe8_promoted},
                                 {dm_fwd_wide_w4pe4_unpromoted, dm_fwd_wide_w4pe4_promoted},
-                                {dm_fwd_wide_w4pe2_unpromoted, dm_fwd_wide_w4pe2_promoted},
-                                {dm_fwd_wide_w4pt_unpromoted, dm_fwd_wide_w4pt_promoted}};
-  const bool tma_out = variant == 7;
-  return launch_forward(
-      kernels[variant][promote ? 1 : 0], tma_out ? dm::fwd_wide::kSmemBytesTmaOut : dm::fwd_wide::kSmemBytes,
-      dm::fwd_wide::kKeys, *p, device, stream,
-      [&](dm::fwd_wide::Maps& maps) {
-        return !tma_out || encode_out_rows(&maps.o, p->o, p->b, p->n, p->h, p->stride_b, p->stride_n, p->stride_h,
-                                           kBlockM);
-      },
-      row_max);
+                                {dm_fwd_wide_w4pe2_unpromoted, dm_fwd_wide_w4pe2_promoted}};
+  return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd_wide::kSmemBytes, dm::fwd_wide::kKeys, *p, device,
+                        stream, row_max);
 }

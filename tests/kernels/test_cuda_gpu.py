@@ -970,22 +970,6 @@ def test_wide_forward_against_reference_and_fp64(n, causal, h, h_kv, variant, mo
     assert_near_reference(ours, ref, exact)
 
 
-@pytest.mark.parametrize("n, h, h_kv", [(129, 2, 2), (1000, 4, 2)])
-def test_the_forward_tma_epilogue_gives_the_store_epilogues_bits_in_fp16(forward_operands, n, h, h_kv):
-    """``w4pt`` packs O to the output dtype in shared memory and writes it by tensor stores: in fp16 as in bf16 (the
-    test below), ``w4p``'s O and lse2 bits, rows past a ragged N left out."""
-    from deltamatch.kernels.triton_quant import fragment_token_order
-
-    ops = forward_operands(n, h, h_kv)
-    v8t = ops["v8t"][..., fragment_token_order(ops["v8t"].shape[-1], "cuda")].contiguous()
-    args = (ops["q8"], ops["k8"], v8t, ops["sq"], ops["sk"], ops["svc"], tuple(ops["q"].shape), True,
-            128**-0.5 * math.log2(math.e))
-    base = cuda_lib.fwd_wide(*args, dtype=torch.float16, variant="w4p")
-    ours = cuda_lib.fwd_wide(*args, dtype=torch.float16, variant="w4pt")
-    assert ours[0].dtype == torch.float16 and ours[0].shape[1] == n and torch.isfinite(ours[0]).all()
-    assert torch.equal(ours[0], base[0]) and torch.equal(ours[1], base[1])
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("promote", [True, False])
 def test_wide_forward_is_deterministic_one_set_of_bits_and_refuses_a_bad_variant(forward_operands, promote, causal):
