@@ -523,9 +523,9 @@ __device__ __forceinline__ void store_finished_pairs(const float (&y)[kHeadDim /
 
 // ---- the epilogue through shared memory and the TMA (dkdv_factored.cu's `ws3xfdt`) -------------------------------
 // A [64 rows, D] result in the output dtype is staged in shared memory as two boxes of 64 rows x 64 channels (128
-// bytes a row) in TMA's 128-byte swizzle, then written by two tensor stores of one thread: four bulk operations a
-// warpgroup and tensor where store_finished_pairs issues 64 4-byte stores a thread. Rows past the tensor's N are not
-// written (the TMA clips the box).
+// bytes a row) in TMA's 128-byte swizzle, then written by two tensor stores of one thread: 8 stmatrix a thread and two
+// bulk stores a warpgroup and tensor, where store_finished_pairs issues 64 4-byte global stores a thread. Rows past
+// the tensor's N are not written (the TMA clips the box).
 
 // Four 8 x 8 matrices of 16-bit values from a warp's accumulator fragments into shared memory (PTX "stmatrix"): lane l
 // gives the address of row l % 8 of matrix l / 8; register m holds matrix m's (row l / 4, columns 2(l % 4) and + 1),

@@ -595,11 +595,12 @@ def _record_dkdv_forms(monkeypatch) -> list:
 @pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (1000, True, 8, 2), (1024, False, 2, 2),
                                               (4096, True, 4, 2), (8192, True, 8, 8)])
 def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n, causal, h, hk, ordered, variant):
-    """``ws3xfs`` promotes dV's and dK's products in 64-channel halves, ``ws3xfd`` also moves dQ's product into a
-    fourth warpgroup (m64n32 chunks, each 64-key half from zero and added in FP32 as the consumers did), ``ws3xfdp``
-    promotes in 32-channel quarters, one in flight while the last is added, ``ws3xfdt`` stores dK and dV through
-    shared memory and the TMA: every element is the same k = 32 steps' sum, so dK and dV are ``ws3xf``'s bits, and so is dQ where its adds are ordered (any order: within rounding); the
-    ordered runs give the same bits twice, one from a scratch of NaN (a query tile's first add stores)."""
+    """``ws3xfs`` promotes dV's and dK's products in 64-channel halves, ``ws3xfd`` also moves dQ's product into a fourth
+    warpgroup (m64n32 chunks, each 64-key half from zero and added in FP32 as the consumers did), ``ws3xfdp`` promotes
+    in 32-channel quarters, one in flight while the last is added, ``ws3xfdt`` stores dK and dV through shared memory
+    and the TMA: every element is the same k = 32 steps' sum, so dK and dV are ``ws3xf``'s bits, and so is dQ where its
+    adds are ordered (any order: within rounding); the ordered runs give the same bits twice, one from a scratch of NaN
+    (a query tile's first add stores)."""
     ops = dk_operands(n, causal, h, hk)
     s = ops["saved"]
     scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device) if ordered else None
@@ -665,9 +666,10 @@ def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch)
 
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xfdt`` (dŜ's tile by lane exchange, 448 folded
-    into the row terms, dQ's product in a warpgroup of its own, dK and dV by tensor stores) unless ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for
-    ``ws3x`` or ``ws3`` (the byte stores); those two give the same gradients bit for bit (ordered adds), and the
-    default gives them to rounding (as ``test_the_folded_form_is_ws3x_to_rounding``)."""
+    into the row terms, dQ's product in a warpgroup of its own, dK and dV by tensor stores) unless
+    ``DELTAMATCH_KERNEL_CUDA_DKDV`` asks for ``ws3x`` or ``ws3`` (the byte stores); those two give the same gradients
+    bit for bit (ordered adds), and the default gives them to rounding (as
+    ``test_the_folded_form_is_ws3x_to_rounding``)."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH
 

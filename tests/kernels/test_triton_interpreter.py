@@ -449,11 +449,11 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
         cuda_delta_variant(128)
 
 
-def test_the_cuda_dkdv_form_with_dq_is_ws3xfd_unless_asked(monkeypatch):
+def test_the_cuda_dkdv_form_with_dq_is_ws3xfdt_unless_asked(monkeypatch):
     """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfdt``
-    (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own, dK and dV by tensor stores); ``ws3`` (byte stores), ``ws3x``,
-    ``ws3xf`` or ``ws3xp`` (persistent) when asked; a form not built with dQ, a bad value, or ``ws3xp`` with the adds
-    asked in any order, an error naming the switch."""
+    (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own, dK and dV by tensor stores);
+    ``ws3`` (byte stores), ``ws3x``, ``ws3xf`` or ``ws3xp`` (persistent) when asked; a form not built with dQ, a bad
+    value, or ``ws3xp`` with the adds asked in any order, an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_DKDV_DEFAULT, CUDA_DKDV_SWITCH, cuda_dkdv_variant
 

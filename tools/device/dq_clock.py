@@ -13,7 +13,8 @@ ordered, sync 11), its persistent form (``persistent``: ws3xp, whose reducers' c
 the order taken, instead of one per CTA: its consumers' counters are not kept) and the dQ warpgroup form
 (``dq_group``: ws3xfd, ordered, sync 11), where ``peer`` is the consumers' wait for the dQ warpgroup to release dŜ and
 ``group_full``, ``group_empty`` and ``group_ms_sum`` are the dQ warpgroup's waits for both consumers' dŜ and for the
-reducers to read its product (shares of its time, as the consumers' are of theirs) and its loop's time. The counters
+reducers to read its product (shares of its time, as the consumers' are of theirs) and its loop's time, and the same
+with dK and dV by tensor stores (``dq_group_tma``: ws3xfdt, the default since session 35). The counters
 cost a few instructions per tile (the reducer's registers are few), so the times are not the plain library's; the
 shares are what to read.
 
