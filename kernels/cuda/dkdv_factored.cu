@@ -1114,11 +1114,13 @@ namespace {
 
 using DkdvKernel = void (*)(DkdvFactoredParams, dm::dkdv::Maps);
 
-// The kernel of each (variant, promote), in cuda_lib.DKDV_VARIANTS' numbering, its dynamic shared memory and threads.
+// The kernel of each (variant, promote), in cuda_lib.DKDV_VARIANTS' numbering, its dynamic shared memory and threads,
+// and whether it stores dK and dV by the TMA (Maps::dk, dv encoded for it).
 struct DkdvLaunch {
   DkdvKernel kernel;
   int smem;
   int threads = dm::factored::kCtaThreads;
+  bool tma_out = false;
 };
 DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   using namespace dm::dkdv;
@@ -1140,7 +1142,7 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
                       dm::factored::kDqGroupThreads};
       case 9: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdt_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3xfdt_promoted_dq, smem_bytes<3, true>(),
-                      dm::factored::kDqGroupThreads};
+                      dm::factored::kDqGroupThreads, true};
       default: return {nullptr, 0};
     }
   }
@@ -1158,8 +1160,7 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 // only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
 // folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
 // 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
-// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA: the maps
-// dk, dv are encoded for it alone).
+// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
@@ -1181,10 +1182,9 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
       !encode_channels(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM) ||
       (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kCtaRows, kHeadDim,
                            CU_TENSOR_MAP_SWIZZLE_128B)) ||
-      (variant == 9 && (!encode_out_rows(&maps.dk, p->dk, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h,
-                                         kBlockN) ||
-                        !encode_out_rows(&maps.dv, p->dv, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h,
-                                         kBlockN)))) {
+      (launch.tma_out &&
+       (!encode_out_rows(&maps.dk, p->dk, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h, kBlockN) ||
+        !encode_out_rows(&maps.dv, p->dv, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h, kBlockN)))) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   if (dq) {
