@@ -96,7 +96,8 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt",
+                 "ws3xfdtl")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
@@ -115,15 +116,25 @@ chain a tile ends with dK's product; ``ws3xfdp`` is ``ws3xfd`` with the promotio
 16-register temporaries, the next quarter's product in flight while the last is added. All three give ``ws3xf``'s
 bits (each element the same k-steps' sums; kernels/NOTES.md, session 32). ``ws3xfdt`` is ``ws3xfd`` with its epilogue
 through shared memory: each consumer stages dV, then dK in its freed K̂ and V̂ buffers (``stmatrix``, TMA's 128-byte
-swizzle) and one thread writes them by tensor stores, the same bits."""
+swizzle) and one thread writes them by tensor stores, the same bits. ``ws3xfdtl`` is ``ws3xfdt`` launched longest first
+(:data:`DKDV_LONGEST_FIRST`)."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
+DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
-DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
+DKDV_LONGEST_FIRST = ("ws3xfdtl",)
+"""The forms launched from the first key block (causal: the longest CTAs first, LPT), every kv head's block k before any
+block k + 1 (``section_heads`` of them interleaved: by default all, :func:`longest_first_section_heads`), where the
+others start the shortest first (FA3's SPT order, which its ordered adds need): with the longest CTAs last the SMs idle
+while the last of them finish, 3% of the kernel at causal N = 8K on the H100 (kernels/NOTES.md, session 35's clock
+build; ``tools/launch_order_model.py`` models both). Ordered, each key block walks its query tiles downward
+(``factored.cuh`` ``DecreasingSchedule``) and the adds into a query tile land in increasing key blocks, so every add
+waits only on CTAs launched earlier, as before: dQ is bit-reproducible, its bits (and dK's and dV's, summed in that
+order) not those of the upward walks. In any order only the launch order changes: ``ws3xfdt``'s dK and dV bits."""
+DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl")
 """The forms that take 448 (E4M3's largest value, P̂ᵀ's fixed scale) folded into their row terms: the launch passes
 lse2 − log2(448) for lse2 and div.full(1, s) / 448 for the inverses, so the kernel's exponential gives P · 448 itself
 (``factored.cuh`` ``ds_tile``'s FOLDED: P̂ᵀ without its multiply; dŜ = (P · 448)(dP − δ) · (1/s) / 448). P then differs
@@ -509,8 +520,9 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     the adds into each query tile land in one order (decreasing key blocks, each waiting on a counter per tile), so
     dQ is bit-reproducible, and dK and dV sum their query tiles in increasing order (within one bf16 rounding of
     ``dkdv_factored``'s); else the adds land in any order and dK and dV are ``dkdv_factored``'s bits.
-    ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
-    :func:`ordered_section_heads`). ``sync`` (with ``ordered``; None: ``$DELTAMATCH_KERNEL_DQ_SYNC``, else
+    ``section_heads``: with ``ordered``, or for a longest-first form (:data:`DKDV_LONGEST_FIRST`) ordered or not, the
+    kv heads whose CTAs are launched interleaved (default :func:`ordered_section_heads`, or
+    :func:`longest_first_section_heads`). ``sync`` (with ``ordered``; None: ``$DELTAMATCH_KERNEL_DQ_SYNC``, else
     :data:`DQ_SYNC_DEFAULT`): 11 FA3's count once read with no fence, 0 the count once written with fences, or one of
     tools/device/cuda_dv_bench.py's controls (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's
     count after the reads, 3 the launch order alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the
@@ -520,8 +532,9 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     ``dq_acc``: the FP32 (B, H, N_pad, D) scratch to use (a new one when None), for a caller that reads the sums
     before the epilogue's cast (tools/device/dq_stress.py); its 64-row blocks are in the kernel's order.
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
-    if section_heads is not None and (not ordered or int(section_heads) < 1):
-        raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
+    if section_heads is not None and (not (ordered or variant in DKDV_LONGEST_FIRST) or int(section_heads) < 1):
+        raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True or a variant of "
+                         f"{DKDV_LONGEST_FIRST}")
     if dq_acc is not None and (tuple(dq_acc.shape) != tuple(q8.shape) or dq_acc.dtype != torch.float32
                                or dq_acc.device != q8.device or not dq_acc.is_contiguous()):
         raise ValueError(f"dq_acc: {dq_acc.dtype} {tuple(dq_acc.shape)} on {dq_acc.device}"
@@ -552,6 +565,16 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
     while heads * 2 <= b * h_kv and heads * 2 * per_kv_head <= L2_BYTES:
         heads *= 2
     return heads
+
+
+def longest_first_section_heads(b: int, h_kv: int) -> int:
+    """How many kv heads the longest-first launch (:data:`DKDV_LONGEST_FIRST`) interleaves: all of them. Its CTAs that
+    run at once on one kv head walk the same query tiles at the same steps (the blocks of one wave: the first two, then
+    the next two, ...), so what they share in L2 is the few tiles of those steps, not a whole head's; and the fewer of a
+    head's blocks a wave holds, the shorter the chain of turns between the blocks that start together
+    (``tools/launch_order_model.py``: at causal N = 8K, B·H = 64, sections of 4 heads leave the first wave 33 blocks of
+    a head in step and lose; all 64 heads, two)."""
+    return b * h_kv
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
@@ -599,8 +622,11 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         if dq_acc is None:  # (a caller's was checked by dqdkdv_factored)
             dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
         sem, heads = None, 0
-        if ordered:
+        if variant in DKDV_LONGEST_FIRST:
+            heads = longest_first_section_heads(b, h_kv) if section_heads is None else int(section_heads)
+        elif ordered:
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
+        if ordered:
             # a counter per query tile, and ws3xp's count of key blocks taken; zeroed by the launch
             sem = torch.empty(b * h * (n_pad // 64) + 1, dtype=torch.int32, device=device)
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),

@@ -202,6 +202,15 @@ __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
   const CtaTile cta = cta_from_last(unsigned(p.dq_section_heads));
   return {cta.block, cta.bh};
 }
+// LPT (`ws3xfdtl`): the launch order from the first key block (the longest first, causal), the kv heads of a section
+// of dq_section_heads interleaved; ordered, each key block walks its query tiles downward (DecreasingSchedule) and the
+// adds into a query tile land in increasing key blocks, so again every CTA waited for was launched earlier. Why: with
+// the shortest first the longest CTAs end the grid, and the SMs idle while the last of them finish (3% of the kernel
+// at causal N = 8K on the H100, session 35's clock build); tools/launch_order_model.py models both orders.
+__device__ __forceinline__ CtaCoords cta_coords_first(const DkdvFactoredParams& p) {
+  const CtaTile cta = cta_from_first(unsigned(p.dq_section_heads));
+  return {cta.block, cta.bh};
+}
 
 // Where the dQ-in-dK/dV forms wait (tools/device/dq_clock.py), in a build with -DDM_DQ_CLOCK only: kClockSlots
 // counters per CTA (linear blockIdx) in dm_dq_clock, read by the exported dm_dq_clock_read. Without the macro every
@@ -335,11 +344,14 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
   for (; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
+    // the adds into a query tile in decreasing key blocks from `last` (IncreasingSchedule's walks), or in increasing
+    // ones from block 0 (DecreasingSchedule's, the LPT launch)
+    constexpr bool kFromFirst = Sched::kDescending;
     const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
-    const bool store = ORDERED && stores_first(p.dq_sync) && block == last;
+    const bool store = ORDERED && stores_first(p.dq_sync) && block == (kFromFirst ? 0 : last);
     if (ordered && waits) {
       const auto t0 = DqClock::now();
-      const int turn = counts ? last - block : 0;
+      const int turn = counts ? (kFromFirst ? block : last - block) : 0;
       spun += wait_turn(p.dq_sem + tile, turn) > 1;
       const unsigned waited = unsigned(DqClock::now() - t0);
       turn_clk += waited;
@@ -782,15 +794,19 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false, bool LPT = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
-  using Sched = std::conditional_t<ORDERED, IncreasingSchedule, Schedule>;
+  static_assert(DQ || !LPT, "the launch order is the dQ form's (dq_section_heads)");
+  // unordered, LPT changes the launch order alone: Triton's walks, so Triton's dK and dV bits
+  using Sched = std::conditional_t<ORDERED, std::conditional_t<LPT, DecreasingSchedule, IncreasingSchedule>, Schedule>;
   // the arrivals dŜ's release and dQ's product count: the dQ warpgroup's threads, or both consumers'
   constexpr int kDqArrivals = DQ_GROUP ? kThreads : kConsumers * kThreads;
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
-  auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
+  auto coords = [&] {
+    return LPT ? cta_coords_first(p) : ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y};
+  };
   if (threadIdx.x == 0) {
     DqClock::put(kCtaNs, DqClock::ns());
     const CtaCoords cta = coords();
@@ -1008,16 +1024,16 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
 }  // namespace dm
 
 #define DM_DKDV_KERNEL_FORM(NAME, THREADS, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, \
-                            TMA_OUT)                                                                                 \
+                            TMA_OUT, LPT)                                                                            \
   extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                          \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                               \
     extern __shared__ uint8_t smem[];                                                                             \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, TMA_OUT>(smem, p,  \
-                                                                                                        maps);     \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, TMA_OUT, LPT>(    \
+        smem, p, maps);                                                                                           \
   }
 #define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED) \
   DM_DKDV_KERNEL_FORM(NAME, dm::factored::kCtaThreads, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, 0, \
-                      false, false)
+                      false, false, false)
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false, false)
@@ -1037,15 +1053,18 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq_ordered, true, false, 3, true,
 // ws3xfs: ws3xf with its promotion split into 64-channel halves (a 32-register temporary: four waits a tile, not two);
 // ws3xfd: ws3xfs with dQ's product in a fourth warpgroup (dq_group), the consumers at 208 registers, it at 72;
 // ws3xfdp: ws3xfd with the promotion in quarters, one in flight while the last is added (SPLIT 4);
-// ws3xfdt: ws3xfd with its epilogue through shared memory and tensor stores (TMA_OUT)
-#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP, TMA_OUT)                                                    \
-  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP, TMA_OUT)   \
+// ws3xfdt: ws3xfd with its epilogue through shared memory and tensor stores (TMA_OUT);
+// ws3xfdtl: ws3xfdt launched longest first (LPT; cta_coords_first), ordered with its walks downward
+#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP, TMA_OUT, LPT)                                               \
+  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP, TMA_OUT,   \
+                      LPT)                                                                                         \
   DM_DKDV_KERNEL_FORM(NAME##_promoted_dq_ordered, THREADS, true, false, 3, true, true, true, true, SPLIT, GROUP,     \
-                      TMA_OUT)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdt, dm::factored::kDqGroupThreads, 2, true, true)
+                      TMA_OUT, LPT)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false, false, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true, false, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true, false, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdt, dm::factored::kDqGroupThreads, 2, true, true, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdtl, dm::factored::kDqGroupThreads, 2, true, true, true)
 #undef DM_DKDV_SPLIT_KERNELS
 #undef DM_DKDV_KERNEL
 #undef DM_DKDV_KERNEL_FORM
@@ -1121,6 +1140,7 @@ struct DkdvLaunch {
   int smem;
   int threads = dm::factored::kCtaThreads;
   bool tma_out = false;
+  bool lpt = false;  // launched from the first key block (cta_coords_first): dq_section_heads, ordered or not
 };
 DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   using namespace dm::dkdv;
@@ -1143,6 +1163,9 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
       case 9: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdt_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3xfdt_promoted_dq, smem_bytes<3, true>(),
                       dm::factored::kDqGroupThreads, true};
+      case 10: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdtl_promoted_dq_ordered
+                                                    : dm_dkdv_factored_ws3xfdtl_promoted_dq, smem_bytes<3, true>(),
+                       dm::factored::kDqGroupThreads, true, true};
       default: return {nullptr, 0};
     }
   }
@@ -1160,7 +1183,8 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 // only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
 // folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
 // 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
-// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA).
+// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA),
+// 10 ws3xfdtl (ws3xfdt launched longest first, dq_section_heads kv heads interleaved, ordered or not).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
@@ -1171,7 +1195,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   const void* kernel = persistent ? reinterpret_cast<const void*>(dm_dkdv_factored_ws3xp_promoted_dq_ordered)
                                   : reinterpret_cast<const void*>(launch.kernel);
   if (persistent && (!dq || p->dq_sem == nullptr || promote == 0)) return cudaErrorInvalidValue;
-  if (!kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
+  if (!kernel || (dq && (p->dq_sem != nullptr || launch.lpt) && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(kernel, launch.smem, device); err != cudaSuccess) return err;
   dm::dkdv::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;

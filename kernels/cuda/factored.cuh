@@ -129,6 +129,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
 // the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
 struct Schedule {
+  static constexpr bool kDescending = false;  // start(it) grows with it (Walk merges two halves by the smaller start)
   int lo, diag_end, full_end, tail, unmasked, tiles;
 
   __device__ Schedule(int start_n, int n, bool causal) {
@@ -175,6 +176,18 @@ struct IncreasingSchedule : Schedule {
   __device__ bool masked(int it) const { return it < diag || it >= diag + unmasked; }
 };
 
+// The same tiles in decreasing order: the ragged end (masked), the unmasked range from its top, then the causal
+// diagonal. The ordered dQ-in-dK/dV form launched longest first (`ws3xfdtl`, LPT) walks this: its adds into a query
+// tile land in increasing key blocks, and a key block reaches each query tile at the same step of its walk as every
+// key block below it (all walks end at their diagonals), so one launched later reaches it later. Not Triton's bits
+// (dK and dV sum the products in this order), nor IncreasingSchedule's.
+struct DecreasingSchedule : IncreasingSchedule {
+  static constexpr bool kDescending = true;  // Walk merges two halves by the larger start
+  using IncreasingSchedule::IncreasingSchedule;
+  __device__ int start(int it) const { return IncreasingSchedule::start(tiles - 1 - it); }
+  __device__ bool masked(int it) const { return IncreasingSchedule::masked(tiles - 1 - it); }
+};
+
 // The key tiles of a block of `rows` queries from start_m, KEYS keys a tile, in Triton's order for the forward
 // (triton_fwd._attn_fwd_kernel), dQ and the δ pass (triton_bwd._key_ranges), which agree: [0, full_end) unmasked,
 // then [full_end, hi) masked: the causal diagonal, or the ragged end; a tile never reaches past N_pad. A 64-query half
@@ -182,6 +195,7 @@ struct IncreasingSchedule : Schedule {
 // 128-query CTAs) the masked range is one tile, the last.
 template <int KEYS>
 struct KeyTiles {
+  static constexpr bool kDescending = false;
   int unmasked, tiles;
   __device__ KeyTiles(int start_m, int n, bool causal, int rows = kBlockM) {
     int full_end = (n / KEYS) * KEYS, hi = n;
@@ -693,9 +707,10 @@ struct Walk {
            | (half1.masked(i1) ? kMasked0 << 1 : 0) | (last ? kLast : 0);
   }
   __device__ void settle() {
-    const int m0 = i0 < half0.tiles ? half0.start(i0) : INT_MAX;
-    const int m1 = i1 < half1.tiles ? half1.start(i1) : INT_MAX;
-    start = min(m0, m1);
+    constexpr int kNone = Sched::kDescending ? INT_MIN : INT_MAX;  // a half past its last tile
+    const int m0 = i0 < half0.tiles ? half0.start(i0) : kNone;
+    const int m1 = i1 < half1.tiles ? half1.start(i1) : kNone;
+    start = Sched::kDescending ? max(m0, m1) : min(m0, m1);
     use0 = m0 == start;
     use1 = m1 == start;
   }
@@ -754,6 +769,14 @@ __device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned bloc
 }
 __device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
   return tile_from_last(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
+}
+// The same from the first block to the last: a key-stationary kernel then starts its longest CTAs first and the
+// shortest end the grid (LPT: the dK/dV launch `ws3xfdtl`, whose ordered adds land in increasing key blocks).
+__device__ __forceinline__ CtaTile cta_from_first(unsigned section) {
+  const unsigned linear = blockIdx.y * gridDim.x + blockIdx.x, blocks = gridDim.x, heads = gridDim.y;
+  const unsigned first = linear / (section * blocks) * section;  // the section's first head
+  const unsigned size = min(section, heads - first), at = linear - first * blocks;
+  return {at / size, first + at % size};
 }
 // The query tile a CTA (or a persistent CTA's turn) runs: its first query, query head and kv head (GQA).
 struct QueryTile {

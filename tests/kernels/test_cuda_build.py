@@ -371,7 +371,7 @@ def test_a_dq_only_dkdv_form_without_dq_is_refused_by_name():
     t = torch.empty(0)
     with pytest.raises(ValueError, match=r"variant 'ws3x' is built with dQ only: call dqdkdv_factored"):
         cuda_lib.dkdv_factored(*[t] * 15, 100, True, 1.0, 1.0, variant="ws3x")
-    expected = r"\('ws3', 'ws3x', 'ws3xp', 'ws3xf', 'ws3xfs', 'ws3xfd', 'ws3xfdp', 'ws3xfdt'\)"
+    expected = r"\('ws3', 'ws3x', 'ws3xp', 'ws3xf', 'ws3xfs', 'ws3xfd', 'ws3xfdp', 'ws3xfdt', 'ws3xfdtl'\)"
     with pytest.raises(ValueError, match=r"variant 'ws4' is not built with dQ: expected one of " + expected):
         cuda_lib.dqdkdv_factored(*[t] * 17, 100, True, 1.0, 1.0, variant="ws4", sync=11)
 

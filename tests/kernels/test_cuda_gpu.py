@@ -616,6 +616,37 @@ def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n
                 assert_within_rounding(name, a, b, 1e-3, rows=True)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("n, causal, h, hk", [(130, True, 2, 2), (1000, True, 8, 2), (1024, False, 2, 2),
+                                              (4096, True, 4, 2), (8192, True, 8, 8)])
+def test_the_longest_first_launch_sums_ws3xfdts_products(dk_operands, n, causal, h, hk, ordered):
+    """``ws3xfdtl`` launches ``ws3xfdt`` from the first key block (causal: the longest CTAs first). In any order only
+    the launch order changes: dK and dV are ``ws3xfdt``'s bits (Triton's walks), dQ within rounding. Ordered, each key
+    block walks its query tiles downward and the adds into a query tile land in increasing key blocks: the same
+    products summed in other orders, so dQ, dK and dV within rounding of ordered ``ws3xfdt``'s, and one set of bits
+    run after run — from a scratch of NaN (block 0's add, each query tile's first, stores: a tile it missed would keep
+    NaN), and with one kv head a section, where a head's blocks fill the first wave and wait on each other in a chain
+    (the sums' order is the same, the launch's not)."""
+    ops = dk_operands(n, causal, h, hk)
+    s = ops["saved"]
+    scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device) if ordered else None
+    base = cuda_dqdkdv(ops, variant="ws3xfdt", ordered=ordered)
+    runs = [cuda_dqdkdv(ops, variant="ws3xfdtl", ordered=ordered, dq_acc=acc) for acc in (None, scratch)]
+    runs.append(cuda_dqdkdv(ops, variant="ws3xfdtl", ordered=ordered, section_heads=1))
+    torch.cuda.synchronize()
+    for ours in runs:
+        for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
+            assert torch.isfinite(a).all(), name
+            if not ordered and name != "dQ":
+                assert torch.equal(a, b), f"{name} differs: relative {relative_error(a, b):.2e}"
+            else:
+                assert_within_rounding(name, a, b, 1e-3, rows=True)
+    if ordered:
+        for again in runs[1:]:
+            for name, a, b in zip(("dQ", "dK", "dV"), again, runs[0]):
+                assert torch.equal(a, b), f"{name} differs between runs: relative {relative_error(a, b):.2e}"
+
+
 @pytest.mark.parametrize("n, h, hk", [(130, 2, 2), (1000, 8, 2)])
 def test_the_tma_epilogue_gives_the_store_epilogues_bits_in_fp16(dk_operands, n, h, hk):
     """``ws3xfdt``'s epilogue packs dK and dV to the output dtype in shared memory (``stmatrix``) and writes them by

@@ -1,0 +1,172 @@
+"""A model of how the CUDA dK/dV + dQ kernel's CTAs fill the GPU: which launch order of (key block, kv head) leaves
+how much of the SMs idle at the grid's tail, and how long the ordered dQ adds wait for their turns.
+
+The model: one CTA an SM (`ws3xfdt` holds one), `sms` of them; the block scheduler starts the CTAs in launch order,
+each on the first SM to free. A CTA of key block k walks its query tiles (64 queries each; causal: tiles 2k .. last,
+128 keys a CTA) at ``tile_us`` a tile after ``cta_us`` of its own (prologue, epilogue, the scheduler's gap). Each
+tile's dQ product goes to the query tile's FP32 scratch by one of the CTA's two reducers (every other tile each, one
+add at a time): the add starts once the product is formed and, ordered, once the add before it in the tile's order of
+key blocks has completed; it reads the product in ``read_us`` (which frees the buffer: the consumers run at most
+``slack`` tiles ahead) and its writes complete ``write_us`` later. Calibrated on session 35's clock build
+(`benchmarks/results/h100_kernel_2026-12-05_s35/`, call 4, H100, `ws3xfdt` at causal N = 8K, B·H = 64): 4,096 CTAs,
+266,240 tiles, the CTAs' reducer windows summing to 466.8 ms, so ≈ 1.70 µs a tile once ≈ 2.6 µs a CTA is taken out;
+span 3.72 ms; the SMs idle 5.0% of it, 3.0% in its last tenth (the tail: this model's idle share, which counts the
+CTAs' own prologues and epilogues as busy). The model has no variance: a turn comes exactly when it can.
+
+Orders (`--orders`, ORDERS: launch, walk, adds):
+  spt       what runs now (ordered): per section of kv heads (cuda_lib.ordered_section_heads: 4 at 8K), key blocks
+            from the last (causal: the shortest first), the section's heads interleaved; each CTA walks its tiles
+            upward from the diagonal; the adds into a query tile in decreasing key blocks;
+  lpt       `ws3xfdtl` ordered: key blocks from the first (the longest first), each CTA walking its tiles downward to
+            its diagonal, the adds in increasing key blocks (cuda_lib.longest_first_section_heads: all heads);
+  lpt_up    lpt's launch and adds with upward walks: what a walk against the adds' order costs;
+  any       the unordered form's launch (blockIdx order: each head's key blocks from the first, heads in turn), adds
+            in any order;
+  any_lpt   `ws3xfdtl` unordered: lpt's launch, adds in any order.
+Every ordered add may wait only on a CTA launched earlier (else a launch larger than the GPU could deadlock); the
+model asserts it of every wait.
+
+    python tools/launch_order_model.py [--n 8192] [--bh 64] [--sms 132] [--section 4] [--orders spt lpt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+ORDERS = {"spt": ("last", "up", "decreasing"), "lpt": ("first", "down", "increasing"),
+          "lpt_up": ("first", "up", "increasing"), "any": ("grid", "up", "any"), "any_lpt": ("first", "up", "any")}
+"""Each order's launch (key blocks from the last or the first, sections of heads interleaved; or blockIdx order), its
+walks over query tiles, and the order of the adds into a query tile by key block."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int = 8192
+    bh: int = 64
+    causal: bool = True
+    cta_keys: int = 128
+    tile_queries: int = 64
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.n // self.cta_keys)
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.n // self.tile_queries)
+
+    def walk(self, block: int) -> list[int]:
+        """The query tiles key block `block` reads, upward."""
+        first = block * self.cta_keys // self.tile_queries if self.causal else 0
+        return list(range(first, self.tiles))
+
+    def adders(self, tile: int) -> range:
+        """The key blocks whose adds reach query tile `tile`."""
+        last = min(self.blocks - 1, (tile * self.tile_queries + self.tile_queries - 1) // self.cta_keys)
+        return range(last + 1 if self.causal else self.blocks)
+
+
+@dataclass(frozen=True)
+class Costs:
+    tile_us: float = 1.70
+    cta_us: float = 2.6
+    read_us: float = 1.0
+    write_us: float = 2.3
+    slack: int = 2
+
+
+def launch_order(shape: Shape, launch: str, section: int) -> list[tuple[int, int]]:
+    """(key block, head) in launch order."""
+    blocks, heads = shape.blocks, shape.bh
+    if launch == "grid":
+        return [(k, h) for h in range(heads) for k in range(blocks)]
+    out = []
+    for first in range(0, heads, section):
+        members = range(first, min(first + section, heads))
+        ks = range(blocks - 1, -1, -1) if launch == "last" else range(blocks)
+        out += [(k, h) for k in ks for h in members]
+    return out
+
+
+def simulate(shape: Shape, costs: Costs, order: str | tuple[str, str, str], section: int, sms: int = 132) -> dict:
+    """Span, the SMs' idle share (overall and in the span's last tenth), the CTAs resident in the span's last three
+    twentieths and the turn waits of one launch; ``order`` a name of ORDERS or its (launch, walk, adds)."""
+    launch, walk_dir, adds = ORDERS[order] if isinstance(order, str) else order
+    done: dict[tuple[int, int, int], float] = {}  # (head, query tile, key block): when that add's writes completed
+
+    def before(k: int, j: int) -> int | None:
+        """The key block whose add into query tile j comes right before block k's (None: k's comes first)."""
+        blocks = shape.adders(j)
+        if adds == "increasing":
+            return k - 1 if k > blocks.start else None
+        return k + 1 if k + 1 < blocks.stop else None
+
+    # A CTA's whole run is computed when it starts: every add it waits for belongs to a CTA started earlier (asserted),
+    # whose adds are then known.
+    free = [(0.0, sm) for sm in range(sms)]
+    heapq.heapify(free)
+    starts, ends, waits = [], [], []
+    for k, h in launch_order(shape, launch, section):
+        t0, sm = heapq.heappop(free)
+        walk = shape.walk(k)[::-1] if walk_dir == "down" else shape.walk(k)
+        t = t0 + costs.cta_us / 2
+        read, written, wait = [], [], 0.0
+        for i, j in enumerate(walk):
+            if i >= costs.slack:  # the consumers wait for the buffer of the add `slack` tiles back to be read
+                t = max(t, read[i - costs.slack])
+            t += costs.tile_us
+            ready = max(t, written[i - 2] if i >= 2 else 0.0)  # this tile's reducer, done with its last add
+            prev = before(k, j) if adds != "any" else None
+            if prev is not None:
+                turn = done.get((h, j, prev))
+                assert turn is not None, f"block {k} of head {h} waits on block {prev} for tile {j}, not yet started"
+                wait += max(0.0, turn - ready)
+                ready = max(ready, turn)
+            read.append(ready + costs.read_us)
+            written.append(read[-1] + costs.write_us)
+            done[h, j, k] = written[-1]
+        end = max(max(written, default=t), t) + costs.cta_us / 2
+        starts.append(t0)
+        ends.append(end)
+        waits.append(wait)
+        heapq.heappush(free, (end, sm))
+    starts, ends = np.array(starts), np.array(ends)
+    span = ends.max()
+    at = (np.arange(2000) + 0.5) * span / 2000
+    resident = ((starts[:, None] <= at) & (ends[:, None] > at)).sum(axis=0)
+    idle = np.clip(sms - resident, 0, None) / sms
+    return dict(order=order if isinstance(order, str) else "/".join(order), span_ms=round(float(span) / 1e3, 3),
+                idle_share=round(float(1 - (ends - starts).sum() / (sms * span)), 4),
+                idle_last_tenth=round(float(idle[1800:].sum() / 2000), 4),
+                tail_resident=[round(float(x.mean()), 1) for x in np.array_split(resident, 20)[-3:]],
+                turn_ms_sum=round(float(np.sum(waits)) / 1e3, 2))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--bh", type=int, default=64, help="kv heads (B·H_kv)")
+    parser.add_argument("--sms", type=int, default=132)
+    parser.add_argument("--section", type=int, nargs="+", default=[4, 64],
+                        help="kv heads a section (each order is run at each)")
+    parser.add_argument("--non-causal", action="store_true")
+    parser.add_argument("--tile-us", type=float, default=Costs.tile_us)
+    parser.add_argument("--cta-us", type=float, default=Costs.cta_us)
+    parser.add_argument("--read-us", type=float, default=Costs.read_us)
+    parser.add_argument("--write-us", type=float, default=Costs.write_us)
+    parser.add_argument("--orders", nargs="+", default=list(ORDERS), choices=list(ORDERS))
+    args = parser.parse_args(argv)
+    shape = Shape(n=args.n, bh=args.bh, causal=not args.non_causal)
+    costs = Costs(tile_us=args.tile_us, cta_us=args.cta_us, read_us=args.read_us, write_us=args.write_us)
+    for order in args.orders:
+        for section in args.section:
+            print(dict(section=section, **simulate(shape, costs, order, section, args.sms)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
