@@ -11,12 +11,13 @@
 # protobuf, typing-extensions): nvidia-cutlass-dsl with its base, core (the `cutlass` Python package: `cutlass.cute`)
 # and CUDA 13 libraries, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels.
 #
-# The CUDA 13 library wheel is 92 MB and a device call carries 64 MiB with the working tree, so it travels in two
-# calls made back to back on one warm machine (a carried ignored folder stays there until the machine goes back):
-# its files, recompressed with xz (≈ 61 MiB), split into two parts. .fa4a/ holds the first part, sized so the first
-# call also fits the working tree and CALL1_CARRY (default "build/cuda .carry", the kernel work's first call); .fa4b/
-# holds the second part, the other wheels and the source. tools/device/setup.sh installs them into /tmp/site once
-# both are there. Both folders are git-ignored. Prints the sizes of both calls against the limit.
+# The CUDA 13 library wheel is 92 MB and a device call carries 64 MiB with the working tree, so it travels in calls
+# made back to back on one warm machine (a carried ignored folder stays there until the machine goes back): its files,
+# recompressed with xz (≈ 61 MiB), split into parts. .fa4a/ holds the first, sized so that the first call also fits
+# the working tree and CALL1_CARRY (default: the CUDA library and its stamp, the kernel work's first call); .fa4b/ the
+# other wheels, the source, MANIFEST (its last line "parts N") and the second part; .fa4c/ and on the rest, each sized
+# to travel with the tree alone. tools/device/setup.sh installs them into /tmp/site once every part is there. The
+# folders are git-ignored. Prints each call's size against the limit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=${1:?usage: fetch_fa4.sh REPO [REV]}
@@ -24,7 +25,7 @@ rev=${2:-HEAD}
 limit=$((64 * 1024 * 1024))
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-rm -rf .fa4a .fa4b
+rm -rf .fa4?
 mkdir -p .fa4a .fa4b "$stage/wheels" "$stage/libs" "$stage/src/flash_attn"
 
 git -C "$repo" archive --format=tar "$rev" flash_attn/cute | tar x -C "$stage/src"
@@ -48,18 +49,37 @@ tar c -C "$stage/libs" . | xz -9e -T2 > "$stage/libs_cu13.tar.xz"
 
 bytes() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
 tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)  # what travels
-call1_extra=$(bytes ${CALL1_CARRY:-build/cuda .carry})
-first=$((limit - tree - call1_extra - 1024 * 1024))  # 1 MiB to spare
+call1_extra=$(bytes ${CALL1_CARRY:-build/cuda/libdm_attn_sm90.so build/cuda/libdm_attn_sm90.so.stamp})
+room=$((limit - tree - 1024 * 1024))  # a call's room beside the tree, 1 MiB to spare
 total=$(bytes "$stage/libs_cu13.tar.xz")
-(( first > 0 )) || { echo "no room in the first call: tree $tree + CALL1_CARRY $call1_extra bytes" >&2; exit 1; }
-head -c "$first" "$stage/libs_cu13.tar.xz" > .fa4a/libs_cu13.tar.xz.0
-tail -c +$((first + 1)) "$stage/libs_cu13.tar.xz" > .fa4b/libs_cu13.tar.xz.1
-cat > .fa4b/MANIFEST <<EOF
-flash-attention $commit (flash_attn/cute); $(cd .fa4b && ls *.whl | tr '\n' ' ')
-nvidia-cutlass-dsl-libs-cu13 4.8.1 as libs_cu13.tar.xz.{0,1} ($total bytes, sha256 $(sha256sum "$stage/libs_cu13.tar.xz" | cut -d' ' -f1))
-EOF
-second=$((tree + $(bytes .fa4b)))
-echo "first call: tree $tree + CALL1_CARRY $call1_extra + .fa4a $(bytes .fa4a) = $((tree + call1_extra + $(bytes .fa4a))) of $limit bytes"
-echo "second call: tree $tree + .fa4b $(bytes .fa4b) = $second of $limit bytes (carry .fa4b only: the machine keeps the rest)"
-(( second <= limit )) || { echo "the second call is over the limit" >&2; exit 1; }
+# the parts' sizes: .fa4a's beside CALL1_CARRY, .fa4b's beside the wheels and the source (MANIFEST: 4 KB), then a
+# whole call's room each
+sizes=($((room - call1_extra)) $((room - $(bytes .fa4b) - 4096)))
+(( sizes[0] > 0 && sizes[1] > 0 )) || { echo "no room for a part: tree $tree, CALL1_CARRY $call1_extra bytes" >&2; exit 1; }
+left=$((total - sizes[0] - sizes[1]))
+while (( left > 0 )); do sizes+=("$room"); left=$((left - room)); done
+letters=(a b c d e f g h)
+parts=0 offset=0
+while (( offset < total )); do
+  (( parts < ${#letters[@]} )) || { echo "more parts than the folders .fa4a .. .fa4h" >&2; exit 1; }
+  mkdir -p ".fa4${letters[$parts]}"
+  tail -c +$((offset + 1)) "$stage/libs_cu13.tar.xz" | head -c "${sizes[$parts]}" > ".fa4${letters[$parts]}/libs_cu13.tar.xz.$parts"
+  offset=$((offset + sizes[parts])) parts=$((parts + 1))
+done
+{
+  echo "flash-attention $commit (flash_attn/cute); $(cd .fa4b && ls *.whl | tr '\n' ' ')"
+  echo "nvidia-cutlass-dsl-libs-cu13 4.8.1 as libs_cu13.tar.xz.0 .. .$((parts - 1)) in .fa4a .. .fa4${letters[$((parts - 1))]}" \
+    "($total bytes, sha256 $(sha256sum "$stage/libs_cu13.tar.xz" | cut -d' ' -f1))"
+  echo "parts $parts"
+} > .fa4b/MANIFEST
+over=0
+for (( i = 0; i < parts; i++ )); do
+  extra=0
+  (( i == 0 )) && extra=$call1_extra
+  size=$((tree + extra + $(bytes ".fa4${letters[$i]}")))
+  echo "call $((i + 1)): the tree, .fa4${letters[$i]}$( (( i == 0 )) && echo " and CALL1_CARRY"): $size of $limit bytes"
+  (( size <= limit )) || over=1
+done
+(( over == 0 )) || { echo "a call is over the limit" >&2; exit 1; }
+echo "send the calls back to back on one warm machine (its 30 s idle window); setup.sh installs once all are there"
 cat .fa4b/MANIFEST

@@ -11,20 +11,33 @@ if ls .carry/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# FlashAttention's CuTe-DSL kernels (the fa4_cute_bf16 baseline), staged by tools/device/fetch_fa4.sh in two folders
-# that two back-to-back calls carry: installed once both are here (the wheels first, then the CUDA 13 libraries'
-# files over them, then the source).
+# FlashAttention's CuTe-DSL kernels (the fa4_cute_bf16 baseline), staged by tools/device/fetch_fa4.sh in folders
+# .fa4a, .fa4b, ... that back-to-back calls carry: installed once every part MANIFEST counts is here (the wheels first,
+# then the CUDA 13 libraries' files over them, then the source).
 # The CUTLASS DSL finds its packages through a .pth file, which a PYTHONPATH folder does not run: its folder goes on
 # PYTHONPATH by name.
-if [[ -d .fa4a && -d .fa4b ]]; then
+fa4_parts() {  # the parts' paths in order, if every one is here
+  local n i letters=(a b c d e f g h) paths=()
+  n=$(sed -n 's/^parts \([0-9]*\)$/\1/p' .fa4b/MANIFEST 2>/dev/null)
+  [[ -n $n ]] || return 1
+  for (( i = 0; i < n; i++ )); do
+    [[ -f .fa4${letters[$i]}/libs_cu13.tar.xz.$i ]] || return 1
+    paths+=(".fa4${letters[$i]}/libs_cu13.tar.xz.$i")
+  done
+  echo "${paths[@]}"
+}
+if fa4_paths=$(fa4_parts); then
   [[ :${PYTHONPATH:-}: == *:/tmp/site:* ]] || export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONPATH=/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
   if ! python3 -c "import flash_attn.cute" 2>/dev/null; then
+    # shellcheck disable=SC2086  # the parts' paths, one word each
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .fa4b/*.whl && cat .fa4a/libs_cu13.tar.xz.0 .fa4b/libs_cu13.tar.xz.1 | xz -d | tar x -C /tmp/site \
+      .fa4b/*.whl && cat $fa4_paths | xz -d | tar x -C /tmp/site \
       && tar xJf .fa4b/flash_attn_cute.tar.xz -C /tmp/site && python3 -c "import flash_attn.cute" \
       && echo "flash-attn-4 staged: $(head -1 .fa4b/MANIFEST)" || echo "flash-attn-4: staging failed (see above)"
   fi
+elif [[ -d .fa4a || -d .fa4b ]]; then
+  echo "flash-attn-4: not every part of .fa4a, .fa4b, ... is here yet (MANIFEST's parts); not installed"
 fi
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
   mkdir -p /tmp/shim/deltamatch && cp deltamatch/__init__.py /tmp/shim/deltamatch/
