@@ -63,7 +63,8 @@ parts=0 offset=0
 while (( offset < total )); do
   (( parts < ${#letters[@]} )) || { echo "more parts than the folders .fa4a .. .fa4h" >&2; exit 1; }
   mkdir -p ".fa4${letters[$parts]}"
-  tail -c +$((offset + 1)) "$stage/libs_cu13.tar.xz" | head -c "${sizes[$parts]}" > ".fa4${letters[$parts]}/libs_cu13.tar.xz.$parts"
+  dd if="$stage/libs_cu13.tar.xz" of=".fa4${letters[$parts]}/libs_cu13.tar.xz.$parts" bs=1M status=none \
+    iflag=skip_bytes,count_bytes skip="$offset" count="${sizes[$parts]}"
   offset=$((offset + sizes[parts])) parts=$((parts + 1))
 done
 {
