@@ -11,7 +11,8 @@ key blocks has completed; it reads the product in ``read_us`` (which frees the b
 (`benchmarks/results/h100_kernel_2026-12-05_s35/`, call 4, H100, `ws3xfdt` at causal N = 8K, B·H = 64): 4,096 CTAs,
 266,240 tiles, the CTAs' reducer windows summing to 466.8 ms, so ≈ 1.70 µs a tile once ≈ 2.6 µs a CTA is taken out;
 span 3.72 ms; the SMs idle 5.0% of it, 3.0% in its last tenth (the tail: this model's idle share, which counts the
-CTAs' own prologues and epilogues as busy). The model has no variance: a turn comes exactly when it can.
+CTAs' own prologues and epilogues as busy). Without ``--tile-cv`` and ``--write-cv`` it has no variance: a turn
+comes exactly when it can.
 
 Orders (`--orders`, ORDERS: launch, walk, adds):
   spt       what runs now (ordered): per section of kv heads (cuda_lib.ordered_section_heads: 4 at 8K), key blocks
@@ -77,6 +78,11 @@ class Costs:
     read_us: float = 1.0
     write_us: float = 2.3
     slack: int = 2
+    tile_cv: float = 0.0
+    """Spread of each tile's time (its coefficient of variation, lognormal; 0: every tile ``tile_us``)."""
+    write_cv: float = 0.0
+    """Spread of each add's write time (L2's reduction under load)."""
+    seed: int = 0
 
 
 def launch_order(shape: Shape, launch: str, section: int) -> list[tuple[int, int]]:
@@ -107,6 +113,14 @@ def simulate(shape: Shape, costs: Costs, order: str | tuple[str, str, str], sect
 
     # A CTA's whole run is computed when it starts: every add it waits for belongs to a CTA started earlier (asserted),
     # whose adds are then known.
+    rng = np.random.default_rng(costs.seed)
+
+    def spread(mean: float, cv: float, size: int) -> np.ndarray:  # lognormal with that mean and coefficient of variation
+        if cv <= 0:
+            return np.full(size, mean)
+        sigma = np.sqrt(np.log1p(cv * cv))
+        return mean * rng.lognormal(-sigma * sigma / 2, sigma, size)
+
     free = [(0.0, sm) for sm in range(sms)]
     heapq.heapify(free)
     starts, ends, waits = [], [], []
@@ -115,10 +129,12 @@ def simulate(shape: Shape, costs: Costs, order: str | tuple[str, str, str], sect
         walk = shape.walk(k)[::-1] if walk_dir == "down" else shape.walk(k)
         t = t0 + costs.cta_us / 2
         read, written, wait = [], [], 0.0
+        tile_us = spread(costs.tile_us, costs.tile_cv, len(walk))
+        write_us = spread(costs.write_us, costs.write_cv, len(walk))
         for i, j in enumerate(walk):
             if i >= costs.slack:  # the consumers wait for the buffer of the add `slack` tiles back to be read
                 t = max(t, read[i - costs.slack])
-            t += costs.tile_us
+            t += tile_us[i]
             ready = max(t, written[i - 2] if i >= 2 else 0.0)  # this tile's reducer, done with its last add
             prev = before(k, j) if adds != "any" else None
             if prev is not None:
@@ -127,7 +143,7 @@ def simulate(shape: Shape, costs: Costs, order: str | tuple[str, str, str], sect
                 wait += max(0.0, turn - ready)
                 ready = max(ready, turn)
             read.append(ready + costs.read_us)
-            written.append(read[-1] + costs.write_us)
+            written.append(read[-1] + write_us[i])
             done[h, j, k] = written[-1]
         end = max(max(written, default=t), t) + costs.cta_us / 2
         starts.append(t0)
@@ -158,13 +174,18 @@ def main(argv=None) -> int:
     parser.add_argument("--cta-us", type=float, default=Costs.cta_us)
     parser.add_argument("--read-us", type=float, default=Costs.read_us)
     parser.add_argument("--write-us", type=float, default=Costs.write_us)
+    parser.add_argument("--tile-cv", type=float, default=0.0, help="spread of a tile's time (coefficient of variation)")
+    parser.add_argument("--write-cv", type=float, default=0.0, help="spread of an add's write time")
+    parser.add_argument("--seeds", type=int, default=1, help="runs with spread, each printed")
     parser.add_argument("--orders", nargs="+", default=list(ORDERS), choices=list(ORDERS))
     args = parser.parse_args(argv)
     shape = Shape(n=args.n, bh=args.bh, causal=not args.non_causal)
-    costs = Costs(tile_us=args.tile_us, cta_us=args.cta_us, read_us=args.read_us, write_us=args.write_us)
-    for order in args.orders:
-        for section in args.section:
-            print(dict(section=section, **simulate(shape, costs, order, section, args.sms)))
+    for seed in range(args.seeds):
+        costs = Costs(tile_us=args.tile_us, cta_us=args.cta_us, read_us=args.read_us, write_us=args.write_us,
+                      tile_cv=args.tile_cv, write_cv=args.write_cv, seed=seed)
+        for order in args.orders:
+            for section in args.section:
+                print(dict(seed=seed, section=section, **simulate(shape, costs, order, section, args.sms)))
     return 0
 
 
