@@ -695,6 +695,26 @@ def test_the_folded_form_in_the_backward_against_reference_and_fp64(monkeypatch)
     assert_near_reference(ours, ref, exact)
 
 
+@pytest.mark.parametrize("atomic", ["0", "1"])
+def test_the_longest_first_launch_in_the_backward_against_reference_and_fp64(monkeypatch, atomic):
+    """matched_factored with ``DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtl``, its dQ adds ordered (increasing key blocks) or
+    in any order (``DELTAMATCH_KERNEL_DQ_ATOMIC``), GQA 4 on 2 at a ragged N: dQ, dK, dV within a quarter of the
+    reference simulation's own distance to FP64 from the reference, and no further from FP64 than the reference."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DKDV_SWITCH, DQ_ATOMIC_SWITCH
+
+    q, k, v, do = attention_inputs(2, 1000, 4, 2, seed=29)
+    calls = _record_dkdv_forms(monkeypatch)
+    monkeypatch.setenv(CUDA_DKDV_SWITCH, "ws3xfdtl")
+    monkeypatch.setenv(DQ_ATOMIC_SWITCH, atomic)
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, True, "matched_factored"), q, k, v, do)
+    assert calls == ["ws3xfdtl"]
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, True, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, True), q, k, v, do, dtype=torch.float64)
+    assert_near_reference(ours, ref, exact)
+
+
 def test_the_dkdv_switch_picks_the_form_in_the_backward(monkeypatch):
     """matched_factored's backward runs its dQ-in-dK/dV launch as ``ws3xfdt`` (dŜ's tile by lane exchange, 448 folded
     into the row terms, dQ's product in a warpgroup of its own, dK and dV by tensor stores) unless
