@@ -55,6 +55,8 @@ compares the FP32 sums of many launches with sync 0's: kernels/NOTES.md, session
 once its writes have completed, the order the PTX memory model guarantees, 2.3% slower a step on the H200 (session
 15)."""
 DQ_SYNC_MAX = 12
+DQ_SYNC_UNORDERED = (3, 7, 8, 10, 12)
+"""The ``sync`` values that leave the adds in any order (benchmark controls: ``DqSync``'s stores_first is false)."""
 """The last of ``DqSync`` in kernels/cuda/dkdv_factored.cu (a test reads it there)."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
@@ -97,7 +99,7 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
 DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt",
-                 "ws3xfdtl")
+                 "ws3xfdtl", "ws3xfdtlq")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
@@ -117,15 +119,15 @@ chain a tile ends with dK's product; ``ws3xfdp`` is ``ws3xfd`` with the promotio
 bits (each element the same k-steps' sums; kernels/NOTES.md, session 32). ``ws3xfdt`` is ``ws3xfd`` with its epilogue
 through shared memory: each consumer stages dV, then dK in its freed K̂ and V̂ buffers (``stmatrix``, TMA's 128-byte
 swizzle) and one thread writes them by tensor stores, the same bits. ``ws3xfdtl`` is ``ws3xfdt`` launched longest first
-(:data:`DKDV_LONGEST_FIRST`)."""
+(:data:`DKDV_LONGEST_FIRST`), ``ws3xfdtlq`` that with dQ finished in the kernel (:data:`DKDV_FINISHES_DQ`)."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl", "ws3xfdtlq")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl")
+DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl", "ws3xfdtlq")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
-DKDV_ORDERED_ONLY = ("ws3xp",)
+DKDV_ORDERED_ONLY = ("ws3xp", "ws3xfdtlq")
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
-DKDV_LONGEST_FIRST = ("ws3xfdtl",)
+DKDV_LONGEST_FIRST = ("ws3xfdtl", "ws3xfdtlq")
 """The forms launched from the first key block (causal: the longest CTAs first, LPT), every kv head's block k before any
 block k + 1 (``section_heads`` of them interleaved: by default all, :func:`longest_first_section_heads`), where the
 others start the shortest first (FA3's SPT order, which its ordered adds need): with the longest CTAs last the SMs idle
@@ -134,7 +136,15 @@ build; ``tools/launch_order_model.py`` models both). Ordered, each key block wal
 (``factored.cuh`` ``DecreasingSchedule``) and the adds into a query tile land in increasing key blocks, so every add
 waits only on CTAs launched earlier, as before: dQ is bit-reproducible, its bits (and dK's and dV's, summed in that
 order) not those of the upward walks. In any order only the launch order changes: ``ws3xfdt``'s dK and dV bits."""
-DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl")
+DKDV_FINISHES_DQ = ("ws3xfdtlq",)
+"""The forms that, causal, write dQ themselves instead of a second kernel (``dm_dkdv_dq_epilogue``, which reads the
+whole FP32 scratch back from memory: 0.137 ms of 6.98 a step at 8K on the H100, session 35): launched longest first
+and ordered, key block k adds last into query tiles 2k and 2k + 1, at the end of its walk, so its dQ warpgroup casts
+those two (per query head) from L2 with the epilogue's arithmetic, the same bits, once each add into them has been
+written, which a second counter per tile says (each add counted on it once its writes complete: the turns are counted
+once an add is read). Its scratch of counters is twice the others'; its adds must be ordered (no ``sync`` of 3, 7, 8,
+10 or 12); non-causal, block N/128 − 1 adds last into every tile, and the epilogue kernel runs as before."""
+DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl", "ws3xfdtlq")
 """The forms that take 448 (E4M3's largest value, P̂ᵀ's fixed scale) folded into their row terms: the launch passes
 lse2 − log2(448) for lse2 and div.full(1, s) / 448 for the inverses, so the kernel's exponential gives P · 448 itself
 (``factored.cuh`` ``ds_tile``'s FOLDED: P̂ᵀ without its multiply; dŜ = (P · 448)(dP − δ) · (1/s) / 448). P then differs
@@ -547,6 +557,10 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
         sync = int(setting)
     if not 0 <= sync <= DQ_SYNC_MAX:
         raise ValueError(f"sync = {sync} (or ${DQ_SYNC_ENV}): expected 0 .. {DQ_SYNC_MAX} (DqSync)")
+    if variant in DKDV_FINISHES_DQ and sync in DQ_SYNC_UNORDERED:
+        raise ValueError(f"variant {variant!r} finishes dQ after the last add into each tile, so its adds must be "
+                         f"ordered: sync = {sync} (or ${DQ_SYNC_ENV}) leaves them in any order; expected one of "
+                         f"{sorted(set(range(DQ_SYNC_MAX + 1)) - set(DQ_SYNC_UNORDERED))}")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs, ordered=ordered,
                  section_heads=section_heads, sync=sync, dq_acc=dq_acc)
@@ -627,8 +641,10 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         elif ordered:
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
         if ordered:
-            # a counter per query tile, and ws3xp's count of key blocks taken; zeroed by the launch
-            sem = torch.empty(b * h * (n_pad // 64) + 1, dtype=torch.int32, device=device)
+            # a counter per query tile, ws3xp's count of key blocks taken, and (DKDV_FINISHES_DQ) a counter per query
+            # tile of the adds written; zeroed by the launch
+            tiles = b * h * (n_pad // 64)
+            sem = torch.empty((2 if variant in DKDV_FINISHES_DQ else 1) * tiles + 1, dtype=torch.int32, device=device)
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),
                  None if sem is None else sem.data_ptr(), heads, int(sync)]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),

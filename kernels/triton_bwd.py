@@ -529,7 +529,8 @@ consumers' chain a tile ends with dK's product (``ws3xf``'s bits; dK/dV + dQ 4.2
 instructions fewer a thread and tile, 4.78 → 4.52 ms, H200, session 23) with 448 folded into the row terms
 (``cuda_lib.DKDV_FOLDED``: one multiply an element fewer, ``ws3x``'s bits to a few ulps before the casts; 4.140 ms a
 step against 4.194, H200, session 30); ``ws3xf``, ``ws3x`` and ``ws3`` (the byte stores) when asked; ``ws3xfdtl``,
-``ws3xfdt`` launched the longest CTAs first (``cuda_lib.DKDV_LONGEST_FIRST``; not yet timed on a GPU)."""
+``ws3xfdt`` launched the longest CTAs first (``cuda_lib.DKDV_LONGEST_FIRST``), and ``ws3xfdtlq``, that writing dQ
+itself where causal (``cuda_lib.DKDV_FINISHES_DQ``; neither yet timed on a GPU)."""
 CUDA_DKDV_DEFAULT = "ws3xfdt"
 
 
