@@ -453,6 +453,14 @@ def cuda_dqdkdv(ops, **options):
         ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], irs=ops["irs"], **options)
 
 
+def runs_from_new_and_nan_scratch(ops, variant, ordered=True, **options):
+    """Two runs of ``variant``: with a new FP32 scratch, and (ordered) from one of NaN, where each query tile's first
+    add must store and not add (a tile left unstored, or read before its last add, would carry NaN into dQ)."""
+    s = ops["saved"]
+    scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device) if ordered else None
+    return [cuda_dqdkdv(ops, variant=variant, ordered=ordered, dq_acc=acc, **options) for acc in (None, scratch)]
+
+
 # dQ inside the dK/dV launch (promoted): the dK/dV cases
 DQDKDV_CASES = [(n, causal, "ws3") for n in (130, 256, 1024, 1000) for causal in (True, False)]
 
@@ -550,10 +558,8 @@ def test_the_persistent_form_gives_ws3x_ordered_bits(dk_operands, n, causal, h, 
     blocks, about four a CTA. Each query tile's first add stores, so one run starts from a scratch of NaN: a tile left
     unstored would carry it into dQ."""
     ops = dk_operands(n, causal, h, hk)
-    s = ops["saved"]
-    nan_acc = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device)
     base = cuda_dqdkdv(ops, variant="ws3x", ordered=True)
-    runs = [cuda_dqdkdv(ops, variant="ws3xp", ordered=True, dq_acc=acc) for acc in (None, nan_acc)]
+    runs = runs_from_new_and_nan_scratch(ops, "ws3xp")
     torch.cuda.synchronize()
     for ours in runs:
         for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
@@ -602,10 +608,8 @@ def test_the_split_promotion_and_the_dq_warpgroup_give_ws3xf_bits(dk_operands, n
     adds are ordered (any order: within rounding); the ordered runs give the same bits twice, one from a scratch of NaN
     (a query tile's first add stores)."""
     ops = dk_operands(n, causal, h, hk)
-    s = ops["saved"]
-    scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device) if ordered else None
     base = cuda_dqdkdv(ops, variant="ws3xf", ordered=ordered)
-    runs = [cuda_dqdkdv(ops, variant=variant, ordered=ordered, dq_acc=acc) for acc in (None, scratch)]
+    runs = runs_from_new_and_nan_scratch(ops, variant, ordered)
     torch.cuda.synchronize()
     for ours in runs:
         for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
@@ -628,10 +632,8 @@ def test_the_longest_first_launch_sums_ws3xfdts_products(dk_operands, n, causal,
     NaN), and with one kv head a section, where a head's blocks fill the first wave and wait on each other in a chain
     (the sums' order is the same, the launch's not)."""
     ops = dk_operands(n, causal, h, hk)
-    s = ops["saved"]
-    scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device) if ordered else None
     base = cuda_dqdkdv(ops, variant="ws3xfdt", ordered=ordered)
-    runs = [cuda_dqdkdv(ops, variant="ws3xfdtl", ordered=ordered, dq_acc=acc) for acc in (None, scratch)]
+    runs = runs_from_new_and_nan_scratch(ops, "ws3xfdtl", ordered)
     runs.append(cuda_dqdkdv(ops, variant="ws3xfdtl", ordered=ordered, section_heads=1))
     torch.cuda.synchronize()
     for ours in runs:
@@ -657,10 +659,8 @@ def test_dq_finished_in_the_kernel_gives_the_epilogues_bits(dk_operands, n, caus
     (a tile cast before its sum was whole, or never, would show), at a ragged N and with GQA; non-causal the epilogue
     kernel runs as before."""
     ops = dict(dk_operands(n, causal, h, hk), dtype=dtype)
-    s = ops["saved"]
-    scratch = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device)
     base = cuda_dqdkdv(ops, variant="ws3xfdtl", ordered=True)
-    runs = [cuda_dqdkdv(ops, variant="ws3xfdtlq", ordered=True, dq_acc=acc) for acc in (None, scratch)]
+    runs = runs_from_new_and_nan_scratch(ops, "ws3xfdtlq")
     torch.cuda.synchronize()
     for ours in runs:
         for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
