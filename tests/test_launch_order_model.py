@@ -1,6 +1,6 @@
 """tools/launch_order_model.py: the launch orders of the dK/dV + dQ kernel that it models wait only on CTAs launched
-earlier (an order that does not is caught), and its tail at the reference shape is the one session 35's clock build
-measured."""
+earlier (an order that does not is caught), its tail at the reference shape is the one session 35's clock build
+measured, and its port of the kernels' query-tile walks has the properties ws3xfdtl and ws3xfdtlq rely on."""
 
 import pytest
 
@@ -55,3 +55,44 @@ def test_spread_in_the_tiles_and_the_adds_keeps_the_longest_first_launch_ahead()
     spt = m.simulate(m.Shape(), costs, "spt", section=4)
     lpt = m.simulate(m.Shape(), costs, "lpt", section=64)
     assert lpt["turn_ms_sum"] > 0 and lpt["span_ms"] < spt["span_ms"]
+
+
+CASES = [(n, causal) for n in (64, 100, 128, 130, 300, 1000, 1024, 4096) for causal in (True, False)]
+
+
+@pytest.mark.parametrize("n, causal", CASES)
+def test_the_downward_walk_is_the_upward_one_reversed(n, causal):
+    """The port of factored.cuh's schedules and Walk: at every key block, ws3xfdtl's walk (DecreasingSchedule, the
+    halves merged by the larger start) is IncreasingSchedule's walk backwards, position by position (the tile, which
+    halves read it, their masked flags), and each half reads the same tiles with the same masks as in Triton's order."""
+    m = _model()
+    blocks = -(-n // 128)
+    for block in range(blocks):
+        up, down = m.cta_walk(block, n, causal, "increasing"), m.cta_walk(block, n, causal, "decreasing")
+        assert down == up[::-1] and up
+        for half in (0, 1):
+            start_n = 128 * block + 64 * half
+            if start_n >= n:
+                continue
+            tiles = {order: sorted(m.half_schedule(start_n, n, causal, order))
+                     for order in ("triton", "increasing", "decreasing")}
+            assert tiles["triton"] == tiles["increasing"] == tiles["decreasing"]
+
+
+@pytest.mark.parametrize("n, causal", CASES)
+def test_every_query_tile_is_added_into_by_blocks_zero_to_its_last(n, causal):
+    """The ordered adds of ws3xfdtl wait, in increasing key blocks, for a count equal to the block, and ws3xfdtlq's
+    CTA of block k casts query tiles 2k and 2k + 1 as their last adder: so the blocks whose walks reach a query tile
+    must be 0 .. its last (causal: tile // 2; else the last block), and tiles 2k, 2k + 1 (below N) must end block k's
+    downward walk."""
+    m = _model()
+    blocks, tiles = -(-n // 128), -(-n // 64)
+    walks = {block: [pos[0] // 64 for pos in m.cta_walk(block, n, causal, "decreasing")] for block in range(blocks)}
+    for tile in range(tiles):
+        adders = sorted(block for block, walk in walks.items() if tile in walk)
+        last = min(blocks - 1, tile // 2) if causal else blocks - 1
+        assert adders == list(range(last + 1)), (tile, adders)
+    if causal:
+        for block, walk in walks.items():
+            own = [t for t in (2 * block, 2 * block + 1) if t < tiles]
+            assert sorted(walk[-len(own):]) == own, (block, walk)

@@ -27,6 +27,11 @@ Orders (`--orders`, ORDERS: launch, walk, adds):
 Every ordered add may wait only on a CTA launched earlier (else a launch larger than the GPU could deadlock); the
 model asserts it of every wait.
 
+Beside the model, a line-for-line port of factored.cuh's query-tile schedules and of Walk's merge of a CTA's two
+halves (``half_schedule``, ``cta_walk``), by which tests/test_launch_order_model.py checks, without a GPU, what the
+ordered forms rely on: the downward walk is the upward one reversed, every query tile is added into by key blocks 0 to
+its last, and tiles 2k and 2k + 1 end block k's downward walk.
+
     python tools/launch_order_model.py [--n 8192] [--bh 64] [--sms 132] [--section 4] [--orders spt lpt]
 """
 
@@ -69,6 +74,63 @@ class Shape:
         """The key blocks whose adds reach query tile `tile`."""
         last = min(self.blocks - 1, (tile * self.tile_queries + self.tile_queries - 1) // self.cta_keys)
         return range(last + 1 if self.causal else self.blocks)
+
+
+# A port of kernels/cuda/factored.cuh's query-tile schedules of one 64-key half (Schedule: Triton's order;
+# IncreasingSchedule; DecreasingSchedule) and of Walk's merge of a CTA's two halves, line for line, so that the walks
+# the ordered forms rely on can be checked without a GPU (tests/test_launch_order_model.py).
+BLOCK = 64  # kBlockM = kBlockN: queries a tile, keys a half
+
+
+def half_schedule(start_n: int, n: int, causal: bool, order: str) -> list[tuple[int, bool]]:
+    """(first query, masked) of each tile half `start_n` reads, in `order`: "triton", "increasing" or "decreasing"."""
+    full_end = (n // BLOCK) * BLOCK
+    lo = diag_end = 0
+    if causal:
+        lo = start_n
+        diag_end = max(lo, min(start_n + BLOCK, full_end))
+    tail = max(full_end, lo)
+    if start_n + BLOCK > n:  # the ragged last key block: every tile masked
+        diag_end = tail = full_end = lo
+    unmasked = (full_end - diag_end + BLOCK - 1) // BLOCK if full_end > diag_end else 0
+    hi = n - (tail - diag_end)
+    tiles = unmasked + ((hi - lo + BLOCK - 1) // BLOCK if hi > lo else 0)
+    out = []
+    if order == "triton":
+        for it in range(tiles):
+            if it < unmasked:
+                out.append((diag_end + BLOCK * it, False))
+            else:
+                m = lo + BLOCK * (it - unmasked)
+                out.append((m if m < diag_end else m + (tail - diag_end), True))
+        return out
+    diag = (diag_end - lo) // BLOCK
+    for it in range(tiles):
+        if it < diag:
+            start = lo + BLOCK * it
+        elif it < diag + unmasked:
+            start = diag_end + BLOCK * (it - diag)
+        else:
+            start = tail + BLOCK * (it - diag - unmasked)
+        out.append((start, it < diag or it >= diag + unmasked))
+    return out[::-1] if order == "decreasing" else out
+
+
+def cta_walk(block: int, n: int, causal: bool, order: str) -> list[tuple[int, bool, bool, bool, bool]]:
+    """The positions of a 128-key CTA's walk (Walk: the two halves merged, by the smaller start or, decreasing, the
+    larger): (first query, half 0 reads it, half 1 reads it, half 0's masked flag, half 1's)."""
+    start_n = block * 2 * BLOCK
+    halves = [half_schedule(start_n, n, causal, order),
+              half_schedule(start_n + BLOCK, n, causal, order) if start_n + BLOCK < n else []]
+    i, out = [0, 0], []
+    while i[0] < len(halves[0]) or i[1] < len(halves[1]):
+        none = float("-inf") if order == "decreasing" else float("inf")
+        m = [h[k][0] if k < len(h) else none for h, k in zip(halves, i)]
+        start = max(m) if order == "decreasing" else min(m)
+        use = [x == start for x in m]
+        out.append((start, use[0], use[1], use[0] and halves[0][i[0]][1], use[1] and halves[1][i[1]][1]))
+        i = [k + u for k, u in zip(i, use)]
+    return out
 
 
 @dataclass(frozen=True)
