@@ -55,9 +55,10 @@ compares the FP32 sums of many launches with sync 0's: kernels/NOTES.md, session
 once its writes have completed, the order the PTX memory model guarantees, 2.3% slower a step on the H200 (session
 15)."""
 DQ_SYNC_MAX = 12
-DQ_SYNC_UNORDERED = (3, 7, 8, 10, 12)
-"""The ``sync`` values that leave the adds in any order (benchmark controls: ``DqSync``'s stores_first is false)."""
 """The last of ``DqSync`` in kernels/cuda/dkdv_factored.cu (a test reads it there)."""
+DQ_SYNC_UNORDERED = (3, 7, 8, 10, 12)
+"""The ``sync`` values that leave the adds in any order (benchmark controls: ``DqSync``'s stores_first is false; a test
+reads them there)."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
 TILE_M, TILE_K = 64, 128
