@@ -59,6 +59,9 @@ DQ_SYNC_MAX = 12
 DQ_SYNC_UNORDERED = (3, 7, 8, 10, 12)
 """The ``sync`` values that leave the adds in any order (benchmark controls: ``DqSync``'s stores_first is false; a test
 reads them there)."""
+DQ_SECTION_ENV = "DELTAMATCH_KERNEL_DQ_SECTION_HEADS"
+"""A positive integer: the kv heads a sectioned dQ-in-dK/dV launch (ordered, or longest first) interleaves where the
+caller passes no ``section_heads`` (a benchmark's control; unset: :func:`ordered_section_heads`)."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
 TILE_M, TILE_K = 64, 128
@@ -129,14 +132,17 @@ DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfd
 DKDV_ORDERED_ONLY = ("ws3xp", "ws3xfdtlq")
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
 DKDV_LONGEST_FIRST = ("ws3xfdtl", "ws3xfdtlq")
-"""The forms launched from the first key block (causal: the longest CTAs first, LPT), every kv head's block k before any
-block k + 1 (``section_heads`` of them interleaved: by default all, :func:`longest_first_section_heads`), where the
-others start the shortest first (FA3's SPT order, which its ordered adds need): with the longest CTAs last the SMs idle
-while the last of them finish, 3% of the kernel at causal N = 8K on the H100 (kernels/NOTES.md, session 35's clock
-build; ``tools/launch_order_model.py`` models both). Ordered, each key block walks its query tiles downward
-(``factored.cuh`` ``DecreasingSchedule``) and the adds into a query tile land in increasing key blocks, so every add
-waits only on CTAs launched earlier, as before: dQ is bit-reproducible, its bits (and dK's and dV's, summed in that
-order) not those of the upward walks. In any order only the launch order changes: ``ws3xfdt``'s dK and dV bits."""
+"""The forms launched from the first key block (causal: the longest CTAs first, LPT), in the same sections of kv heads
+as the ordered launch (:func:`ordered_section_heads`, sized to L2: session 14 saw every head interleaved take 8.0 ms
+against 5.2, each query tile then read back from memory by every wave), where the others start the shortest first
+(FA3's SPT order, which its ordered adds need): with the longest CTAs last the SMs idle while the last of them finish,
+3% of the kernel at causal N = 8K on the H100 (kernels/NOTES.md, session 35's clock build; ``tools/launch_order_model.py``
+models both). Ordered, each key block walks its query tiles downward (``factored.cuh`` ``DecreasingSchedule``) and the
+adds into a query tile land in increasing key blocks, so every add waits only on CTAs launched earlier, as before: dQ is
+bit-reproducible, its bits (and dK's and dV's, summed in that order) not those of the upward walks; but the blocks of a
+head that start together (a wave holds 33 of each of 4 heads at 8K) walk in step, each waiting on the one below, which
+the model puts at −1.5% with no spread in the tiles' times and +5% with some. In any order only the launch order
+changes (``ws3xfdt``'s dK and dV bits), and the model puts it at −2.2 to −2.6%."""
 DKDV_FINISHES_DQ = ("ws3xfdtlq",)
 """The forms that, causal, write dQ themselves instead of a second kernel (``dm_dkdv_dq_epilogue``, which reads the
 whole FP32 scratch back from memory: 0.137 ms of 6.98 a step at 8K on the H100, session 35): launched longest first
@@ -532,8 +538,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     dQ is bit-reproducible, and dK and dV sum their query tiles in increasing order (within one bf16 rounding of
     ``dkdv_factored``'s); else the adds land in any order and dK and dV are ``dkdv_factored``'s bits.
     ``section_heads``: with ``ordered``, or for a longest-first form (:data:`DKDV_LONGEST_FIRST`) ordered or not, the
-    kv heads whose CTAs are launched interleaved (default :func:`ordered_section_heads`, or
-    :func:`longest_first_section_heads`). ``sync`` (with ``ordered``; None: ``$DELTAMATCH_KERNEL_DQ_SYNC``, else
+    kv heads whose CTAs are launched interleaved (default :data:`DQ_SECTION_ENV` where set, else
+    :func:`ordered_section_heads`). ``sync`` (with ``ordered``; None: ``$DELTAMATCH_KERNEL_DQ_SYNC``, else
     :data:`DQ_SYNC_DEFAULT`): 11 FA3's count once read with no fence, 0 the count once written with fences, or one of
     tools/device/cuda_dv_bench.py's controls (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's
     count after the reads, 3 the launch order alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the
@@ -543,6 +549,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     ``dq_acc``: the FP32 (B, H, N_pad, D) scratch to use (a new one when None), for a caller that reads the sums
     before the epilogue's cast (tools/device/dq_stress.py); its 64-row blocks are in the kernel's order.
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
+    if section_heads is None and (ordered or variant in DKDV_LONGEST_FIRST):
+        section_heads = section_heads_from_env()
     if section_heads is not None and (not (ordered or variant in DKDV_LONGEST_FIRST) or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True or a variant of "
                          f"{DKDV_LONGEST_FIRST}")
@@ -582,14 +590,15 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
     return heads
 
 
-def longest_first_section_heads(b: int, h_kv: int) -> int:
-    """How many kv heads the longest-first launch (:data:`DKDV_LONGEST_FIRST`) interleaves: all of them. Its CTAs that
-    run at once on one kv head walk the same query tiles at the same steps (the blocks of one wave: the first two, then
-    the next two, ...), so what they share in L2 is the few tiles of those steps, not a whole head's; and the fewer of a
-    head's blocks a wave holds, the shorter the chain of turns between the blocks that start together
-    (``tools/launch_order_model.py``: at causal N = 8K, B·H = 64, sections of 4 heads leave the first wave 33 blocks of
-    a head in step and lose; all 64 heads, two)."""
-    return b * h_kv
+def section_heads_from_env() -> int | None:
+    """:data:`DQ_SECTION_ENV` as a positive integer, or None where it is unset or empty; anything else is an error that
+    names it."""
+    value = os.environ.get(DQ_SECTION_ENV, "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"${DQ_SECTION_ENV} = {value!r}: expected a positive integer (kv heads a section), or unset")
+    return int(value)
 
 
 def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale, softmax_scale,
@@ -637,9 +646,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         if dq_acc is None:  # (a caller's was checked by dqdkdv_factored)
             dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
         sem, heads = None, 0
-        if variant in DKDV_LONGEST_FIRST:
-            heads = longest_first_section_heads(b, h_kv) if section_heads is None else int(section_heads)
-        elif ordered:
+        if ordered or variant in DKDV_LONGEST_FIRST:
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
         if ordered:
             # a counter per query tile, ws3xp's count of key blocks taken, and (DKDV_FINISHES_DQ) a counter per query

@@ -19,7 +19,7 @@ Orders (`--orders`, ORDERS: launch, walk, adds):
             from the last (causal: the shortest first), the section's heads interleaved; each CTA walks its tiles
             upward from the diagonal; the adds into a query tile in decreasing key blocks;
   lpt       `ws3xfdtl` ordered: key blocks from the first (the longest first), each CTA walking its tiles downward to
-            its diagonal, the adds in increasing key blocks (cuda_lib.longest_first_section_heads: all heads);
+            its diagonal, the adds in increasing key blocks (the same sections: L2's, which this model leaves out);
   lpt_up    lpt's launch and adds with upward walks: what a walk against the adds' order costs;
   any       the unordered form's launch (blockIdx order: each head's key blocks from the first, heads in turn), adds
             in any order;
@@ -140,6 +140,10 @@ class Costs:
     read_us: float = 1.0
     write_us: float = 2.3
     slack: int = 2
+    count_once_read: bool = True
+    """When an add counts itself, the next add's turn: once its read is done (dq_sync 11, what runs) or its writes."""
+    count_us: float = 0.5
+    """From an add's count to the next adder seeing it (a release and an acquire through L2)."""
     tile_cv: float = 0.0
     """Spread of each tile's time (its coefficient of variation, lognormal; 0: every tile ``tile_us``)."""
     write_cv: float = 0.0
@@ -164,7 +168,7 @@ def simulate(shape: Shape, costs: Costs, order: str | tuple[str, str, str], sect
     """Span, the SMs' idle share (overall and in the span's last tenth), the CTAs resident in the span's last three
     twentieths and the turn waits of one launch; ``order`` a name of ORDERS or its (launch, walk, adds)."""
     launch, walk_dir, adds = ORDERS[order] if isinstance(order, str) else order
-    done: dict[tuple[int, int, int], float] = {}  # (head, query tile, key block): when that add's writes completed
+    done: dict[tuple[int, int, int], float] = {}  # (head, query tile, key block): when the next adder sees its count
 
     def before(k: int, j: int) -> int | None:
         """The key block whose add into query tile j comes right before block k's (None: k's comes first)."""
@@ -206,7 +210,7 @@ def simulate(shape: Shape, costs: Costs, order: str | tuple[str, str, str], sect
                 ready = max(ready, turn)
             read.append(ready + costs.read_us)
             written.append(read[-1] + write_us[i])
-            done[h, j, k] = written[-1]
+            done[h, j, k] = (read if costs.count_once_read else written)[-1] + costs.count_us
         end = max(max(written, default=t), t) + costs.cta_us / 2
         starts.append(t0)
         ends.append(end)
@@ -236,6 +240,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cta-us", type=float, default=Costs.cta_us)
     parser.add_argument("--read-us", type=float, default=Costs.read_us)
     parser.add_argument("--write-us", type=float, default=Costs.write_us)
+    parser.add_argument("--count-once-written", action="store_true", help="turns after the writes (dq_sync 0)")
+    parser.add_argument("--count-us", type=float, default=Costs.count_us)
     parser.add_argument("--tile-cv", type=float, default=0.0, help="spread of a tile's time (coefficient of variation)")
     parser.add_argument("--write-cv", type=float, default=0.0, help="spread of an add's write time")
     parser.add_argument("--seeds", type=int, default=1, help="runs with spread, each printed")
@@ -244,7 +250,8 @@ def main(argv=None) -> int:
     shape = Shape(n=args.n, bh=args.bh, causal=not args.non_causal)
     for seed in range(args.seeds):
         costs = Costs(tile_us=args.tile_us, cta_us=args.cta_us, read_us=args.read_us, write_us=args.write_us,
-                      tile_cv=args.tile_cv, write_cv=args.write_cv, seed=seed)
+                      count_once_read=not args.count_once_written, count_us=args.count_us, tile_cv=args.tile_cv,
+                      write_cv=args.write_cv, seed=seed)
         for order in args.orders:
             for section in args.section:
                 print(dict(seed=seed, section=section, **simulate(shape, costs, order, section, args.sms)))

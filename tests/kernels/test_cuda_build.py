@@ -379,6 +379,16 @@ def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
         cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, sync=sync)
 
 
+@pytest.mark.parametrize("value", ["0", "-2", "four"])
+def test_a_bad_section_size_from_the_environment_is_refused_by_name(value, monkeypatch):
+    """$DELTAMATCH_KERNEL_DQ_SECTION_HEADS (a benchmark's control: the kv heads a sectioned launch interleaves) that is
+    not a positive integer: a ValueError naming it, before any launch."""
+    monkeypatch.setenv(cuda_lib.DQ_SECTION_ENV, value)
+    t = torch.empty(0)
+    with pytest.raises(ValueError, match=rf"DELTAMATCH_KERNEL_DQ_SECTION_HEADS = '{value}': expected a positive integer"):
+        cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, variant="ws3xfdtl", sync=11)
+
+
 def test_a_dq_only_dkdv_form_without_dq_is_refused_by_name():
     """The dK/dV forms built with dQ only (``DKDV_DQ_ONLY``: ``ws3x``, dŜ's tile by lane exchange) asked for without
     dQ, and a form without dQ asked for with it: a ValueError naming the other entry point, before any launch."""
