@@ -93,7 +93,7 @@ def test_every_query_tile_is_added_into_by_blocks_zero_to_its_last(n, causal):
     for tile in range(tiles):
         adders = sorted(block for block, walk in walks.items() if tile in walk)
         last = min(blocks - 1, tile // 2) if causal else blocks - 1
-        assert adders == list(range(last + 1)), (tile, adders)
+        assert adders == list(range(last + 1)) == list(m.Shape(n=n, causal=causal).adders(tile)), (tile, adders)
     if causal:
         for block, walk in walks.items():
             own = [t for t in (2 * block, 2 * block + 1) if t < tiles]

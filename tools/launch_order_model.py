@@ -38,6 +38,7 @@ its last, and tiles 2k and 2k + 1 end block k's downward walk.
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -47,33 +48,6 @@ ORDERS = {"spt": ("last", "up", "decreasing"), "lpt": ("first", "down", "increas
           "lpt_up": ("first", "up", "increasing"), "any": ("grid", "up", "any"), "any_lpt": ("first", "up", "any")}
 """Each order's launch (key blocks from the last or the first, sections of heads interleaved; or blockIdx order), its
 walks over query tiles, and the order of the adds into a query tile by key block."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    n: int = 8192
-    bh: int = 64
-    causal: bool = True
-    cta_keys: int = 128
-    tile_queries: int = 64
-
-    @property
-    def blocks(self) -> int:
-        return -(-self.n // self.cta_keys)
-
-    @property
-    def tiles(self) -> int:
-        return -(-self.n // self.tile_queries)
-
-    def walk(self, block: int) -> list[int]:
-        """The query tiles key block `block` reads, upward."""
-        first = block * self.cta_keys // self.tile_queries if self.causal else 0
-        return list(range(first, self.tiles))
-
-    def adders(self, tile: int) -> range:
-        """The key blocks whose adds reach query tile `tile`."""
-        last = min(self.blocks - 1, (tile * self.tile_queries + self.tile_queries - 1) // self.cta_keys)
-        return range(last + 1 if self.causal else self.blocks)
 
 
 # A port of kernels/cuda/factored.cuh's query-tile schedules of one 64-key half (Schedule: Triton's order;
@@ -131,6 +105,35 @@ def cta_walk(block: int, n: int, causal: bool, order: str) -> list[tuple[int, bo
         out.append((start, use[0], use[1], use[0] and halves[0][i[0]][1], use[1] and halves[1][i[1]][1]))
         i = [k + u for k, u in zip(i, use)]
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def upward_tiles(block: int, n: int, causal: bool) -> list[int]:
+    """The query tiles of cta_walk's increasing walk of key block `block` (a model's walks, cached: 64 distinct at 8K)."""
+    return [start // BLOCK for start, *_ in cta_walk(block, n, causal, "increasing")]
+
+
+@dataclass(frozen=True)
+class Shape:
+    n: int = 8192
+    bh: int = 64
+    causal: bool = True
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.n // (2 * BLOCK))
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.n // BLOCK)
+
+    def walk(self, block: int) -> list[int]:
+        """The query tiles key block `block` reads, upward: the port's walk (IncreasingSchedule's)."""
+        return upward_tiles(block, self.n, self.causal)
+
+    def adders(self, tile: int) -> range:
+        """The key blocks whose adds reach query tile `tile` (causal: up to its diagonal's)."""
+        return range(min(self.blocks - 1, tile // 2) + 1 if self.causal else self.blocks)
 
 
 @dataclass(frozen=True)

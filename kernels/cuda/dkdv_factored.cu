@@ -371,6 +371,10 @@ __device__ __forceinline__ void finish_dq_tile(const DkdvFactoredParams& p, int6
 // add, two tiles later, when they mostly have; the last at the end, after which the reducer arrives on adds_done. The
 // CTA that adds last into a tile then knows when the tile's sum is whole in L2, which the turns (counted once an add
 // is read, dq_sync 11) do not tell it.
+// ws3xfdtlq's counters of the adds written, one per query tile, after the turns' and the persistent form's int in dq_sem.
+__device__ __forceinline__ int* written_counters(const DkdvFactoredParams& p) {
+  return p.dq_sem + int64_t(p.b) * p.h * (p.n_pad / kBlockM) + 1;
+}
 template <bool ORDERED, bool FINISH = false, int STAGES, typename Sched>
 __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w,
                                               int block, int r, uint32_t j0 = 0, bool drain = true,
@@ -402,17 +406,18 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
   DqClock::put(kStartClk, DqClock::now(), r, clock_row);
   unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
   const bool skip_add = (diag_bits() & 4) != 0;
-  int* const written = p.dq_sem + int64_t(p.b) * p.h * (p.n_pad / kBlockM) + 1;  // FINISH: the writes' counters
-  int64_t unwritten = -1;  // FINISH: this reducer's last add's tile, not yet counted on `written`
+  int64_t unwritten = -1;  // FINISH: this reducer's last add's tile, not yet counted on written_counters
+  auto count_written = [&] {  // FINISH: that add's writes complete, then counted
+    if (unwritten < 0) return;
+    bulk_wait<0>();
+    release_count<true>(written_counters(p) + unwritten);
+  };
   uint32_t j = j0;
   for (; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
     if constexpr (FINISH) {
-      if (unwritten >= 0) {
-        bulk_wait<0>();  // its writes complete
-        release_count<true>(written + unwritten);
-      }
+      count_written();
       unwritten = tile;
     }
     // the adds into a query tile in decreasing key blocks from `last` (IncreasingSchedule's walks), or in increasing
@@ -451,10 +456,7 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
   }
   if (drain) bulk_wait<0>();
   if constexpr (FINISH) {
-    if (unwritten >= 0) {
-      bulk_wait<0>();
-      release_count<true>(written + unwritten);
-    }
+    count_written();
     asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the adds' writes before the dQ warpgroup's reads
     mbar_arrive(&x.adds_done);
   }
@@ -881,7 +883,7 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
 __device__ __forceinline__ void finish_own_tiles(DqSmem& x, const DkdvFactoredParams& p, int block, int64_t bh0,
                                                  int group) {
   const int t = threadIdx.x % kThreads;
-  const int* written = p.dq_sem + int64_t(p.b) * p.h * (p.n_pad / kBlockM) + 1;
+  const int* written = written_counters(p);
   uint16_t* rows = reinterpret_cast<uint16_t*>(x.dq);
   auto sync = [] { asm volatile("bar.sync 5, 128;\n" ::: "memory"); };
   mbar_wait(&x.adds_done, 0);
@@ -951,6 +953,8 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       if (start_n + kBlockN >= p.n) second.tiles = 0;
       dq_group(s, Walk<STAGES, Sched>(Sched(start_n, p.n, p.causal), second,
                                       int64_t(b) * p.h + int64_t(h_kv) * group, group));
+      // (the first head written out again, not a local shared with the walk: one changed the SASS of every dQ
+      // warpgroup form, the default's too)
       if constexpr (FINISH) {
         if (p.causal) finish_own_tiles(dq_smem(s), p, int(cta.block), int64_t(b) * p.h + int64_t(h_kv) * group, group);
       }

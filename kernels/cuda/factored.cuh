@@ -761,22 +761,24 @@ __device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int
 struct CtaTile {
   unsigned block, bh;
 };
-// (tile_from_last: the same for the `linear`-th tile of `blocks` x `heads`, for a persistent kernel's own order.)
-__device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
+// (tile_from_last: the same for the `linear`-th tile of `blocks` x `heads`, for a persistent kernel's own order;
+// tile_from_first, cta_from_first: from the first block to the last, so a key-stationary kernel starts its longest CTAs
+// first and the shortest end the grid: LPT, the dK/dV launch `ws3xfdtl`, whose ordered adds land in increasing key
+// blocks.)
+__device__ __forceinline__ CtaTile tile_from_first(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
   const unsigned first = linear / (section * blocks) * section;  // the section's first head
   const unsigned size = min(section, heads - first), at = linear - first * blocks;
-  return {blocks - 1 - at / size, first + at % size};
+  return {at / size, first + at % size};
+}
+__device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
+  const CtaTile t = tile_from_first(linear, blocks, heads, section);
+  return {blocks - 1 - t.block, t.bh};
 }
 __device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
   return tile_from_last(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
 }
-// The same from the first block to the last: a key-stationary kernel then starts its longest CTAs first and the
-// shortest end the grid (LPT: the dK/dV launch `ws3xfdtl`, whose ordered adds land in increasing key blocks).
 __device__ __forceinline__ CtaTile cta_from_first(unsigned section) {
-  const unsigned linear = blockIdx.y * gridDim.x + blockIdx.x, blocks = gridDim.x, heads = gridDim.y;
-  const unsigned first = linear / (section * blocks) * section;  // the section's first head
-  const unsigned size = min(section, heads - first), at = linear - first * blocks;
-  return {at / size, first + at % size};
+  return tile_from_first(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
 }
 // The query tile a CTA (or a persistent CTA's turn) runs: its first query, query head and kv head (GQA).
 struct QueryTile {
