@@ -5,6 +5,8 @@
 # (NEW_VARIANTS: cuda_gpu.sh's VARIANTS settings besides "default", ';' between them), ROUNDS rounds (default 4) with
 # the order alternating; else the suite without them and the default alone. Then the quick bench (kernel_gpu.sh).
 # $OUT ends with three files: profiles.tgz, bench.tgz and logs.tgz (every log, the new forms' test log among them).
+# SUITE=0 leaves the whole suite out (≈ 3 minutes less: for a call whose other kernels' SASS is that of a tree whose
+# suite passed on a GPU, when device time is short).
 #
 #   NEW_K="longest or finished" \
 #   NEW_VARIANTS="DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtl;DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtlq" \
@@ -22,7 +24,9 @@ else
   echo "== the new forms' tests did not all pass (new_forms_tests.log): the suite without them, the default alone"
   variants="default" k="not ($NEW_K)"
 fi
-TESTS_K="$k" ROUNDS=${ROUNDS:-4} DELTA_BENCH=0 VARIANTS="$variants" bash tools/device/cuda_gpu.sh tests,variants 2>&1 \
+stages=variants
+[[ ${SUITE:-1} == 0 ]] || stages=tests,variants
+TESTS_K="$k" ROUNDS=${ROUNDS:-4} DELTA_BENCH=0 VARIANTS="$variants" bash tools/device/cuda_gpu.sh "$stages" 2>&1 \
   | grep -v "qgmma {" | grep -v " ok$" | tail -30
 bash tools/device/kernel_gpu.sh bench quick 2>&1 | tail -20
 tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
