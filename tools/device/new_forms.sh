@@ -6,7 +6,7 @@
 # the order alternating; else the suite without them and the default alone. Then the quick bench (kernel_gpu.sh).
 # $OUT ends with three files: profiles.tgz, bench.tgz and logs.tgz (every log, the new forms' test log among them).
 # SUITE=0 leaves the whole suite out (≈ 3 minutes less: for a call whose other kernels' SASS is that of a tree whose
-# suite passed on a GPU, when device time is short).
+# suite passed on a GPU, when device time is short); QUICK=0 the quick bench (≈ 2 minutes less).
 #
 #   NEW_K="longest or finished" \
 #   NEW_VARIANTS="DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtl;DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtlq" \
@@ -28,7 +28,9 @@ stages=variants
 [[ ${SUITE:-1} == 0 ]] || stages=tests,variants
 TESTS_K="$k" ROUNDS=${ROUNDS:-4} DELTA_BENCH=0 VARIANTS="$variants" bash tools/device/cuda_gpu.sh "$stages" 2>&1 \
   | grep -v "qgmma {" | grep -v " ok$" | tail -30
-bash tools/device/kernel_gpu.sh bench quick 2>&1 | tail -20
-tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
+if [[ ${QUICK:-1} != 0 ]]; then
+  bash tools/device/kernel_gpu.sh bench quick 2>&1 | tail -20
+  tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
+fi
 (cd "$OUT" && shopt -s nullglob && logs=(*.log *.jsonl) && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}")
 ls "$OUT"
