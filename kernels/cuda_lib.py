@@ -549,9 +549,10 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     ``dq_acc``: the FP32 (B, H, N_pad, D) scratch to use (a new one when None), for a caller that reads the sums
     before the epilogue's cast (tools/device/dq_stress.py); its 64-row blocks are in the kernel's order.
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
-    if section_heads is None and (ordered or variant in DKDV_LONGEST_FIRST):
+    sectioned = _sectioned(variant, ordered)
+    if section_heads is None and sectioned:
         section_heads = section_heads_from_env()
-    if section_heads is not None and (not (ordered or variant in DKDV_LONGEST_FIRST) or int(section_heads) < 1):
+    if section_heads is not None and (not sectioned or int(section_heads) < 1):
         raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True or a variant of "
                          f"{DKDV_LONGEST_FIRST}")
     if dq_acc is not None and (tuple(dq_acc.shape) != tuple(q8.shape) or dq_acc.dtype != torch.float32
@@ -588,6 +589,11 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
     while heads * 2 <= b * h_kv and heads * 2 * per_kv_head <= L2_BYTES:
         heads *= 2
     return heads
+
+
+def _sectioned(variant: str, ordered: bool) -> bool:
+    """Whether a dQ-in-dK/dV launch interleaves kv heads in sections: ordered, or launched longest first."""
+    return ordered or variant in DKDV_LONGEST_FIRST
 
 
 def section_heads_from_env() -> int | None:
@@ -646,7 +652,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         if dq_acc is None:  # (a caller's was checked by dqdkdv_factored)
             dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
         sem, heads = None, 0
-        if ordered or variant in DKDV_LONGEST_FIRST:
+        if _sectioned(variant, ordered):
             heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
         if ordered:
             # a counter per query tile, ws3xp's count of key blocks taken, and (DKDV_FINISHES_DQ) a counter per query
