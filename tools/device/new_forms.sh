@@ -18,7 +18,7 @@ export OUT
 TESTS_K="$NEW_K" bash tools/device/cuda_gpu.sh tests 2>&1 | tail -3
 mv "$OUT/gpu_tests.log" "$OUT/new_forms_tests.log" 2>/dev/null
 if tail -1 "$OUT/new_forms_tests.log" 2>/dev/null | grep -E "^[0-9]+ passed" | grep -qv error; then
-  echo "== the new forms' tests passed: the suite, and the default against each of them"
+  echo "== the new forms' tests passed: the default against each of them (and the suite, unless SUITE=0)"
   variants="default;$NEW_VARIANTS" k=""
 else
   echo "== the new forms' tests did not all pass (new_forms_tests.log): the suite without them, the default alone"
