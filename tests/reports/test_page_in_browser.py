@@ -16,7 +16,7 @@ from test_figures_render import RECORDED
 pytestmark = pytest.mark.skipif(chromium() is None, reason="needs chromium (tests/reports/chromium.sh install)")
 
 # The synthetic results folder renders every section (3 methods x 2 seeds, a variant, probes of 3 layers, sweep,
-# kernel with the recorded H200 numbers); folded long tables keep it short. The bound has room for growth, not for
+# kernel with the recorded Hopper numbers); folded long tables keep it short. The bound has room for growth, not for
 # a table unfolded into thousands of pixels (the page was ≈ 55,000 px tall before the kernel table became a link; 16,056
 # once the FA3-class baseline's claim rows joined, one a measured shape).
 MAX_HEIGHT = 18000
