@@ -111,12 +111,9 @@ KERNELS = (
     *(CudaKernel(f"dm_dkdv_factored_ws3xfs_promoted_dq{o}", {_qgmma(64): 20}, spill_bytes=32) for o in ("", "_ordered")),
     *(CudaKernel(f"dm_dkdv_factored_ws3xfd_promoted_dq{o}", {_qgmma(64): 16, _qgmma(32): 16}, spill_bytes=32)
       for o in ("", "_ordered")),
-    # ws3xfdt: ws3xfd with dK and dV staged in shared memory and written by tensor stores; ws3xfdtl: that launched
-    # longest first (ordered: its walks downward)
-    *(CudaKernel(f"dm_dkdv_factored_ws3xfdt{l}_promoted_dq{o}", {_qgmma(64): 16, _qgmma(32): 16}, spill_bytes=32)
-      for l in ("", "l") for o in ("", "_ordered")),
-    # ws3xfdtlq: ws3xfdtl ordered with dQ finished in the kernel (causal)
-    CudaKernel("dm_dkdv_factored_ws3xfdtlq_promoted_dq_ordered", {_qgmma(64): 16, _qgmma(32): 16}, spill_bytes=32),
+    # ws3xfdt: ws3xfd with dK and dV staged in shared memory and written by tensor stores
+    *(CudaKernel(f"dm_dkdv_factored_ws3xfdt_promoted_dq{o}", {_qgmma(64): 16, _qgmma(32): 16}, spill_bytes=32)
+      for o in ("", "_ordered")),
     # ws3xfdp: ws3xfd with the promotion in quarters (dV's and dK's products 4 + 4 m64n32 pairs), pipelined
     *(CudaKernel(f"dm_dkdv_factored_ws3xfdp_promoted_dq{o}", {_qgmma(64): 8, _qgmma(32): 32}, spill_bytes=32)
       for o in ("", "_ordered")),

@@ -56,12 +56,9 @@ once its writes have completed, the order the PTX memory model guarantees, 2.3% 
 15)."""
 DQ_SYNC_MAX = 12
 """The last of ``DqSync`` in kernels/cuda/dkdv_factored.cu (a test reads it there)."""
-DQ_SYNC_UNORDERED = (3, 7, 8, 10, 12)
-"""The ``sync`` values that leave the adds in any order (benchmark controls: ``DqSync``'s stores_first is false; a test
-reads them there)."""
 DQ_SECTION_ENV = "DELTAMATCH_KERNEL_DQ_SECTION_HEADS"
-"""A positive integer: the kv heads a sectioned dQ-in-dK/dV launch (ordered, or longest first) interleaves where the
-caller passes no ``section_heads`` (a benchmark's control; unset: :func:`ordered_section_heads`)."""
+"""A positive integer: the kv heads the ordered dQ-in-dK/dV launch interleaves where the caller passes no
+``section_heads`` (a benchmark's control; unset: :func:`ordered_section_heads`)."""
 LIBRARY_ENV = "DELTAMATCH_CUDA_LIB"
 """Environment variable naming the library to load (default ``build/cuda/libdm_attn_sm90.so``)."""
 TILE_M, TILE_K = 64, 128
@@ -103,8 +100,7 @@ one and run the softmax beside dV, with N cp.async stages and K̂ in shared memo
 ``tmaN`` is ``pipeN_rs`` with its loads issued by one thread through the TMA and counted on shared-memory barriers;
 ``tma3x3`` is ``tma3`` compiled for three CTAs per SM (at most 168 registers), unpromoted only."""
 DV_UNPROMOTED_ONLY = ("tma3x3",)
-DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt",
-                 "ws3xfdtl", "ws3xfdtlq")
+DKDV_VARIANTS = ("ws3", "ws4", "ws3s", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The fused dK/dV's forms, in ``dm_dkdv_factored``'s numbering (``kernels/cuda/dkdv_factored.cu``): a producer
 warpgroup fills a ring of 3 or 4 stages of query-tile operands that two consumer warpgroups (64 keys each) share.
 Promoted, a consumer runs each tile in turn; unpromoted, ``wsN`` issues the next tile's Sᵀ and dP̂ᵀ with this tile's dV
@@ -123,36 +119,15 @@ chain a tile ends with dK's product; ``ws3xfdp`` is ``ws3xfd`` with the promotio
 16-register temporaries, the next quarter's product in flight while the last is added. All three give ``ws3xf``'s
 bits (each element the same k-steps' sums; kernels/NOTES.md, session 32). ``ws3xfdt`` is ``ws3xfd`` with its epilogue
 through shared memory: each consumer stages dV, then dK in its freed K̂ and V̂ buffers (``stmatrix``, TMA's 128-byte
-swizzle) and one thread writes them by tensor stores, the same bits. ``ws3xfdtl`` is ``ws3xfdt`` launched longest first
-(:data:`DKDV_LONGEST_FIRST`), ``ws3xfdtlq`` that with dQ finished in the kernel (:data:`DKDV_FINISHES_DQ`)."""
+swizzle) and one thread writes them by tensor stores, the same bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
-DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl", "ws3xfdtlq")
+DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
-DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl", "ws3xfdtlq")
+DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
-DKDV_ORDERED_ONLY = ("ws3xp", "ws3xfdtlq")
+DKDV_ORDERED_ONLY = ("ws3xp",)
 """The forms built with their dQ adds ordered only (``dqdkdv_factored(..., ordered=False)`` refuses them)."""
-DKDV_LONGEST_FIRST = ("ws3xfdtl", "ws3xfdtlq")
-"""The forms launched from the first key block (causal: the longest CTAs first, LPT), in the same sections of kv heads
-as the ordered launch (:func:`ordered_section_heads`, sized to L2: session 14 saw every head interleaved take 8.0 ms
-against 5.2, each query tile then read back from memory by every wave), where the others start the shortest first
-(FA3's SPT order, which its ordered adds need): with the longest CTAs last the SMs idle while the last of them finish,
-3% of the kernel at causal N = 8K on the H100 (kernels/NOTES.md, session 35's clock build; ``tools/launch_order_model.py``
-models both). Ordered, each key block walks its query tiles downward (``factored.cuh`` ``DecreasingSchedule``) and the
-adds into a query tile land in increasing key blocks, so every add waits only on CTAs launched earlier, as before: dQ is
-bit-reproducible, its bits (and dK's and dV's, summed in that order) not those of the upward walks; but the blocks of a
-head that start together (a wave holds 33 of each of 4 heads at 8K) walk in step, each waiting on the one below, which
-the model puts at −1.5% with no spread in the tiles' times and +5% with some. In any order only the launch order
-changes (``ws3xfdt``'s dK and dV bits), and the model puts it at −2.2 to −2.6%."""
-DKDV_FINISHES_DQ = ("ws3xfdtlq",)
-"""The forms that, causal, write dQ themselves instead of a second kernel (``dm_dkdv_dq_epilogue``, which reads the
-whole FP32 scratch back from memory: 0.137 ms of 6.98 a step at 8K on the H100, session 35): launched longest first
-and ordered, key block k adds last into query tiles 2k and 2k + 1, at the end of its walk, so its dQ warpgroup casts
-those two (per query head) from L2 with the epilogue's arithmetic, the same bits, once each add into them has been
-written, which a second counter per tile says (each add counted on it once its writes complete: the turns are counted
-once an add is read). Its scratch of counters is twice the others'; its adds must be ordered (no ``sync`` of 3, 7, 8,
-10 or 12); non-causal, block N/128 − 1 adds last into every tile, and the epilogue kernel runs as before."""
-DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt", "ws3xfdtl", "ws3xfdtlq")
+DKDV_FOLDED = ("ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms that take 448 (E4M3's largest value, P̂ᵀ's fixed scale) folded into their row terms: the launch passes
 lse2 − log2(448) for lse2 and div.full(1, s) / 448 for the inverses, so the kernel's exponential gives P · 448 itself
 (``factored.cuh`` ``ds_tile``'s FOLDED: P̂ᵀ without its multiply; dŜ = (P · 448)(dP − δ) · (1/s) / 448). P then differs
@@ -538,24 +513,22 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     the adds into each query tile land in one order (decreasing key blocks, each waiting on a counter per tile), so
     dQ is bit-reproducible, and dK and dV sum their query tiles in increasing order (within one bf16 rounding of
     ``dkdv_factored``'s); else the adds land in any order and dK and dV are ``dkdv_factored``'s bits.
-    ``section_heads``: with ``ordered``, or for a longest-first form (:data:`DKDV_LONGEST_FIRST`) ordered or not, the
-    kv heads whose CTAs are launched interleaved (default :data:`DQ_SECTION_ENV` where set, else
-    :func:`ordered_section_heads`). ``sync`` (with ``ordered``; None: ``$DELTAMATCH_KERNEL_DQ_SYNC``, else
-    :data:`DQ_SYNC_DEFAULT`): 11 FA3's count once read with no fence, 0 the count once written with fences, or one of
-    tools/device/cuda_dv_bench.py's controls (``DqSync`` of kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's
-    count after the reads, 3 the launch order alone, 4 a relaxed count after the writes, 5 and 6: 0 and 4 with the
-    counters read relaxed, not acquired, 7 the counts without the waits, 8 the waits' reads without the counts, 9 no
-    fence at all, 10 its reads alone, 12 9's wait for the writes without its count). Where the adds are ordered (all
-    but 3, 7, 8, 10 and 12) each query tile's first stores its product, so the scratch needs no zeroing.
+    ``section_heads``: with ``ordered``, the kv heads whose CTAs are launched interleaved (default
+    :data:`DQ_SECTION_ENV` where set, else :func:`ordered_section_heads`). ``sync`` (with ``ordered``; None:
+    ``$DELTAMATCH_KERNEL_DQ_SYNC``, else :data:`DQ_SYNC_DEFAULT`): 11 FA3's count once read with no fence, 0 the count
+    once written with fences, or one of tools/device/cuda_dv_bench.py's controls (``DqSync`` of
+    kernels/cuda/dkdv_factored.cu: 1 no proxy fences, 2 FA3's count after the reads, 3 the launch order alone, 4 a
+    relaxed count after the writes, 5 and 6: 0 and 4 with the counters read relaxed, not acquired, 7 the counts without
+    the waits, 8 the waits' reads without the counts, 9 no fence at all, 10 its reads alone, 12 9's wait for the writes
+    without its count). Where the adds are ordered (all but 3, 7, 8, 10 and 12) each query tile's first stores its
+    product, so the scratch needs no zeroing.
     ``dq_acc``: the FP32 (B, H, N_pad, D) scratch to use (a new one when None), for a caller that reads the sums
     before the epilogue's cast (tools/device/dq_stress.py); its 64-row blocks are in the kernel's order.
     ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
-    sectioned = _sectioned(variant, ordered)
-    if section_heads is None and sectioned:
+    if section_heads is None and ordered:
         section_heads = section_heads_from_env()
-    if section_heads is not None and (not sectioned or int(section_heads) < 1):
-        raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True or a variant of "
-                         f"{DKDV_LONGEST_FIRST}")
+    if section_heads is not None and (not ordered or int(section_heads) < 1):
+        raise ValueError(f"section_heads = {section_heads}: expected at least 1, with ordered=True")
     if dq_acc is not None and (tuple(dq_acc.shape) != tuple(q8.shape) or dq_acc.dtype != torch.float32
                                or dq_acc.device != q8.device or not dq_acc.is_contiguous()):
         raise ValueError(f"dq_acc: {dq_acc.dtype} {tuple(dq_acc.shape)} on {dq_acc.device}"
@@ -568,10 +541,6 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
         sync = int(setting)
     if not 0 <= sync <= DQ_SYNC_MAX:
         raise ValueError(f"sync = {sync} (or ${DQ_SYNC_ENV}): expected 0 .. {DQ_SYNC_MAX} (DqSync)")
-    if variant in DKDV_FINISHES_DQ and sync in DQ_SYNC_UNORDERED:
-        raise ValueError(f"variant {variant!r} finishes dQ after the last add into each tile, so its adds must be "
-                         f"ordered: sync = {sync} (or ${DQ_SYNC_ENV}) leaves them in any order; expected one of "
-                         f"{sorted(set(range(DQ_SYNC_MAX + 1)) - set(DQ_SYNC_UNORDERED))}")
     return _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                  softmax_scale, dtype, True, variant, k8t=k8t, skc=skc, irs=irs, ordered=ordered,
                  section_heads=section_heads, sync=sync, dq_acc=dq_acc)
@@ -590,11 +559,6 @@ def ordered_section_heads(b: int, h: int, h_kv: int, n_pad: int, d: int = DV_HEA
     while heads * 2 <= b * h_kv and heads * 2 * per_kv_head <= L2_BYTES:
         heads *= 2
     return heads
-
-
-def _sectioned(variant: str, ordered: bool) -> bool:
-    """Whether a dQ-in-dK/dV launch interleaves kv heads in sections: ordered, or launched longest first."""
-    return ordered or variant in DKDV_LONGEST_FIRST
 
 
 def section_heads_from_env() -> int | None:
@@ -653,13 +617,10 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
         if dq_acc is None:  # (a caller's was checked by dqdkdv_factored)
             dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
         sem, heads = None, 0
-        if _sectioned(variant, ordered):
-            heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
         if ordered:
-            # a counter per query tile, ws3xp's count of key blocks taken, and (DKDV_FINISHES_DQ) a counter per query
-            # tile of the adds written; zeroed by the launch
-            tiles = b * h * (n_pad // 64)
-            sem = torch.empty((2 if variant in DKDV_FINISHES_DQ else 1) * tiles + 1, dtype=torch.int32, device=device)
+            heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
+            # a counter per query tile, and ws3xp's count of key blocks taken; zeroed by the launch
+            sem = torch.empty(b * h * (n_pad // 64) + 1, dtype=torch.int32, device=device)
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),
                  None if sem is None else sem.data_ptr(), heads, int(sync)]
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),

@@ -528,9 +528,7 @@ consumers' chain a tile ends with dK's product (``ws3xf``'s bits; dK/dV + dQ 4.2
 32). ``ws3xf`` is ``ws3x`` (dQ's dŜ tile by lane exchange: ``ws3``'s bits in 61
 instructions fewer a thread and tile, 4.78 → 4.52 ms, H200, session 23) with 448 folded into the row terms
 (``cuda_lib.DKDV_FOLDED``: one multiply an element fewer, ``ws3x``'s bits to a few ulps before the casts; 4.140 ms a
-step against 4.194, H200, session 30); ``ws3xf``, ``ws3x`` and ``ws3`` (the byte stores) when asked; ``ws3xfdtl``,
-``ws3xfdt`` launched the longest CTAs first (``cuda_lib.DKDV_LONGEST_FIRST``), and ``ws3xfdtlq``, that writing dQ
-itself where causal (``cuda_lib.DKDV_FINISHES_DQ``; neither yet timed on a GPU)."""
+step against 4.194, H200, session 30); ``ws3xf``, ``ws3x`` and ``ws3`` (the byte stores) when asked."""
 CUDA_DKDV_DEFAULT = "ws3xfdt"
 
 

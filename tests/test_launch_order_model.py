@@ -1,6 +1,7 @@
 """tools/launch_order_model.py: the launch orders of the dK/dV + dQ kernel that it models wait only on CTAs launched
 earlier (an order that does not is caught), its tail at the reference shape is the one session 35's clock build
-measured, and its port of the kernels' query-tile walks has the properties ws3xfdtl and ws3xfdtlq rely on."""
+measured, and its port of the kernels' query-tile walks has the properties ws3xfdtl and ws3xfdtlq relied on (both
+removed after session 38's measurements; their code is c86cf36's)."""
 
 import pytest
 
@@ -64,9 +65,10 @@ CASES = [(n, causal) for n in (64, 100, 128, 130, 300, 1000, 1024, 4096) for cau
 
 @pytest.mark.parametrize("n, causal", CASES)
 def test_the_downward_walk_is_the_upward_one_reversed(n, causal):
-    """The port of factored.cuh's schedules and Walk: at every key block, ws3xfdtl's walk (DecreasingSchedule, the
-    halves merged by the larger start) is IncreasingSchedule's walk backwards, position by position (the tile, which
-    halves read it, their masked flags), and each half reads the same tiles with the same masks as in Triton's order."""
+    """The port of factored.cuh's schedules and Walk: at every key block, the removed ws3xfdtl's walk (c86cf36's
+    DecreasingSchedule, the halves merged by the larger start) is IncreasingSchedule's walk backwards, position by
+    position (the tile, which halves read it, their masked flags), and each half reads the same tiles with the same
+    masks as in Triton's order."""
     m = _model()
     blocks = -(-n // 128)
     for block in range(blocks):
@@ -83,10 +85,10 @@ def test_the_downward_walk_is_the_upward_one_reversed(n, causal):
 
 @pytest.mark.parametrize("n, causal", CASES)
 def test_every_query_tile_is_added_into_by_blocks_zero_to_its_last(n, causal):
-    """The ordered adds of ws3xfdtl wait, in increasing key blocks, for a count equal to the block, and ws3xfdtlq's
-    CTA of block k casts query tiles 2k and 2k + 1 as their last adder: so the blocks whose walks reach a query tile
-    must be 0 .. its last (causal: tile // 2; else the last block), and tiles 2k, 2k + 1 (below N) must end block k's
-    downward walk."""
+    """The ordered adds of ws3xfdtl (removed; c86cf36's) waited, in increasing key blocks, for a count equal to the
+    block, and ws3xfdtlq's CTA of block k cast query tiles 2k and 2k + 1 as their last adder: so the blocks whose walks
+    reach a query tile must be 0 .. its last (causal: tile // 2; else the last block), and tiles 2k, 2k + 1 (below N)
+    must end block k's downward walk."""
     m = _model()
     blocks, tiles = -(-n // 128), -(-n // 64)
     walks = {block: [pos[0] // 64 for pos in m.cta_walk(block, n, causal, "decreasing")] for block in range(blocks)}

@@ -18,19 +18,23 @@ Orders (`--orders`, ORDERS: launch, walk, adds):
   spt       what runs now (ordered): per section of kv heads (cuda_lib.ordered_section_heads: 4 at 8K), key blocks
             from the last (causal: the shortest first), the section's heads interleaved; each CTA walks its tiles
             upward from the diagonal; the adds into a query tile in decreasing key blocks;
-  lpt       `ws3xfdtl` ordered: key blocks from the first (the longest first), each CTA walking its tiles downward to
-            its diagonal, the adds in increasing key blocks (the same sections: L2's, which this model leaves out);
+  lpt       ordered, key blocks from the first (the longest first), each CTA walking its tiles downward to its
+            diagonal, the adds in increasing key blocks (the same sections: L2's, which this model leaves out);
   lpt_up    lpt's launch and adds with upward walks: what a walk against the adds' order costs;
   any       the unordered form's launch (blockIdx order: each head's key blocks from the first, heads in turn), adds
             in any order;
-  any_lpt   `ws3xfdtl` unordered: lpt's launch, adds in any order.
+  any_lpt   lpt's launch, adds in any order.
+lpt and any_lpt were the CUDA form `ws3xfdtl` (ordered and not), and `ws3xfdtlq` finished dQ in lpt's kernel; both
+were removed after session 38 measured them on the H100 (kernels/NOTES.md): ws3xfdtl 0.0% of the kernel ordered and
+−0.3% in any order, where this model put −1.5% to +5.4% and −2.6%; ws3xfdtlq +7.2%. Their code is c86cf36's.
 Every ordered add may wait only on a CTA launched earlier (else a launch larger than the GPU could deadlock); the
 model asserts it of every wait.
 
 Beside the model, a line-for-line port of factored.cuh's query-tile schedules and of Walk's merge of a CTA's two
-halves (``half_schedule``, ``cta_walk``), by which tests/test_launch_order_model.py checks, without a GPU, what the
-ordered forms rely on: the downward walk is the upward one reversed, every query tile is added into by key blocks 0 to
-its last, and tiles 2k and 2k + 1 end block k's downward walk.
+halves (``half_schedule``, ``cta_walk``; the decreasing order and Walk's merge by the larger start are ports of
+c86cf36's factored.cuh, since removed with ws3xfdtl), by which tests/test_launch_order_model.py checks, without a GPU,
+what the removed forms relied on: the downward walk is the upward one reversed, every query tile is added into by key
+blocks 0 to its last, and tiles 2k and 2k + 1 end block k's downward walk.
 
     python tools/launch_order_model.py [--n 8192] [--bh 64] [--sms 132] [--section 4] [--orders spt lpt]
 """
@@ -51,8 +55,9 @@ walks over query tiles, and the order of the adds into a query tile by key block
 
 
 # A port of kernels/cuda/factored.cuh's query-tile schedules of one 64-key half (Schedule: Triton's order;
-# IncreasingSchedule; DecreasingSchedule) and of Walk's merge of a CTA's two halves, line for line, so that the walks
-# the ordered forms rely on can be checked without a GPU (tests/test_launch_order_model.py).
+# IncreasingSchedule; DecreasingSchedule, removed with ws3xfdtl: c86cf36's) and of Walk's merge of a CTA's two halves,
+# line for line, so that the walks the ordered forms rely on can be checked without a GPU
+# (tests/test_launch_order_model.py).
 BLOCK = 64  # kBlockM = kBlockN: queries a tile, keys a half
 
 

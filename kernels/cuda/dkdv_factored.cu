@@ -98,7 +98,6 @@ struct __align__(1024) DqSmem {
   float dq[kBlockM * kHeadDim];         // the dQ product of the current tile in dq_order, the reduction's source
   uint64_t ds_full[2], ds_empty[2];     // 256 arrivals each: every consumer thread has written / read ds[i]
   uint64_t dq_full[2], dq_empty[2];     // tile j's, [j % 2]: 256 arrivals: dq written; 1 (reducer j % 2): read
-  uint64_t adds_done;                   // ws3xfdtlq: 2 arrivals, each reducer's last add written and counted
 };
 template <int STAGES, bool DQ = false>
 constexpr int smem_bytes() {  // + room to align the base
@@ -203,15 +202,6 @@ __device__ __forceinline__ CtaCoords cta_coords(const DkdvFactoredParams& p) {
   const CtaTile cta = cta_from_last(unsigned(p.dq_section_heads));
   return {cta.block, cta.bh};
 }
-// LPT (`ws3xfdtl`): the launch order from the first key block (the longest first, causal), the kv heads of a section
-// of dq_section_heads interleaved; ordered, each key block walks its query tiles downward (DecreasingSchedule) and the
-// adds into a query tile land in increasing key blocks, so again every CTA waited for was launched earlier. Why: with
-// the shortest first the longest CTAs end the grid, and the SMs idle while the last of them finish (3% of the kernel
-// at causal N = 8K on the H100, session 35's clock build); tools/launch_order_model.py models both orders.
-__device__ __forceinline__ CtaCoords cta_coords_first(const DkdvFactoredParams& p) {
-  const CtaTile cta = cta_from_first(unsigned(p.dq_section_heads));
-  return {cta.block, cta.bh};
-}
 
 // Where the dQ-in-dK/dV forms wait (tools/device/dq_clock.py), in a build with -DDM_DQ_CLOCK only: kClockSlots
 // counters per CTA (linear blockIdx) in dm_dq_clock, read by the exported dm_dq_clock_read. Without the macro every
@@ -299,61 +289,6 @@ __host__ __device__ constexpr bool stores_first(int sync) {
          sync != kBareWriteWait;
 }
 
-// dQ of query tile `tile` (64 queries) of query head `bh` from its FP32 sums in dq_acc, with dq_factored.cu's epilogue
-// arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: thread t (of 128) reads the float4s consumer thread t
-// wrote (dq_order), stages the cast rows in `rows` (kBlockM rows of kDqPitch elements: padded by 8, conflict-free)
-// and, after `sync()` (the 128 threads' barrier), writes them whole. dm_dkdv_dq_epilogue runs it a CTA a tile;
-// ws3xfdtlq's dQ warpgroup runs it on the tiles whose last add was its CTA's (finish_own_tiles).
-constexpr int kDqPitch = kHeadDim + 8;  // elements per staged row
-template <typename Sync>
-__device__ __forceinline__ void finish_dq_tile(const DkdvFactoredParams& p, int64_t bh, unsigned tile, int t,
-                                               uint16_t* rows, Sync sync) {
-  const int warp = t / 32, g = (t % 32) / 4, q = t % 4;
-  const int b = int(bh / p.h), h = int(bh % p.h), start = tile * kBlockM;
-  const int64_t bh_kv = int64_t(b) * p.h_kv + h / (p.h / p.h_kv);
-  const float* acc = p.dq_acc + (bh * (p.n_pad / kBlockM) + tile) * kDqBlockFloats;
-  const float* skc = p.skc + bh_kv * kHeadDim;
-  float s_row[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = start + 16 * warp + g + 8 * r;
-    s_row[r] = row < p.n ? p.rs[bh * p.n_pad + row] : 1.0f;
-  }
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
-    const float4 x = *reinterpret_cast<const float4*>(acc + dq_order(i, t));
-    const float vals[4] = {x.x, x.y, x.z, x.w};
-    const int col = 8 * i + 2 * q;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float y[2];
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        y[c] = __fmul_rn(__fmul_rn(__fmul_rn(vals[2 * r + c], s_row[r]), skc[col + c]), p.softmax_scale);
-      }
-      uint32_t pair;
-      if (p.out_fp16) {
-        const __half2 v2 = __floats2half2_rn(y[0], y[1]);
-        pair = *reinterpret_cast<const uint32_t*>(&v2);
-      } else {
-        const __nv_bfloat162 v2 = __floats2bfloat162_rn(y[0], y[1]);
-        pair = *reinterpret_cast<const uint32_t*>(&v2);
-      }
-      *reinterpret_cast<uint32_t*>(rows + (16 * warp + g + 8 * r) * kDqPitch + col) = pair;
-    }
-  }
-  sync();
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-#pragma unroll
-  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
-    const int at = t + kThreads * j, row = at / kChunks, chunk = at % kChunks;
-    if (start + row >= p.n) continue;
-    const int64_t out = int64_t(b) * p.dq_stride_b + int64_t(start + row) * p.dq_stride_n + int64_t(h) * p.dq_stride_h;
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq) + out + 8 * chunk) =
-        *reinterpret_cast<const uint4*>(rows + row * kDqPitch + 8 * chunk);
-  }
-}
-
 // The reducers (two threads of the producer warpgroup, in two warps): reducer r takes the tiles j of the walk with
 // j % 2 == r; per tile, once both consumers have written its dQ product (dq_full[r]), its 32 KB added into dq_acc,
 // the buffer handed back (dq_empty[r]) once the bulk copy has read it. Ordered (dq_sem): first, while the consumers
@@ -366,20 +301,10 @@ __device__ __forceinline__ void finish_dq_tile(const DkdvFactoredParams& p, int6
 // `j0`: the tiles the CTA walked before this key block (the persistent form), where the dQ buffers' turns and phases
 // go on from; returns the count after it. `drain`: wait for the last add's writes at the end (not between a persistent
 // CTA's key blocks). `clock_row`: DqClock's row of this key block (the persistent form's linear index; −1: blockIdx).
-// FINISH (ws3xfdtlq): besides the turns, each add is counted on a second counter of its query tile (after the turns'
-// counters and the persistent form's int in dq_sem) once its writes have completed, lazily: before the reducer's next
-// add, two tiles later, when they mostly have; the last at the end, after which the reducer arrives on adds_done. The
-// CTA that adds last into a tile then knows when the tile's sum is whole in L2, which the turns (counted once an add
-// is read, dq_sync 11) do not tell it.
-// ws3xfdtlq's counters of the adds written, one per query tile, after the turns' and the persistent form's int in dq_sem.
-__device__ __forceinline__ int* written_counters(const DkdvFactoredParams& p) {
-  return p.dq_sem + int64_t(p.b) * p.h * (p.n_pad / kBlockM) + 1;
-}
-template <bool ORDERED, bool FINISH = false, int STAGES, typename Sched>
+template <bool ORDERED, int STAGES, typename Sched>
 __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w,
                                               int block, int r, uint32_t j0 = 0, bool drain = true,
                                               int clock_row = -1) {
-  static_assert(!FINISH || (ORDERED && Sched::kDescending), "finished in the kernel: ordered, the adds from block 0");
   const int blocks = p.n_pad / kCtaRows;
   const bool ordered = ORDERED && p.dq_sync != kOrderOnly;
   const bool waits = p.dq_sync != kCountOnly;
@@ -406,28 +331,15 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
   DqClock::put(kStartClk, DqClock::now(), r, clock_row);
   unsigned turn_clk = 0, full_clk = 0, count_clk = 0, read_clk = 0, spun = 0, turn_max = 0, tiles = 0;
   const bool skip_add = (diag_bits() & 4) != 0;
-  int64_t unwritten = -1;  // FINISH: this reducer's last add's tile, not yet counted on written_counters
-  auto count_written = [&] {  // FINISH: that add's writes complete, then counted
-    if (unwritten < 0) return;
-    bulk_wait<0>();
-    release_count<true>(written_counters(p) + unwritten);
-  };
   uint32_t j = j0;
   for (; !w.done(); ++j, w.advance()) {
     if ((j & 1) != uint32_t(r)) continue;
     const int64_t tile = w.bh * (p.n_pad / kBlockM) + w.start / kBlockM;
-    if constexpr (FINISH) {
-      count_written();
-      unwritten = tile;
-    }
-    // the adds into a query tile in decreasing key blocks from `last` (IncreasingSchedule's walks), or in increasing
-    // ones from block 0 (DecreasingSchedule's, the LPT launch)
-    constexpr bool kFromFirst = Sched::kDescending;
     const int last = p.causal ? min(blocks - 1, w.start / kCtaRows) : blocks - 1;  // the first block to add
-    const bool store = ORDERED && stores_first(p.dq_sync) && block == (kFromFirst ? 0 : last);
+    const bool store = ORDERED && stores_first(p.dq_sync) && block == last;
     if (ordered && waits) {
       const auto t0 = DqClock::now();
-      const int turn = counts ? (kFromFirst ? block : last - block) : 0;
+      const int turn = counts ? last - block : 0;
       spun += wait_turn(p.dq_sem + tile, turn) > 1;
       const unsigned waited = unsigned(DqClock::now() - t0);
       turn_clk += waited;
@@ -455,11 +367,6 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
     ++tiles;
   }
   if (drain) bulk_wait<0>();
-  if constexpr (FINISH) {
-    count_written();
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the adds' writes before the dQ warpgroup's reads
-    mbar_arrive(&x.adds_done);
-  }
   DqClock::put(kEndNs, DqClock::ns(), r, clock_row);
   DqClock::put(kEndClk, DqClock::now(), r, clock_row);
   DqClock::put(kTurnClk, turn_clk, r, clock_row);
@@ -874,44 +781,16 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
   }
 }
 
-// ws3xfdtlq's dQ warpgroup after its last product, causal: the query tiles whose last add is this CTA's (key block k:
-// tiles 2k and 2k + 1 of each query head it reads, those below N) cast into dQ by finish_dq_tile, once every add into
-// them has been written: its own reducers' (adds_done) and blocks 0 .. k − 1's (each tile's written counter at k + 1:
-// all k + 1 blocks add into it). Each thread acquires the counter itself (an acquire read invalidates the SM's L1, so
-// no stale line of dq_acc is read after it). The rows are staged in DqSmem::dq, which the last add has read; named
-// barrier 5 is the warpgroup's (0: __syncthreads', 1 and 2 the turns', 3 and 4 group_sync's).
-__device__ __forceinline__ void finish_own_tiles(DqSmem& x, const DkdvFactoredParams& p, int block, int64_t bh0,
-                                                 int group) {
-  const int t = threadIdx.x % kThreads;
-  const int* written = written_counters(p);
-  uint16_t* rows = reinterpret_cast<uint16_t*>(x.dq);
-  auto sync = [] { asm volatile("bar.sync 5, 128;\n" ::: "memory"); };
-  mbar_wait(&x.adds_done, 0);
-  for (int64_t bh = bh0; bh < bh0 + group; ++bh) {
-    for (int tile = 2 * block; tile < 2 * block + 2 && tile * kBlockM < p.n; ++tile) {
-      wait_count<true>(written + bh * (p.n_pad / kBlockM) + tile, block + 1);
-      finish_dq_tile(p, bh, unsigned(tile), t, rows, sync);
-      sync();  // the rows written out before the next tile's are staged
-    }
-  }
-}
-
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false, bool LPT = false,
-          bool FINISH = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
-  static_assert(DQ || !LPT, "the launch order is the dQ form's (dq_section_heads)");
-  static_assert(!FINISH || (ORDERED && LPT && DQ_GROUP), "dQ is finished by the dQ warpgroup of the last adder");
-  // unordered, LPT changes the launch order alone: Triton's walks, so Triton's dK and dV bits
-  using Sched = std::conditional_t<ORDERED, std::conditional_t<LPT, DecreasingSchedule, IncreasingSchedule>, Schedule>;
+  using Sched = std::conditional_t<ORDERED, IncreasingSchedule, Schedule>;
   // the arrivals dŜ's release and dQ's product count: the dQ warpgroup's threads, or both consumers'
   constexpr int kDqArrivals = DQ_GROUP ? kThreads : kConsumers * kThreads;
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
-  auto coords = [&] {
-    return LPT ? cta_coords_first(p) : ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y};
-  };
+  auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
   if (threadIdx.x == 0) {
     DqClock::put(kCtaNs, DqClock::ns());
     const CtaCoords cta = coords();
@@ -933,7 +812,6 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
         mbar_init(&x.dq_full[i], kDqArrivals);
         mbar_init(&x.dq_empty[i], 1);
       }
-      if constexpr (FINISH) mbar_init(&x.adds_done, 2);
       fence_mbar_init();
       tma_load_2d(x.kt, &maps.kt, cta.block * kCtaRows, cta.bh_kv * kHeadDim, &s.kv_full);
     }
@@ -953,11 +831,6 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       if (start_n + kBlockN >= p.n) second.tiles = 0;
       dq_group(s, Walk<STAGES, Sched>(Sched(start_n, p.n, p.causal), second,
                                       int64_t(b) * p.h + int64_t(h_kv) * group, group));
-      // (the first head written out again, not a local shared with the walk: one changed the SASS of every dQ
-      // warpgroup form, the default's too)
-      if constexpr (FINISH) {
-        if (p.causal) finish_own_tiles(dq_smem(s), p, int(cta.block), int64_t(b) * p.h + int64_t(h_kv) * group, group);
-      }
       return;
     }
   }
@@ -974,7 +847,7 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       const Walk<STAGES, Sched> walk(Sched(start_n, p.n, p.causal), second, bh0, group);
       if constexpr (DQ) {
         if (threadIdx.x != 0) {
-          reduce_dq<ORDERED, FINISH>(dq_smem(s), p, walk, cta.block, threadIdx.x / 32 - 1);
+          reduce_dq<ORDERED>(dq_smem(s), p, walk, cta.block, threadIdx.x / 32 - 1);
           return;
         }
       }
@@ -1135,16 +1008,16 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
 }  // namespace dm
 
 #define DM_DKDV_KERNEL_FORM(NAME, THREADS, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, \
-                            TMA_OUT, LPT, FINISH)                                                                    \
+                            TMA_OUT)                                                                                 \
   extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                          \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                               \
     extern __shared__ uint8_t smem[];                                                                             \
-    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, TMA_OUT, LPT,     \
-                         FINISH>(smem, p, maps);                                                                  \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, SPLIT, GROUP, TMA_OUT>(smem, p,  \
+                                                                                                        maps);     \
   }
 #define DM_DKDV_KERNEL(NAME, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED) \
   DM_DKDV_KERNEL_FORM(NAME, dm::factored::kCtaThreads, PROMOTE, PIPELINED, STAGES, DQ, ORDERED, EXCHANGE, FOLDED, 0, \
-                      false, false, false, false)
+                      false, false)
 // wsN: N stages; unpromoted, the next tile's Sᵀ and dP̂ᵀ are issued with this tile's dV and dK (PIPELINED).
 // ws3s: unpromoted without that overlap, each consumer's tile in turn (as promoted runs).
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted, true, false, 3, false, false, false, false)
@@ -1164,21 +1037,15 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3xf_promoted_dq_ordered, true, false, 3, true,
 // ws3xfs: ws3xf with its promotion split into 64-channel halves (a 32-register temporary: four waits a tile, not two);
 // ws3xfd: ws3xfs with dQ's product in a fourth warpgroup (dq_group), the consumers at 208 registers, it at 72;
 // ws3xfdp: ws3xfd with the promotion in quarters, one in flight while the last is added (SPLIT 4);
-// ws3xfdt: ws3xfd with its epilogue through shared memory and tensor stores (TMA_OUT);
-// ws3xfdtl: ws3xfdt launched longest first (LPT; cta_coords_first), ordered with its walks downward
-#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP, TMA_OUT, LPT)                                               \
-  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP, TMA_OUT,   \
-                      LPT, false)                                                                                  \
+// ws3xfdt: ws3xfd with its epilogue through shared memory and tensor stores (TMA_OUT)
+#define DM_DKDV_SPLIT_KERNELS(NAME, THREADS, SPLIT, GROUP, TMA_OUT)                                                    \
+  DM_DKDV_KERNEL_FORM(NAME##_promoted_dq, THREADS, true, false, 3, true, false, true, true, SPLIT, GROUP, TMA_OUT)   \
   DM_DKDV_KERNEL_FORM(NAME##_promoted_dq_ordered, THREADS, true, false, 3, true, true, true, true, SPLIT, GROUP,     \
-                      TMA_OUT, LPT, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false, false, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true, false, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true, false, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdt, dm::factored::kDqGroupThreads, 2, true, true, false)
-DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdtl, dm::factored::kDqGroupThreads, 2, true, true, true)
-// ws3xfdtlq: ws3xfdtl ordered, dQ finished in the kernel where causal (finish_own_tiles): no epilogue launch then
-DM_DKDV_KERNEL_FORM(dm_dkdv_factored_ws3xfdtlq_promoted_dq_ordered, dm::factored::kDqGroupThreads, true, false, 3, true,
-                    true, true, true, 2, true, true, true, true)
+                      TMA_OUT)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfs, dm::factored::kCtaThreads, 2, false, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfd, dm::factored::kDqGroupThreads, 2, true, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdp, dm::factored::kDqGroupThreads, 4, true, false)
+DM_DKDV_SPLIT_KERNELS(dm_dkdv_factored_ws3xfdt, dm::factored::kDqGroupThreads, 2, true, true)
 #undef DM_DKDV_SPLIT_KERNELS
 #undef DM_DKDV_KERNEL
 #undef DM_DKDV_KERNEL_FORM
@@ -1190,10 +1057,57 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
 }
 
 // dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
-// block of 128 threads per 64 queries and query head (finish_dq_tile).
+// block of 128 threads per 64 queries and query head; each thread reads the float4s a consumer thread wrote (dq_order),
+// the block stages the cast rows in shared memory (rows padded by 8 elements: conflict-free) and writes them whole.
 extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_epilogue(const DkdvFactoredParams p) {
-  __shared__ __align__(16) uint16_t rows[dm::factored::kBlockM * dm::dkdv::kDqPitch];
-  dm::dkdv::finish_dq_tile(p, blockIdx.y, blockIdx.x, int(threadIdx.x), rows, [] { __syncthreads(); });
+  using namespace dm::factored;
+  constexpr int kPitch = kHeadDim + 8;  // elements per staged row
+  __shared__ __align__(16) uint16_t rows[kBlockM * kPitch];
+  const int t = threadIdx.x, warp = t / 32, g = (t % 32) / 4, q = t % 4;
+  const int64_t bh = blockIdx.y;
+  const int b = int(bh / p.h), h = int(bh % p.h), start = blockIdx.x * kBlockM;
+  const int64_t bh_kv = int64_t(b) * p.h_kv + h / (p.h / p.h_kv);
+  const float* acc = p.dq_acc + (bh * (p.n_pad / kBlockM) + blockIdx.x) * dm::dkdv::kDqBlockFloats;
+  const float* skc = p.skc + bh_kv * kHeadDim;
+  float s_row[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = start + 16 * warp + g + 8 * r;
+    s_row[r] = row < p.n ? p.rs[bh * p.n_pad + row] : 1.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 8; ++i) {
+    const float4 x = *reinterpret_cast<const float4*>(acc + dm::dkdv::dq_order(i, t));
+    const float vals[4] = {x.x, x.y, x.z, x.w};
+    const int col = 8 * i + 2 * q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float y[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        y[c] = __fmul_rn(__fmul_rn(__fmul_rn(vals[2 * r + c], s_row[r]), skc[col + c]), p.softmax_scale);
+      }
+      uint32_t pair;
+      if (p.out_fp16) {
+        const __half2 v2 = __floats2half2_rn(y[0], y[1]);
+        pair = *reinterpret_cast<const uint32_t*>(&v2);
+      } else {
+        const __nv_bfloat162 v2 = __floats2bfloat162_rn(y[0], y[1]);
+        pair = *reinterpret_cast<const uint32_t*>(&v2);
+      }
+      *reinterpret_cast<uint32_t*>(rows + (16 * warp + g + 8 * r) * kPitch + col) = pair;
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
+    const int at = t + kThreads * j, row = at / kChunks, chunk = at % kChunks;
+    if (start + row >= p.n) continue;
+    const int64_t out = int64_t(b) * p.dq_stride_b + int64_t(start + row) * p.dq_stride_n + int64_t(h) * p.dq_stride_h;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq) + out + 8 * chunk) =
+        *reinterpret_cast<const uint4*>(rows + row * kPitch + 8 * chunk);
+  }
 }
 
 namespace {
@@ -1207,8 +1121,6 @@ struct DkdvLaunch {
   int smem;
   int threads = dm::factored::kCtaThreads;
   bool tma_out = false;
-  bool lpt = false;  // launched from the first key block (cta_coords_first): dq_section_heads, ordered or not
-  bool finishes = false;  // causal, dQ finished in the kernel: no epilogue launch; dq_sem holds the writes' counters
 };
 DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   using namespace dm::dkdv;
@@ -1231,11 +1143,6 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
       case 9: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdt_promoted_dq_ordered
                                                    : dm_dkdv_factored_ws3xfdt_promoted_dq, smem_bytes<3, true>(),
                       dm::factored::kDqGroupThreads, true};
-      case 10: return {!promote ? nullptr : ordered ? dm_dkdv_factored_ws3xfdtl_promoted_dq_ordered
-                                                    : dm_dkdv_factored_ws3xfdtl_promoted_dq, smem_bytes<3, true>(),
-                       dm::factored::kDqGroupThreads, true, true};
-      case 11: return {!promote || !ordered ? nullptr : dm_dkdv_factored_ws3xfdtlq_promoted_dq_ordered,
-                       smem_bytes<3, true>(), dm::factored::kDqGroupThreads, true, true, true};
       default: return {nullptr, 0};
     }
   }
@@ -1253,10 +1160,7 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
 // only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
 // folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
 // 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
-// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA),
-// 10 ws3xfdtl (ws3xfdt launched longest first, dq_section_heads kv heads interleaved, ordered or not), 11 ws3xfdtlq
-// (ws3xfdtl ordered, dQ finished in the kernel where causal: dq_sem holds 2 (B·H·N_pad / 64) + 1 ints; an ordering
-// dq_sync).
+// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA).
 extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
                                 cudaStream_t stream) {
   using namespace dm::factored;
@@ -1267,8 +1171,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   const void* kernel = persistent ? reinterpret_cast<const void*>(dm_dkdv_factored_ws3xp_promoted_dq_ordered)
                                   : reinterpret_cast<const void*>(launch.kernel);
   if (persistent && (!dq || p->dq_sem == nullptr || promote == 0)) return cudaErrorInvalidValue;
-  if (!kernel || (dq && (p->dq_sem != nullptr || launch.lpt) && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
-  if (launch.finishes && !dm::dkdv::stores_first(p->dq_sync)) return cudaErrorInvalidValue;  // the adds not ordered
+  if (!kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(kernel, launch.smem, device); err != cudaSuccess) return err;
   dm::dkdv::Maps maps;
   const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
@@ -1289,9 +1192,8 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
     if (p->dq_sem == nullptr || !dm::dkdv::stores_first(p->dq_sync)) {
       if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
     }
-    if (p->dq_sem != nullptr) {  // and the int after them (ws3xp's count of key blocks taken), and ws3xfdtlq's
-      const size_t tiles = size_t(p->b) * p->h * (n_pad / kBlockM);
-      const size_t counters = ((launch.finishes ? 2 : 1) * tiles + 1) * sizeof(int);
+    if (p->dq_sem != nullptr) {  // and the int after them (ws3xp's count of key blocks taken)
+      const size_t counters = (size_t(p->b) * p->h * (n_pad / kBlockM) + 1) * sizeof(int);
       if (cudaError_t err = cudaMemsetAsync(p->dq_sem, 0, counters, stream); err != cudaSuccess) return err;
     }
   }
@@ -1313,7 +1215,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   } else {
     launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(*p, maps);
   }
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq || (launch.finishes && p->causal)) return err;
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;
   dm_dkdv_dq_epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);
   return cudaGetLastError();
 }

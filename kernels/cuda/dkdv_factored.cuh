@@ -41,10 +41,10 @@ struct DkdvFactoredParams {
   // With dq_sem the adds into each 64-query tile land in one order, decreasing key blocks (FA3's deterministic mode),
   // and dQ is bit-reproducible: the CTAs are launched key block by key block from the last, kv heads interleaved in
   // sections of dq_section_heads (whose query tiles then share L2), and each waits on the tile's counter for the key
-  // blocks after its own before its add (ws3xfdtl: from the first key block, the adds in increasing key blocks).
+  // blocks after its own before its add.
   int* dq_sem;          // (B, H, N_pad / 64) + 1 int32 scratch, or null; zeroed by the launch (the last int: the
                         // persistent form's count of key blocks taken)
-  int dq_section_heads; // with dq_sem, and for ws3xfdtl ordered or not: >= 1
+  int dq_section_heads; // with dq_sem: >= 1
   int dq_sync;          // with dq_sem, how an add is ordered (DqSync: 11 what cuda_lib dispatches, 0 the memory
                         // model's order, the others a benchmark's controls)
 };

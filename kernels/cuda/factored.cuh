@@ -129,7 +129,6 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Triton's query-tile order for one key block (triton_bwd._attn_bwd_dkdv_kernel with SPLIT, BLOCK_M = BLOCK_N = 64):
 // the unmasked range [diag_end, full_end), then the masked one from lo, jumping from diag_end to tail.
 struct Schedule {
-  static constexpr bool kDescending = false;  // start(it) grows with it (Walk merges two halves by the smaller start)
   int lo, diag_end, full_end, tail, unmasked, tiles;
 
   __device__ Schedule(int start_n, int n, bool causal) {
@@ -176,18 +175,6 @@ struct IncreasingSchedule : Schedule {
   __device__ bool masked(int it) const { return it < diag || it >= diag + unmasked; }
 };
 
-// The same tiles in decreasing order: the ragged end (masked), the unmasked range from its top, then the causal
-// diagonal. The ordered dQ-in-dK/dV form launched longest first (`ws3xfdtl`, LPT) walks this: its adds into a query
-// tile land in increasing key blocks, and a key block reaches each query tile at the same step of its walk as every
-// key block below it (all walks end at their diagonals), so one launched later reaches it later. Not Triton's bits
-// (dK and dV sum the products in this order), nor IncreasingSchedule's.
-struct DecreasingSchedule : IncreasingSchedule {
-  static constexpr bool kDescending = true;  // Walk merges two halves by the larger start
-  using IncreasingSchedule::IncreasingSchedule;
-  __device__ int start(int it) const { return IncreasingSchedule::start(tiles - 1 - it); }
-  __device__ bool masked(int it) const { return IncreasingSchedule::masked(tiles - 1 - it); }
-};
-
 // The key tiles of a block of `rows` queries from start_m, KEYS keys a tile, in Triton's order for the forward
 // (triton_fwd._attn_fwd_kernel), dQ and the δ pass (triton_bwd._key_ranges), which agree: [0, full_end) unmasked,
 // then [full_end, hi) masked: the causal diagonal, or the ragged end; a tile never reaches past N_pad. A 64-query half
@@ -195,7 +182,6 @@ struct DecreasingSchedule : IncreasingSchedule {
 // 128-query CTAs) the masked range is one tile, the last.
 template <int KEYS>
 struct KeyTiles {
-  static constexpr bool kDescending = false;
   int unmasked, tiles;
   __device__ KeyTiles(int start_m, int n, bool causal, int rows = kBlockM) {
     int full_end = (n / KEYS) * KEYS, hi = n;
@@ -707,10 +693,9 @@ struct Walk {
            | (half1.masked(i1) ? kMasked0 << 1 : 0) | (last ? kLast : 0);
   }
   __device__ void settle() {
-    constexpr int kNone = Sched::kDescending ? INT_MIN : INT_MAX;  // a half past its last tile
-    const int m0 = i0 < half0.tiles ? half0.start(i0) : kNone;
-    const int m1 = i1 < half1.tiles ? half1.start(i1) : kNone;
-    start = Sched::kDescending ? max(m0, m1) : min(m0, m1);
+    const int m0 = i0 < half0.tiles ? half0.start(i0) : INT_MAX;
+    const int m1 = i1 < half1.tiles ? half1.start(i1) : INT_MAX;
+    start = min(m0, m1);
     use0 = m0 == start;
     use1 = m1 == start;
   }
@@ -761,24 +746,14 @@ __device__ __forceinline__ Walk<STAGES, KeySchedule> key_walk(int start_cta, int
 struct CtaTile {
   unsigned block, bh;
 };
-// (tile_from_last: the same for the `linear`-th tile of `blocks` x `heads`, for a persistent kernel's own order;
-// tile_from_first, cta_from_first: from the first block to the last, so a key-stationary kernel starts its longest CTAs
-// first and the shortest end the grid: LPT, the dK/dV launch `ws3xfdtl`, whose ordered adds land in increasing key
-// blocks.)
-__device__ __forceinline__ CtaTile tile_from_first(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
+// (tile_from_last: the same for the `linear`-th tile of `blocks` x `heads`, for a persistent kernel's own order.)
+__device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
   const unsigned first = linear / (section * blocks) * section;  // the section's first head
   const unsigned size = min(section, heads - first), at = linear - first * blocks;
-  return {at / size, first + at % size};
-}
-__device__ __forceinline__ CtaTile tile_from_last(unsigned linear, unsigned blocks, unsigned heads, unsigned section) {
-  const CtaTile t = tile_from_first(linear, blocks, heads, section);
-  return {blocks - 1 - t.block, t.bh};
+  return {blocks - 1 - at / size, first + at % size};
 }
 __device__ __forceinline__ CtaTile cta_from_last(unsigned section) {
   return tile_from_last(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
-}
-__device__ __forceinline__ CtaTile cta_from_first(unsigned section) {
-  return tile_from_first(blockIdx.y * gridDim.x + blockIdx.x, gridDim.x, gridDim.y, section);
 }
 // The query tile a CTA (or a persistent CTA's turn) runs: its first query, query head and kv head (GQA).
 struct QueryTile {

@@ -351,20 +351,6 @@ def test_the_dq_sync_bound_is_the_kernels_last():
     assert max(int(value) for value in re.findall(r"=\s*(\d+)", enum)) == cuda_lib.DQ_SYNC_MAX
 
 
-def test_the_unordered_dq_syncs_are_those_the_kernel_does_not_store_first_for():
-    """``cuda_lib.DQ_SYNC_UNORDERED`` are the DqSync values the kernel's ``stores_first`` is false for (the controls
-    that leave the adds in any order), and a form that finishes dQ in the kernel refuses each of them by name."""
-    source = (Path(cuda_build.SOURCE_DIR) / "dkdv_factored.cu").read_text()
-    enum = source.split("enum DqSync : int {", 1)[1].split("};", 1)[0]
-    values = {name: int(value) for name, value in re.findall(r"(k\w+)\s*=\s*(\d+)", enum)}
-    body = source.split("constexpr bool stores_first(int sync) {", 1)[1].split("}", 1)[0]
-    assert sorted(values[name] for name in re.findall(r"sync != (k\w+)", body)) == list(cuda_lib.DQ_SYNC_UNORDERED)
-    t = torch.empty(0)
-    for sync in cuda_lib.DQ_SYNC_UNORDERED:
-        with pytest.raises(ValueError, match=rf"'ws3xfdtlq' finishes dQ .* sync = {sync} .* any order"):
-            cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, variant="ws3xfdtlq", sync=sync)
-
-
 @pytest.mark.parametrize("sync, env", [(13, None), (-1, None), (None, "14"), (None, "fast")])
 def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
     """dqdkdv_factored's ``sync`` (or $DELTAMATCH_KERNEL_DQ_SYNC) outside DqSync's 0 .. 12: a ValueError before any
@@ -381,12 +367,12 @@ def test_an_unknown_dq_sync_is_refused_by_name(sync, env, monkeypatch):
 
 @pytest.mark.parametrize("value", ["0", "-2", "four"])
 def test_a_bad_section_size_from_the_environment_is_refused_by_name(value, monkeypatch):
-    """$DELTAMATCH_KERNEL_DQ_SECTION_HEADS (a benchmark's control: the kv heads a sectioned launch interleaves) that is
+    """$DELTAMATCH_KERNEL_DQ_SECTION_HEADS (a benchmark's control: the kv heads the ordered launch interleaves) that is
     not a positive integer: a ValueError naming it, before any launch."""
     monkeypatch.setenv(cuda_lib.DQ_SECTION_ENV, value)
     t = torch.empty(0)
     with pytest.raises(ValueError, match=rf"DELTAMATCH_KERNEL_DQ_SECTION_HEADS = '{value}': expected a positive integer"):
-        cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, variant="ws3xfdtl", sync=11)
+        cuda_lib.dqdkdv_factored(*[t] * 17, 64, True, 1.0, 1.0, sync=11)
 
 
 def test_a_dq_only_dkdv_form_without_dq_is_refused_by_name():
@@ -395,7 +381,7 @@ def test_a_dq_only_dkdv_form_without_dq_is_refused_by_name():
     t = torch.empty(0)
     with pytest.raises(ValueError, match=r"variant 'ws3x' is built with dQ only: call dqdkdv_factored"):
         cuda_lib.dkdv_factored(*[t] * 15, 100, True, 1.0, 1.0, variant="ws3x")
-    expected = r"\('ws3', 'ws3x', 'ws3xp', 'ws3xf', 'ws3xfs', 'ws3xfd', 'ws3xfdp', 'ws3xfdt', 'ws3xfdtl', 'ws3xfdtlq'\)"
+    expected = r"\('ws3', 'ws3x', 'ws3xp', 'ws3xf', 'ws3xfs', 'ws3xfd', 'ws3xfdp', 'ws3xfdt'\)"
     with pytest.raises(ValueError, match=r"variant 'ws4' is not built with dQ: expected one of " + expected):
         cuda_lib.dqdkdv_factored(*[t] * 17, 100, True, 1.0, 1.0, variant="ws4", sync=11)
 

@@ -14,8 +14,7 @@ the order taken, instead of one per CTA: its consumers' counters are not kept) a
 (``dq_group``: ws3xfd, ordered, sync 11), where ``peer`` is the consumers' wait for the dQ warpgroup to release dŜ and
 ``group_full``, ``group_empty`` and ``group_ms_sum`` are the dQ warpgroup's waits for both consumers' dŜ and for the
 reducers to read its product (shares of its time, as the consumers' are of theirs) and its loop's time, and the same
-with dK and dV by tensor stores (``dq_group_tma``: ws3xfdt, the default since session 35), and that launched longest
-first with its walks downward (``dq_group_tma_lpt``: ws3xfdtl). The counters
+with dK and dV by tensor stores (``dq_group_tma``: ws3xfdt, the default since session 35). The counters
 cost a few instructions per tile (the reducer's registers are few), so the times are not the plain library's; the
 shares are what to read.
 
@@ -50,7 +49,7 @@ REDUCER = ("start_ns", "end_ns", "start_clk", "end_clk", "turn_clk", "full_clk",
 FORMS = (("any", "ws3", False, 0), ("order_only", "ws3", True, 3), ("ordered", "ws3", True, 0),
          ("count_only", "ws3", True, 7), ("read_only", "ws3", True, 8), ("ws3x", "ws3x", True, 11),
          ("persistent", "ws3xp", True, 11), ("dq_group", "ws3xfd", True, 11),
-         ("dq_group_tma", "ws3xfdt", True, 11), ("dq_group_tma_lpt", "ws3xfdtl", True, 11))
+         ("dq_group_tma", "ws3xfdt", True, 11))
 """(form, dK/dV variant, ordered, dq_sync) of each launch."""
 
 

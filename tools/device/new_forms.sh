@@ -8,8 +8,8 @@
 # SUITE=0 leaves the whole suite out (≈ 3 minutes less: for a call whose other kernels' SASS is that of a tree whose
 # suite passed on a GPU, when device time is short); QUICK=0 the quick bench (≈ 2 minutes less).
 #
-#   NEW_K="longest or finished" \
-#   NEW_VARIANTS="DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtl;DELTAMATCH_KERNEL_CUDA_DKDV=ws3xfdtlq" \
+#   NEW_K="<pytest -k expression>" \
+#   NEW_VARIANTS="DELTAMATCH_KERNEL_CUDA_DKDV=<new form>;DELTAMATCH_KERNEL_CUDA_DKDV=<another new form>" \
 #   bash tools/device/new_forms.sh
 set -uo pipefail
 : "${NEW_K:?set NEW_K (a pytest -k expression)}" "${NEW_VARIANTS:?set NEW_VARIANTS (VARIANTS settings)}"
