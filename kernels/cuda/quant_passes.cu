@@ -96,10 +96,11 @@ __device__ __forceinline__ float infinity() { return __int_as_float(0x7F800000);
 
 __device__ __forceinline__ float scale_from_amax(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 
-// Per-channel partials of rows row0 .. rows_end − 1 of a (batch, head) (row0 and the rows a multiple of kStatsChunk,
-// or rows_end = n) into partial[row group][sum, max, min][channel], one per half of the CTA's warps.
+// Per-channel partials of rows row0 .. rows_end − 1 of a (batch, head) (row0 and the rows a multiple of CHUNK, or
+// rows_end = n) into partial[row group][sum, max, min][channel], one per half of the CTA's warps. A thread loads CHUNK /
+// 16 rows at a time; its sums take its rows in the same order for any CHUNK, so the partials' bits do not depend on it.
 // SCALED (max |x| only): of fl(x · rs[row]), rs the (B, H, N_pad) row scales; a row >= n counts as zero.
-template <bool FP16, bool CENTRE, bool SCALED>
+template <bool FP16, bool CENTRE, bool SCALED, int CHUNK = kStatsChunk>
 __device__ __forceinline__ void block_partials(const Params& p, int64_t bh, int row0, int rows_end, const float* rs,
                                                float (&partial)[2][3][kHeadDim]) {
   const int t = threadIdx.x;
@@ -108,16 +109,16 @@ __device__ __forceinline__ void block_partials(const Params& p, int64_t bh, int 
   float sum[8], hi[8], lo[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum[i] = 0.0f, hi[i] = CENTRE ? -infinity() : 0.0f, lo[i] = infinity();
-  for (int chunk0 = row0; chunk0 < rows_end; chunk0 += kStatsChunk) {
-    float v[kStatsChunk / 16][8], r[kStatsChunk / 16];
+  for (int chunk0 = row0; chunk0 < rows_end; chunk0 += CHUNK) {
+    float v[CHUNK / 16][8], r[CHUNK / 16];
 #pragma unroll
-    for (int s = 0; s < kStatsChunk / 16; ++s) {  // the chunk's loads first, all in flight
+    for (int s = 0; s < CHUNK / 16; ++s) {  // the chunk's loads first, all in flight
       const int row = chunk0 + 16 * s + ln.row_in_slab;
       load8<FP16, false>(p, base, row, v[s]);  // a row >= n repeats row 0
       if (SCALED) r[s] = row < p.n ? __ldg(rs + bh * p.n_pad + row) : 0.0f;  // which zeroes the repeat
     }
 #pragma unroll
-    for (int s = 0; s < kStatsChunk / 16; ++s) {  // no maximum or minimum moves for a repeated row; the sum skips it
+    for (int s = 0; s < CHUNK / 16; ++s) {  // no maximum or minimum moves for a repeated row; the sum skips it
       const bool inside = chunk0 + 16 * s + ln.row_in_slab < p.n;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -396,6 +397,8 @@ __device__ __forceinline__ float load_cluster(const float* local, unsigned rank)
   return v;
 }
 
+constexpr int kClusterChunk = 64;  // rows a cluster CTA's statistics load at a time: half the registers
+
 template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT>
 __device__ __forceinline__ void cluster_block(const Params& p) {
   __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
@@ -408,7 +411,7 @@ __device__ __forceinline__ void cluster_block(const Params& p) {
   int per = (blocks + int(size) - 1) / int(size);
   if (ROWS < kStatsChunk) per += per & 1;
   const int blk0 = min(int(rank) * per, blocks), blk1 = min(blk0 + per, blocks);
-  block_partials<FP16, CENTRE, false>(p, bh, blk0 * ROWS, min(blk1 * ROWS, p.n), nullptr, partial);
+  block_partials<FP16, CENTRE, false, kClusterChunk>(p, bh, blk0 * ROWS, min(blk1 * ROWS, p.n), nullptr, partial);
   if (t < kHeadDim) {
     folded[0][t] = __fadd_rn(partial[0][0][t], partial[1][0][t]);
     folded[1][t] = fmaxf(partial[0][1][t], partial[1][1][t]);
@@ -441,7 +444,8 @@ __device__ __forceinline__ void cluster_block(const Params& p) {
   float mean[8], sc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) mean[i] = mean_s[8 * ln.chunk + i], sc[i] = scale_s[8 * ln.chunk + i];
-  for (int blk = blk0; blk < blk1; ++blk) {
+#pragma unroll 1
+  for (int blk = blk0; blk < blk1; ++blk) {  // a block at a time: unrolled, the casts' registers double
     dual_rows<ROWS, FP16, CENTRE, FRAGMENT, true, true>(p, bh, unsigned(blk), mean, sc, nullptr);
     __syncthreads();  // the channel-major tile read out before the next block's casts write it
   }
@@ -490,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)
 #undef DM_QUANT_DUAL_KERNEL
 
 #define DM_QUANT_CLUSTER_KERNEL(ROWS, CENTRED, ORDER, DTYPE, FP16, CENTRE, FRAGMENT)                           \
-  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
+  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads, ROWS == 64 ? 3 : 2)             \
       dm_quant_cluster_##ROWS##CENTRED##_##ORDER##_##DTYPE(const dm::quant_passes::Params p) {               \
     dm::quant_passes::cluster_block<ROWS, FP16, CENTRE, FRAGMENT>(p);                                        \
   }
