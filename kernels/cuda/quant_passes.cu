@@ -530,6 +530,16 @@ DM_QUANT_SCALED_KERNELS(bf16, false)
 DM_QUANT_SCALED_KERNELS(fp16, true)
 #undef DM_QUANT_SCALED_KERNELS
 
+namespace dm::quant_passes {
+
+// The place of p's form in the tables of dm_quant_dual and dm_quant_cluster, which list their 16 kernels in the order
+// of DM_QUANT_DUAL_FORMS / DM_QUANT_CLUSTER_FORMS: dtype, then block rows, then centring, then token order.
+inline int form_index(const Params& p) {
+  return 8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) + 2 * (p.centre != 0) + (p.fragment_order != 0);
+}
+
+}  // namespace dm::quant_passes
+
 extern "C" {
 
 int dm_quant_params_size() { return int(sizeof(dm::quant_passes::Params)); }
@@ -572,8 +582,7 @@ int dm_quant_dual(const dm::quant_passes::Params* params, int channel, int devic
       dm_quant_dual_64_centred_natural_fp16,  dm_quant_dual_64_centred_fragment_fp16,
       dm_quant_dual_128_natural_fp16,         dm_quant_dual_128_fragment_fp16,
       dm_quant_dual_128_centred_natural_fp16, dm_quant_dual_128_centred_fragment_fp16};
-  void (*const kernel)(const Params) = kernels[8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) +
-                                               2 * (p.centre != 0) + (p.fragment_order != 0)];
+  void (*const kernel)(const Params) = kernels[form_index(p)];
   kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -597,8 +606,7 @@ int dm_quant_cluster(const dm::quant_passes::Params* params, int cluster, int de
       dm_quant_cluster_64_centred_natural_fp16,  dm_quant_cluster_64_centred_fragment_fp16,
       dm_quant_cluster_128_natural_fp16,         dm_quant_cluster_128_fragment_fp16,
       dm_quant_cluster_128_centred_natural_fp16, dm_quant_cluster_128_centred_fragment_fp16};
-  void (*const kernel)(const Params) = kernels[8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) +
-                                               2 * (p.centre != 0) + (p.fragment_order != 0)];
+  void (*const kernel)(const Params) = kernels[form_index(p)];
   if (cluster > 8) {
     if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
         err != cudaSuccess) {
