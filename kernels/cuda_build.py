@@ -161,10 +161,6 @@ KERNELS = (
     *(CudaKernel(f"dm_quant_dual_{rows}{centred}_{order}_{dtype}", {}) for rows in (64, 128)
       for centred in ("", "_centred") for order in ("natural", "fragment") for dtype in ("bf16", "fp16")),
     *(CudaKernel(f"dm_quant_block_128_{dtype}", {}) for dtype in ("bf16", "fp16")),  # Q's token-major cast alone
-    # the same in one launch, a thread-block cluster a (batch, head) (opt-in, DELTAMATCH_KERNEL_CUDA_QUANT_CLUSTER),
-    # held to 3 (64-row blocks) or 2 (128) CTAs an SM, where ptxas leaves a few scalars on the stack
-    *(CudaKernel(f"dm_quant_cluster_{rows}{centred}_{order}_{dtype}", {}, spill_bytes=72) for rows in (64, 128)
-      for centred in ("", "_centred") for order in ("natural", "fragment") for dtype in ("bf16", "fp16")),
     # Q'ᶜ (the rows times their scales): the max |x| statistics, then the channel-major cast alone
     *(CudaKernel(f"dm_quant_stats_scaled_{dtype}", {}) for dtype in ("bf16", "fp16")),
     *(CudaKernel(f"dm_quant_channel_scaled_{order}_{dtype}", {}) for order in ("natural", "fragment")

@@ -87,7 +87,6 @@ SIGNATURES = {
     "dm_delta_factored_params_size": ((), _I),
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
-    "dm_quant_cluster": ((_P, _I, _I, _P), _I),
     "dm_quant_channel_scaled": ((_P, _I, _P, _I, _P), _I),
     "dm_quant_params_size": ((), _I),
 }
@@ -817,11 +816,6 @@ def _quant_shape(x: torch.Tensor, block_rows: int, allowed: tuple[int, ...], wha
     return b, n, h, d, padded_len(n)
 
 
-def _pointer(t: torch.Tensor | None) -> int | None:
-    """``t``'s address, or None (a null pointer) for no tensor."""
-    return None if t is None else t.data_ptr()
-
-
 def _quant_params(x: torch.Tensor, shape: tuple[int, ...], block_rows: int, **fields) -> QuantParams:
     """``QuantParams`` of ``x`` (``shape``: ``_quant_shape``'s) with the other ``fields``."""
     b, n, h, _, n_pad = shape
@@ -842,98 +836,46 @@ def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor
     return x8, sx
 
 
-def _channel_buffers(x: torch.Tensor, shape: tuple[int, ...], stats_rows: int | None) -> tuple:
+def _channel_buffers(x: torch.Tensor, shape: tuple[int, ...], stats_rows: int) -> tuple:
     """What the statistics pass and a per-channel cast of ``x`` need beside it: ``(x8t, sxc, part, tickets,
     n_blocks)``, the channel-major codes ``(B, H, D, N_pad)``, their scales ``(B, H, D)``, the pass's partials and its
     tickets (zeroed), and its CTAs per (batch, head) at ``stats_rows`` rows each (a positive multiple of 128, else a
-    ValueError). ``stats_rows`` None: no statistics pass (``dm_quant_cluster`` sums on chip), so no partials, no
-    tickets and no CTAs (None, None, 0)."""
+    ValueError)."""
     b, n, h, d, n_pad = shape
-    if stats_rows is not None and (stats_rows <= 0 or stats_rows % 128):
+    if stats_rows <= 0 or stats_rows % 128:
         raise ValueError(f"stats_rows {stats_rows}: expected a positive multiple of 128")
+    n_blocks = -(-n // stats_rows)
     x8t = torch.empty((b, h, d, n_pad), dtype=torch.float8_e4m3fn, device=x.device)
     sxc = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
-    if stats_rows is None:
-        return x8t, sxc, None, None, 0
-    n_blocks = -(-n // stats_rows)
     part = torch.empty((b * h, n_blocks, 3, d), dtype=torch.float32, device=x.device)
     tickets = torch.zeros(b * h, dtype=torch.int32, device=x.device)
     return x8t, sxc, part, tickets, n_blocks
 
 
-QUANT_CLUSTER_SWITCH = "DELTAMATCH_KERNEL_CUDA_QUANT_CLUSTER"
-"""K's, V's and dO's CUDA quantisation in one launch of a thread-block cluster per (batch, head)
-(``dm_quant_cluster``): each CTA of the cluster sums its share of the rows, the cluster folds the partials through
-distributed shared memory, and each CTA casts its rows, read a second time soon after the first (from L2 while they
-stay there), where the two passes read ``x`` twice from HBM. The value is the cluster's CTAs, 1 to 16 (above 8 the
-non-portable size); ``0`` or unset: :data:`QUANT_CLUSTER_DEFAULT`. The codes, scales and mean are the two passes' bits
-at ``stats_rows = cluster_stats_rows(...)``."""
-QUANT_CLUSTER_DEFAULT = 0
-"""The cluster size where :data:`QUANT_CLUSTER_SWITCH` is unset: 0, the two passes (the cluster form's first build was
-30% slower a tensor on the H100, session 38; kernels/NOTES.md)."""
-QUANT_CLUSTER_MAX = 16
-"""The largest cluster sm_90 launches (the non-portable size; 8 is the portable one)."""
-
-
-def quant_cluster_size(cluster: int | None = None) -> int:
-    """The cluster size ``quantize_block_and_channel`` runs with: ``cluster`` where given, else
-    :data:`QUANT_CLUSTER_SWITCH`'s value (unset: :data:`QUANT_CLUSTER_DEFAULT`); 0 means the two passes. A value that
-    is not an integer from 0 to :data:`QUANT_CLUSTER_MAX` is a ValueError that names where it came from."""
-    expected = f"expected the CTAs of a cluster, 1 to {QUANT_CLUSTER_MAX} (0: the two passes)"
-    if cluster is None:
-        value = os.environ.get(QUANT_CLUSTER_SWITCH, "")
-        if not value:
-            return QUANT_CLUSTER_DEFAULT
-        if not value.isdigit() or int(value) > QUANT_CLUSTER_MAX:
-            raise ValueError(f"${QUANT_CLUSTER_SWITCH} = {value!r}: {expected}")
-        return int(value)
-    if not 0 <= cluster <= QUANT_CLUSTER_MAX:
-        raise ValueError(f"cluster = {cluster!r}: {expected}")
-    return cluster
-
-
-def cluster_stats_rows(n_pad: int, block_rows: int, cluster: int) -> int:
-    """The rows each CTA of a ``cluster``-CTA ``dm_quant_cluster`` sums (its share of the N_pad / ``block_rows`` scale
-    blocks, even for 64-row blocks): the ``stats_rows`` at which the two passes give its mean and scales bit for
-    bit."""
-    per = -(-(n_pad // block_rows) // cluster)
-    return (per + per % 2 if block_rows == 64 else per) * block_rows
-
-
 def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool = False,
-                               fragment_order: bool = False, stats_rows: int | None = None,
-                               cluster: int | None = None) -> tuple[torch.Tensor, ...]:
-    """Both of an operand's factored-layout copies (``kernels/cuda/quant_passes.cu``): ``(x8, sx, x8t, sxc, mean)``.
-    ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx`` (B, H, N_pad / block_rows) their
-    scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in ``triton_quant.fragment_token_order``
-    with ``fragment_order``) and ``sxc`` (B, H, D) their scales; ``centre`` subtracts the token mean ``mean``
-    (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are the bits of
-    ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean is Σx / N
-    folded in a fixed order (deterministic, not ``token_mean``'s bits; it depends on ``stats_rows``, the rows a CTA of
-    the statistics pass reads, a multiple of 128; default ``QUANT_STATS_ROWS[centre]``). ``block_rows``: 64 (K, V) or
-    128 (dO). ``cluster`` (:func:`quant_cluster_size`; None: the switch): 0 runs the statistics pass and then the
-    casts (two reads of ``x``), 1 to 16 one launch of that many CTAs a (batch, head) (``dm_quant_cluster``), whose
-    mean is the two passes' at ``stats_rows = cluster_stats_rows(N_pad, block_rows, cluster)`` (``stats_rows`` may
-    not be given with it)."""
-    cluster = quant_cluster_size(cluster)
-    if cluster and stats_rows is not None:
-        raise ValueError(f"stats_rows {stats_rows} with cluster {cluster}: a CTA of the cluster form sums "
-                         "cluster_stats_rows(N_pad, block_rows, cluster) rows")
+                               fragment_order: bool = False,
+                               stats_rows: int | None = None) -> tuple[torch.Tensor, ...]:
+    """Both of an operand's factored-layout copies from two reads of ``x`` (``kernels/cuda/quant_passes.cu``):
+    ``(x8, sx, x8t, sxc, mean)``. ``x8`` (B, H, N_pad, D) are the block-scaled token-major codes and ``sx``
+    (B, H, N_pad / block_rows) their scales, ``x8t`` (B, H, D, N_pad) the per-channel channel-major codes (in
+    ``triton_quant.fragment_token_order`` with ``fragment_order``) and ``sxc`` (B, H, D) their scales; ``centre``
+    subtracts the token mean ``mean`` (B, H, D) FP32 first (K's centring; None otherwise). The codes and scales are
+    the bits of ``triton_quant.quantize_block_and_channel(x, block_rows, mean=mean, fragment_order=...)``; the mean
+    is Σx / N folded in a fixed order (deterministic, not ``token_mean``'s bits; it depends on ``stats_rows``, the
+    rows a CTA of the statistics pass reads, a multiple of 128; default ``QUANT_STATS_ROWS[centre]``). ``block_rows``:
+    64 (K, V) or 128 (dO)."""
     shape = b, n, h, d, n_pad = _quant_shape(x, block_rows, (64, 128), "expected 64 (K, V) or 128 (Q, dO)")
     stats_rows = QUANT_STATS_ROWS[bool(centre)] if stats_rows is None else stats_rows
-    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, None if cluster else stats_rows)
+    x8t, sxc, part, tickets, n_blocks = _channel_buffers(x, shape, stats_rows)
     device = x.device
     x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=device)
     sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=device)
     mean = torch.empty((b, h, d), dtype=torch.float32, device=device) if centre else None
     params = _quant_params(x, shape, block_rows, n_blocks=n_blocks, centre=int(centre),
-                           fragment_order=int(fragment_order), part=_pointer(part), tickets=_pointer(tickets),
-                           mean=_pointer(mean), scale_c=sxc.data_ptr(), x8=x8.data_ptr(), sx=sx.data_ptr(),
-                           x8t=x8t.data_ptr())
+                           fragment_order=int(fragment_order), part=part.data_ptr(),
+                           tickets=tickets.data_ptr(), mean=mean.data_ptr() if centre else None,
+                           scale_c=sxc.data_ptr(), x8=x8.data_ptr(), sx=sx.data_ptr(), x8t=x8t.data_ptr())
     lib = _library()
-    if cluster:
-        _call(lib, "dm_quant_cluster", ctypes.byref(params), cluster, *_launch_args(x))
-        return x8, sx, x8t, sxc, mean
     _call(lib, "dm_quant_stats", ctypes.byref(params), stats_rows, *_launch_args(x))
     _call(lib, "dm_quant_dual", ctypes.byref(params), 1, *_launch_args(x))
     return x8, sx, x8t, sxc, mean

@@ -96,29 +96,31 @@ __device__ __forceinline__ float infinity() { return __int_as_float(0x7F800000);
 
 __device__ __forceinline__ float scale_from_amax(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 
-// Per-channel partials of rows row0 .. rows_end − 1 of a (batch, head) (row0 and the rows a multiple of CHUNK, or
-// rows_end = n) into partial[row group][sum, max, min][channel], one per half of the CTA's warps. A thread loads CHUNK /
-// 16 rows at a time; its sums take its rows in the same order for any CHUNK, so the partials' bits do not depend on it.
+// Per-channel partials of one block of stats_rows rows, then (last CTA of the (batch, head)) their fold in block order.
 // SCALED (max |x| only): of fl(x · rs[row]), rs the (B, H, N_pad) row scales; a row >= n counts as zero.
-template <bool FP16, bool CENTRE, bool SCALED, int CHUNK = kStatsChunk>
-__device__ __forceinline__ void block_partials(const Params& p, int64_t bh, int row0, int rows_end, const float* rs,
-                                               float (&partial)[2][3][kHeadDim]) {
+template <bool FP16, bool CENTRE, bool SCALED = false>
+__device__ __forceinline__ void stats_block(const Params& p, int stats_rows, const float* rs = nullptr) {
+  static_assert(!(CENTRE && SCALED), "the row-scaled statistics are max |x| only");
+  __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
+  __shared__ int last;
   const int t = threadIdx.x;
   const Lane ln = lane_of(t);
+  const int64_t bh = blockIdx.y;
+  const int blk = blockIdx.x, row0 = blk * stats_rows, rows_end = min(row0 + stats_rows, p.n);
   const uint16_t* base = row_base(p, int(bh), ln.chunk);
   float sum[8], hi[8], lo[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum[i] = 0.0f, hi[i] = CENTRE ? -infinity() : 0.0f, lo[i] = infinity();
-  for (int chunk0 = row0; chunk0 < rows_end; chunk0 += CHUNK) {
-    float v[CHUNK / 16][8], r[CHUNK / 16];
+  for (int chunk0 = row0; chunk0 < rows_end; chunk0 += kStatsChunk) {
+    float v[kStatsChunk / 16][8], r[kStatsChunk / 16];
 #pragma unroll
-    for (int s = 0; s < CHUNK / 16; ++s) {  // the chunk's loads first, all in flight
+    for (int s = 0; s < kStatsChunk / 16; ++s) {  // the chunk's loads first, all in flight
       const int row = chunk0 + 16 * s + ln.row_in_slab;
       load8<FP16, false>(p, base, row, v[s]);  // a row >= n repeats row 0
       if (SCALED) r[s] = row < p.n ? __ldg(rs + bh * p.n_pad + row) : 0.0f;  // which zeroes the repeat
     }
 #pragma unroll
-    for (int s = 0; s < CHUNK / 16; ++s) {  // no maximum or minimum moves for a repeated row; the sum skips it
+    for (int s = 0; s < kStatsChunk / 16; ++s) {  // no maximum or minimum moves for a repeated row; the sum skips it
       const bool inside = chunk0 + 16 * s + ln.row_in_slab < p.n;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -154,18 +156,6 @@ __device__ __forceinline__ void block_partials(const Params& p, int64_t bh, int 
     }
   }
   __syncthreads();
-}
-
-// Per-channel partials of one block of stats_rows rows, then (last CTA of the (batch, head)) their fold in block order.
-template <bool FP16, bool CENTRE, bool SCALED = false>
-__device__ __forceinline__ void stats_block(const Params& p, int stats_rows, const float* rs = nullptr) {
-  static_assert(!(CENTRE && SCALED), "the row-scaled statistics are max |x| only");
-  __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
-  __shared__ int last;
-  const int t = threadIdx.x;
-  const int64_t bh = blockIdx.y;
-  const int blk = blockIdx.x, row0 = blk * stats_rows, rows_end = min(row0 + stats_rows, p.n);
-  block_partials<FP16, CENTRE, SCALED>(p, bh, row0, rows_end, rs, partial);
   float* part = p.part + (bh * p.n_blocks + blk) * 3 * kHeadDim;
   if (t < kHeadDim) {
     part[t] = __fadd_rn(partial[0][0][t], partial[1][0][t]);
@@ -296,12 +286,10 @@ __device__ __forceinline__ float load_block(const Params& p, const uint16_t* bas
   return amax;
 }
 
-// Scale block blk of a (batch, head): both casts of its ROWS rows (CHANNEL false: the block-scaled token-major one
-// alone, Q's; TOKEN false: the channel-major one alone, of the rows times their scales rs, Q'ᶜ's), given this thread's
-// channels' mean and scales.
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL, bool TOKEN>
-__device__ __forceinline__ void dual_rows(const Params& p, int64_t bh, unsigned blk, const float (&mean)[8],
-                                          const float (&sc)[8], const float* rs) {
+// One scale block: both casts of ROWS rows (CHANNEL false: the block-scaled token-major one alone, Q's; TOKEN false:
+// the channel-major one alone, of the rows times their scales rs, Q'ᶜ's).
+template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true, bool TOKEN = true>
+__device__ __forceinline__ void dual_block(const Params& p, const float* rs = nullptr) {
   static_assert(CHANNEL || TOKEN, "a cast to write");
   static_assert(TOKEN || !CENTRE, "the row-scaled channel cast is of uncentred rows");
   constexpr bool kScaled = !TOKEN;
@@ -310,9 +298,16 @@ __device__ __forceinline__ void dual_rows(const Params& p, int64_t bh, unsigned 
   __shared__ float warp_max[kThreads / 32];
   const int t = threadIdx.x;
   const Lane ln = lane_of(t);
-  const int row0 = blk * ROWS;
+  const int64_t bh = blockIdx.y;
+  const int row0 = blockIdx.x * ROWS;
   const uint16_t* base = row_base(p, int(bh), ln.chunk);
   float x[kSlabs][8];
+  float mean[8], sc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
+    sc[i] = CHANNEL ? p.scale_c[bh * kHeadDim + 8 * ln.chunk + i] : 1.0f;
+  }
   const float* rs_row = kScaled ? rs + bh * p.n_pad : nullptr;
   float amax = row0 + ROWS <= p.n ? load_block<ROWS, FP16, CENTRE, false, kScaled>(p, base, row0, ln, mean, x, rs_row)
                                    : load_block<ROWS, FP16, CENTRE, true, kScaled>(p, base, row0, ln, mean, x, rs_row);
@@ -325,7 +320,7 @@ __device__ __forceinline__ void dual_rows(const Params& p, int64_t bh, unsigned 
 #pragma unroll
     for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);  // max is exact in any order
     sb = scale_from_amax(amax);
-    if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blk] = sb;
+    if (t == 0) p.sx[bh * (p.n_pad / ROWS) + blockIdx.x] = sb;
   }
   Divisor channel[8];
   bool fast = in_fast_range(sb);
@@ -345,111 +340,6 @@ __device__ __forceinline__ void dual_rows(const Params& p, int64_t bh, unsigned 
     const uint4 codes = *reinterpret_cast<const uint4*>(tile + ch * ROWS + 16 * stored);
     *reinterpret_cast<uint4*>(p.x8t + (bh * kHeadDim + ch) * p.n_pad + row0 + 16 * run) = codes;
   }
-}
-
-// One scale block a CTA (blockIdx.x of the (batch, head) blockIdx.y), with the mean and scales dm_quant_stats wrote.
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT, bool CHANNEL = true, bool TOKEN = true>
-__device__ __forceinline__ void dual_block(const Params& p, const float* rs = nullptr) {
-  const Lane ln = lane_of(threadIdx.x);
-  const int64_t bh = blockIdx.y;
-  float mean[8], sc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    mean[i] = CENTRE ? p.mean[bh * kHeadDim + 8 * ln.chunk + i] : 0.0f;
-    sc[i] = CHANNEL ? p.scale_c[bh * kHeadDim + 8 * ln.chunk + i] : 1.0f;
-  }
-  dual_rows<ROWS, FP16, CENTRE, FRAGMENT, CHANNEL, TOKEN>(p, bh, blockIdx.x, mean, sc, rs);
-}
-
-// The cluster form (opt-in, dm_quant_cluster): one thread-block cluster of `size` CTAs per (batch, head) (blockIdx.y),
-// rank r taking scale blocks r·per .. (r + 1)·per − 1 (per: the blocks over the cluster, even for 64-row blocks, so a
-// CTA's rows are a multiple of kStatsChunk). Each CTA sums its rows' partials as dm_quant_stats does, the cluster's
-// barrier makes them visible, and every CTA folds the `size` partials in rank order through distributed shared memory,
-// then casts its blocks as dm_quant_dual does, reading its rows again soon after the first time (from L2 while they
-// stay there). The fold is dm_quant_stats's at stats_rows = per · ROWS (the ranks past the last block add nothing), so
-// the mean and scales are its bits. No CTA waits on one that is not resident: a cluster's CTAs are co-scheduled, where
-// session 34's one-read form (a174450) lost to CTAs idling on a (batch, head)'s stragglers.
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ unsigned cluster_size() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-// The float at `local`'s place in the shared memory of the cluster's CTA `rank`.
-__device__ __forceinline__ float load_cluster(const float* local, unsigned rank) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-
-constexpr int kClusterChunk = 64;  // rows a cluster CTA's statistics load at a time: half the registers
-
-template <int ROWS, bool FP16, bool CENTRE, bool FRAGMENT>
-__device__ __forceinline__ void cluster_block(const Params& p) {
-  __shared__ float partial[2][3][kHeadDim];  // [row group][sum, max, min][channel]
-  __shared__ float folded[3][kHeadDim];      // this CTA's partials, which every CTA of the cluster reads
-  __shared__ float mean_s[kHeadDim], scale_s[kHeadDim];
-  const int t = threadIdx.x;
-  const unsigned rank = cluster_rank(), size = cluster_size();
-  const int64_t bh = blockIdx.y;
-  const int blocks = p.n_pad / ROWS;
-  int per = (blocks + int(size) - 1) / int(size);
-  if (ROWS < kStatsChunk) per += per & 1;
-  const int blk0 = min(int(rank) * per, blocks), blk1 = min(blk0 + per, blocks);
-  block_partials<FP16, CENTRE, false, kClusterChunk>(p, bh, blk0 * ROWS, min(blk1 * ROWS, p.n), nullptr, partial);
-  if (t < kHeadDim) {
-    folded[0][t] = __fadd_rn(partial[0][0][t], partial[1][0][t]);
-    folded[1][t] = fmaxf(partial[0][1][t], partial[1][1][t]);
-    folded[2][t] = fminf(partial[0][2][t], partial[1][2][t]);
-  }
-  cluster_arrive();
-  cluster_wait();
-  if (t < kHeadDim) {
-    float total = 0.0f, top = CENTRE ? -infinity() : 0.0f, bottom = infinity();
-    for (unsigned r = 0; r < size; ++r) {  // rank order: the blocks' order
-      total = __fadd_rn(total, load_cluster(&folded[0][t], r));
-      top = fmaxf(top, load_cluster(&folded[1][t], r));
-      bottom = fminf(bottom, load_cluster(&folded[2][t], r));
-    }
-    float mean = 0.0f, amax = top;
-    if (CENTRE) {
-      mean = __fdiv_rn(total, float(p.n));
-      amax = fmaxf(__fsub_rn(top, mean), __fsub_rn(mean, bottom));
-    }
-    mean_s[t] = mean;
-    scale_s[t] = scale_from_amax(amax);
-    if (rank == 0) {
-      if (CENTRE) p.mean[bh * kHeadDim + t] = mean;
-      p.scale_c[bh * kHeadDim + t] = scale_s[t];
-    }
-  }
-  cluster_arrive();  // done with the others' partials; the wait at the end keeps this CTA's until they are too
-  __syncthreads();
-  const Lane ln = lane_of(t);
-  float mean[8], sc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) mean[i] = mean_s[8 * ln.chunk + i], sc[i] = scale_s[8 * ln.chunk + i];
-#pragma unroll 1
-  for (int blk = blk0; blk < blk1; ++blk) {  // a block at a time: unrolled, the casts' registers double
-    dual_rows<ROWS, FP16, CENTRE, FRAGMENT, true, true>(p, bh, unsigned(blk), mean, sc, nullptr);
-    __syncthreads();  // the channel-major tile read out before the next block's casts write it
-  }
-  cluster_wait();
 }
 
 }  // namespace dm::quant_passes
@@ -493,25 +383,6 @@ extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)
 #undef DM_QUANT_DUAL_ORDERS
 #undef DM_QUANT_DUAL_KERNEL
 
-#define DM_QUANT_CLUSTER_KERNEL(ROWS, CENTRED, ORDER, DTYPE, FP16, CENTRE, FRAGMENT)                           \
-  extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads, ROWS == 64 ? 3 : 2)             \
-      dm_quant_cluster_##ROWS##CENTRED##_##ORDER##_##DTYPE(const dm::quant_passes::Params p) {               \
-    dm::quant_passes::cluster_block<ROWS, FP16, CENTRE, FRAGMENT>(p);                                        \
-  }
-#define DM_QUANT_CLUSTER_ORDERS(ROWS, CENTRED, DTYPE, FP16, CENTRE)                                            \
-  DM_QUANT_CLUSTER_KERNEL(ROWS, CENTRED, natural, DTYPE, FP16, CENTRE, false)                                  \
-  DM_QUANT_CLUSTER_KERNEL(ROWS, CENTRED, fragment, DTYPE, FP16, CENTRE, true)
-#define DM_QUANT_CLUSTER_FORMS(DTYPE, FP16)                                                                    \
-  DM_QUANT_CLUSTER_ORDERS(64, , DTYPE, FP16, false)                                                            \
-  DM_QUANT_CLUSTER_ORDERS(64, _centred, DTYPE, FP16, true)                                                     \
-  DM_QUANT_CLUSTER_ORDERS(128, , DTYPE, FP16, false)                                                           \
-  DM_QUANT_CLUSTER_ORDERS(128, _centred, DTYPE, FP16, true)
-DM_QUANT_CLUSTER_FORMS(bf16, false)
-DM_QUANT_CLUSTER_FORMS(fp16, true)
-#undef DM_QUANT_CLUSTER_FORMS
-#undef DM_QUANT_CLUSTER_ORDERS
-#undef DM_QUANT_CLUSTER_KERNEL
-
 // Q'ᶜ (the rows times their scales rs): the per-channel max |x|, then the channel-major cast alone, 128 rows a CTA
 #define DM_QUANT_SCALED_KERNELS(DTYPE, FP16)                                                                   \
   extern "C" __global__ void __launch_bounds__(dm::quant_passes::kThreads)                                    \
@@ -529,16 +400,6 @@ DM_QUANT_CLUSTER_FORMS(fp16, true)
 DM_QUANT_SCALED_KERNELS(bf16, false)
 DM_QUANT_SCALED_KERNELS(fp16, true)
 #undef DM_QUANT_SCALED_KERNELS
-
-namespace dm::quant_passes {
-
-// The place of p's form in the tables of dm_quant_dual and dm_quant_cluster, which list their 16 kernels in the order
-// of DM_QUANT_DUAL_FORMS / DM_QUANT_CLUSTER_FORMS: dtype, then block rows, then centring, then token order.
-inline int form_index(const Params& p) {
-  return 8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) + 2 * (p.centre != 0) + (p.fragment_order != 0);
-}
-
-}  // namespace dm::quant_passes
 
 extern "C" {
 
@@ -582,49 +443,10 @@ int dm_quant_dual(const dm::quant_passes::Params* params, int channel, int devic
       dm_quant_dual_64_centred_natural_fp16,  dm_quant_dual_64_centred_fragment_fp16,
       dm_quant_dual_128_natural_fp16,         dm_quant_dual_128_fragment_fp16,
       dm_quant_dual_128_centred_natural_fp16, dm_quant_dual_128_centred_fragment_fp16};
-  void (*const kernel)(const Params) = kernels[form_index(p)];
+  void (*const kernel)(const Params) = kernels[8 * (p.in_fp16 != 0) + (p.block_rows == 128 ? 4 : 0) +
+                                               2 * (p.centre != 0) + (p.fragment_order != 0)];
   kernel<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
-}
-
-// Both casts of x and its statistics in one launch of `cluster` CTAs per (batch, head), each cluster one (batch, head)
-// (cluster_block): p.mean (centre), p.scale_c, p.x8, p.sx and p.x8t set; p.part and p.tickets unused. A cluster of more
-// than 8 CTAs is the non-portable size (16 at most on sm_90).
-int dm_quant_cluster(const dm::quant_passes::Params* params, int cluster, int device, cudaStream_t stream) {
-  using namespace dm::quant_passes;
-  const Params& p = *params;
-  if (p.n <= 0 || p.n_pad % 128 || (p.block_rows != 64 && p.block_rows != 128) || cluster < 1 || cluster > 16) {
-    return cudaErrorInvalidValue;
-  }
-  if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) return err;
-  void (*const kernels[16])(const Params) = {
-      dm_quant_cluster_64_natural_bf16,          dm_quant_cluster_64_fragment_bf16,
-      dm_quant_cluster_64_centred_natural_bf16,  dm_quant_cluster_64_centred_fragment_bf16,
-      dm_quant_cluster_128_natural_bf16,         dm_quant_cluster_128_fragment_bf16,
-      dm_quant_cluster_128_centred_natural_bf16, dm_quant_cluster_128_centred_fragment_bf16,
-      dm_quant_cluster_64_natural_fp16,          dm_quant_cluster_64_fragment_fp16,
-      dm_quant_cluster_64_centred_natural_fp16,  dm_quant_cluster_64_centred_fragment_fp16,
-      dm_quant_cluster_128_natural_fp16,         dm_quant_cluster_128_fragment_fp16,
-      dm_quant_cluster_128_centred_natural_fp16, dm_quant_cluster_128_centred_fragment_fp16};
-  void (*const kernel)(const Params) = kernels[form_index(p)];
-  if (cluster > 8) {
-    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        err != cudaSuccess) {
-      return err;
-    }
-  }
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = unsigned(cluster);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(cluster), unsigned(p.b * p.h));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
 // Q'ᶜ of x with row scales rs (B, H, N_pad): p.tickets zeroed, p.part, p.scale_c (the channel scales) and p.x8t

@@ -1147,55 +1147,6 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
                 assert mean is None
 
 
-# one token; a cluster with CTAs past the last block (130: 4 blocks of 64 over 16 CTAs); ragged N; 8K, 16K
-@pytest.mark.parametrize("n", [1, 130, 1000, 8192, 16384])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_cluster_quantisation_gives_the_two_passes_bits(n, dtype):
-    """``dm_quant_cluster`` (one launch, a thread-block cluster a (batch, head), the partials folded through
-    distributed shared memory) against the two passes at the rows a CTA it sums (``cluster_stats_rows``): the codes,
-    scales and mean bit for bit, in both token orders, 64- and 128-row blocks, centred or not, at 1, 3, 8 (portable)
-    and 16 (non-portable) CTAs a cluster, and the same bits on a second run."""
-    from deltamatch.kernels.triton_quant import padded_len
-
-    bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
-    x = _quant_input(2, n, 3, dtype, seed=n + 2)
-    for rows, centre in ((64, True), (64, False), (128, False)):
-        for cluster in (1, 3, 8, 16):
-            for fragment in (False, True):
-                ours = cuda_lib.quantize_block_and_channel(x, rows, centre=centre, fragment_order=fragment,
-                                                           cluster=cluster)
-                again = cuda_lib.quantize_block_and_channel(x, rows, centre=centre, fragment_order=fragment,
-                                                            cluster=cluster)
-                two = cuda_lib.quantize_block_and_channel(
-                    x, rows, centre=centre, fragment_order=fragment, cluster=0,
-                    stats_rows=cuda_lib.cluster_stats_rows(padded_len(n), rows, cluster))
-                for i in range(5 if centre else 4):
-                    where = (rows, centre, cluster, fragment, i)
-                    assert torch.equal(bits(ours[i]), bits(two[i])), where
-                    assert torch.equal(bits(ours[i]), bits(again[i])), where
-
-
-@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (8192, True, 2, 1)])
-def test_the_cluster_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
-    """matched_factored with K, V and dO quantised by ``dm_quant_cluster`` (``DELTAMATCH_KERNEL_CUDA_QUANT_CLUSTER=16``:
-    three calls a step, each with the cluster) against the reference simulation and FP64."""
-    from deltamatch.kernels.reference import attention_exact, attention_reference
-    from deltamatch.kernels.triton_attention import triton_attention
-
-    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=23)
-    calls = []
-    quantize = cuda_lib.quantize_block_and_channel
-    monkeypatch.setattr(cuda_lib, "quantize_block_and_channel",
-                        lambda *a, **kw: calls.append(cuda_lib.quant_cluster_size(kw.get("cluster"))) or
-                        quantize(*a, **kw))
-    monkeypatch.setenv(cuda_lib.QUANT_CLUSTER_SWITCH, "16")
-    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
-    assert calls == [16, 16, 16]  # K, V, dO
-    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
-    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
-    assert_near_reference(ours, ref, exact)
-
-
 @pytest.mark.parametrize("n", [1, 130, 1000, 8192])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype):

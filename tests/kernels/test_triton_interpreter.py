@@ -568,39 +568,6 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
         cuda_lib.quantize_block_and_channel(packed, 64, stats_rows=100)
     with pytest.raises(ValueError, match="block_rows 64: the token-major pass alone is built for 128-row blocks"):
         cuda_lib.quantize_block(packed, 64)
-
-
-def test_the_cluster_quantisation_size_and_its_rows_a_cta(monkeypatch):
-    """``DELTAMATCH_KERNEL_CUDA_QUANT_CLUSTER``: unset the default (two passes), else 0 to 16 CTAs a cluster, and
-    anything else an error that names the switch; a size given with ``stats_rows`` is refused before a GPU is needed.
-    ``cluster_stats_rows`` (the rows a CTA sums, which the kernel's fold needs as a multiple of its 128-row chunks and
-    which must cover every scale block) against a count of the blocks over the cluster's CTAs."""
-    from deltamatch.kernels import cuda_lib
-
-    monkeypatch.delenv(cuda_lib.QUANT_CLUSTER_SWITCH, raising=False)
-    assert cuda_lib.quant_cluster_size() == cuda_lib.QUANT_CLUSTER_DEFAULT == 0
-    for value, size in (("0", 0), ("1", 1), ("8", 8), ("16", 16)):
-        monkeypatch.setenv(cuda_lib.QUANT_CLUSTER_SWITCH, value)
-        assert cuda_lib.quant_cluster_size() == size
-        assert cuda_lib.quant_cluster_size(4) == 4  # an argument wins over the switch
-    for value in ("17", "-1", "eight", "1.5"):
-        monkeypatch.setenv(cuda_lib.QUANT_CLUSTER_SWITCH, value)
-        with pytest.raises(ValueError, match=r"\$DELTAMATCH_KERNEL_CUDA_QUANT_CLUSTER = .*1 to 16"):
-            cuda_lib.quant_cluster_size()
-    with pytest.raises(ValueError, match=r"cluster = 32: .*1 to 16"):
-        cuda_lib.quant_cluster_size(32)
-    packed = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="stats_rows 512 with cluster 8"):
-        cuda_lib.quantize_block_and_channel(packed, 64, stats_rows=512, cluster=8)
-    for n_pad in range(128, 20000, 128):
-        for block_rows in (64, 128):
-            blocks = n_pad // block_rows
-            for cluster in range(1, 17):
-                rows = cuda_lib.cluster_stats_rows(n_pad, block_rows, cluster)
-                assert rows % 128 == 0 and rows * cluster >= n_pad, (n_pad, block_rows, cluster)
-                assert rows == 128 * -(-block_rows * -(-blocks // cluster) // 128)  # the least such multiple
-    assert cuda_lib.cluster_stats_rows(8192, 64, 16) == cuda_lib.cluster_stats_rows(8192, 128, 16) == 512
-    assert cuda_lib.cluster_stats_rows(1024, 64, 16) == 128  # one 64-row block a CTA would split a 128-row chunk
     with pytest.raises(ValueError, match="x has 3 dims"):
         cuda_lib.quantize_block(packed[0])
 
