@@ -17,10 +17,13 @@
 # pyproject.toml | tar -x -C .ab`, its library built by `python tools/device/ab_tree.py .ab kernels/cuda_build.py --out
 # build/cuda`; carry .ab): CUPTI of the reference step, the trees interleaved, and each kernel's time side by side
 # ($OUT/ab.tgz; tools/device/ab_compare.py).
+# hostab: the host's cost a step (tools/device/host_gap.py, GPU held busy) of this tree against .ab's, the rounds
+# interleaved ($OUT/host_ab.log): for Python-only changes .ab needs no library (this tree's is loaded).
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
 #   [AB_ROUNDS=2] [ROUNDS=2 DELTA_BENCH=1 VARIANTS_BUDGET_S=480 (variants)]
-#   bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,ncu]
+#   [HOST_N=2048 HOST_METHODS=matched_factored HOST_ROUNDS=2 (hostab)]
+#   bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,hostab,ncu]
 set -uo pipefail
 WHAT=${1:-tests,bench}
 has() { [[ ",$WHAT," == *",$1,"* ]]; }
@@ -131,6 +134,23 @@ elif has ab; then  # this tree against the .ab tree (another commit's files and 
   python3 tools/device/ab_compare.py "$OUT/ab" | tee "$OUT/ab/compare.txt"
   tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
   stamp "ab done"
+fi
+if has hostab && [[ ! -f .ab/deltamatch/__init__.py ]]; then
+  echo "hostab: no .ab tree here (git archive the other commit into .ab on the CPU machine and carry .ab)"
+elif has hostab; then  # the host's cost a step, this tree against .ab (Python changes: the same .cu sources, so .ab
+  # may come without a library and loads this tree's, DELTAMATCH_CUDA_LIB): tools/device/host_gap.py at HOST_N
+  # (default 2048) for HOST_METHODS (default matched_factored), HOST_ROUNDS rounds (default 2), the order alternating
+  lib=.ab/build/cuda/libdm_attn_sm90.so
+  [[ -f $lib ]] || lib=$LIB
+  lib=$(realpath "$lib")
+  host_new() { python3 tools/device/host_gap.py --seq-len "${HOST_N:-2048}" ${HOST_METHODS:-matched_factored} \
+    | sed "s/^/new $1 /"; }
+  host_old() { DELTAMATCH_CUDA_LIB=$lib python3 tools/device/ab_tree.py .ab tools/device/host_gap.py \
+    --seq-len "${HOST_N:-2048}" ${HOST_METHODS:-matched_factored} | sed "s/^/old $1 /"; }
+  for round in $(seq 1 "${HOST_ROUNDS:-2}"); do
+    if (( round % 2 )); then host_new "$round"; host_old "$round"; else host_old "$round"; host_new "$round"; fi
+  done 2>&1 | tee "$OUT/host_ab.log"
+  stamp "hostab done"
 fi
 if has ncu; then  # hardware counters of Triton's dV and each CUDA loop, where ncu can read them
   metrics='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,lts__t_sectors.sum'
