@@ -35,17 +35,9 @@ def measure(method: str, n: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from triton.testing import do_bench
 
-    from deltamatch.kernels.bench import _attention, _inputs
+    from deltamatch.kernels.bench import profile_step
 
-    fn = _attention(method, True)
-    (q, k, v), do = _inputs(4, n, 16, 128)
-
-    def step():
-        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    step = profile_step(method, n)  # the bench's causal fwd+bwd at B 4, H 16, D 128, warmed up
 
     def events():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
