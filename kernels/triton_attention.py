@@ -121,10 +121,9 @@ def fp8_backward(saved: dict, factored: dict | None, o, do, causal: bool, mode: 
             do8, sdo, do8t_c, sdoc, _ = cuda_lib.quantize_block_and_channel(do, BLOCK_Q, fragment_order=fragment)
         else:
             do8, sdo, do8t_c, sdoc = quantize_block_and_channel(do, BLOCK_Q, "do", fragment_order=fragment)
-        delta = torch.empty(do8.shape[:3], device=do.device, dtype=torch.float32)  # the δ pass's
         factored = dict(factored, do8t=do8t_c, sdoc=sdoc, do_fragment=fragment)
-        return attention_backward(saved, do8, None, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes,
-                                  dtypes, ds_stats=ds_stats, factored=factored)
+        return attention_backward(saved, do8, None, sdo, None, mode, causal, softmax_scale, shapes[0][1], shapes,
+                                  dtypes, ds_stats=ds_stats, factored=factored)  # δ: the δ pass's own
     layouts = "token" if mode == "matched_factored" else "both"  # its dV reads dÔ per channel (triton_bwd)
     do8, do8t, sdo, delta = quantize_do_and_delta(do, o, mode, layouts=layouts)
     return attention_backward(saved, do8, do8t, sdo, delta, mode, causal, softmax_scale, shapes[0][1], shapes, dtypes,

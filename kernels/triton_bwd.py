@@ -797,7 +797,9 @@ def factored_config(config: dict) -> dict:
 def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bool, softmax_scale: float,
                        n: int, shapes: tuple, dtypes: tuple, ds_stats: dict | None = None,
                        config: dict | None = None, factored: dict | None = None):
-    """Run (matched δ,) dK/dV and dQ; returns dq (B, N, H, D), dk, dv (B, N, H_kv, D).
+    """Run (matched δ,) dK/dV and dQ; returns dq (B, N, H, D), dk, dv (B, N, H_kv, D). ``delta``: the FP32
+    (B, H, N_pad) δ the quantisation formed (stale, consistent) or that matched's δ pass writes; for
+    ``matched_factored`` None (its δ pass returns one; a buffer passed is written only by Triton's pass).
 
     ``ds_stats`` (diagnostics, tests): ``{"dq": t, "dkdv": t}`` with zeroed (B, H, 2, N_pad) FP32 tensors that receive
     Σ_j dS_ij and Σ_j |dS_ij| per query row, as each dS kernel formed dS before its cast. ``config`` overrides
@@ -842,6 +844,8 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
                                                      saved["sk"], saved["sv"], sdo, saved["lse2"], n, causal,
                                                      qk_scale)
         else:
+            if delta is None:
+                delta = torch.empty(saved["q8"].shape[:3], device=device, dtype=torch.float32)
             rs = torch.empty_like(delta)
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
