@@ -173,13 +173,13 @@ def profile_step(method: str, n: int, b: int = 4, h: int = 16, d: int = 128) -> 
     return step
 
 
-def kernel_profile(method: str, n: int, iters: int = 10) -> pd.DataFrame:
-    """Where one fwd+bwd of ``method`` (:func:`profile_step`) spends its GPU time: per kernel, its launches and GPU time
-    per step (CUPTI's kernel durations, summed over ``iters`` steps and divided by them) and its share of the step,
-    the longest first."""
+def kernel_profile(method: str, n: int, iters: int = 10, d: int = 128) -> pd.DataFrame:
+    """Where one fwd+bwd of ``method`` (:func:`profile_step`, head dim ``d``) spends its GPU time: per kernel, its
+    launches and GPU time per step (CUPTI's kernel durations, summed over ``iters`` steps and divided by them) and its
+    share of the step, the longest first."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = profile_step(method, n)
+    step = profile_step(method, n, d=d)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             step()

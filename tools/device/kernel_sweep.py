@@ -20,11 +20,29 @@ KV = lambda bn, w, s, **kw: dict(BLOCK_M=64, BLOCK_N=bn, num_warps=w, num_stages
 # the 64-key tiles' (the online softmax's max moves per 128 keys), so rel_diff_to_first is not 0 there (FP8 noise)
 W = lambda bm, w, s, p: dict(BLOCK_M=bm, BLOCK_N=128, num_warps=w, num_stages=s, TMA=True, FACTORED=True,  # noqa: E731
                              ACC_PROMOTE=p)
+# the factored layout's kernels as matched_factored launches them (promoted per 64-deep tile; the δ pass with dŜ's row
+# scales and its scales after each tile's sum)
+FP = lambda bm, w, s, **kw: F(bm, w, s, FACTORED=True, ACC_PROMOTE=64, **kw)  # noqa: E731
+KVP = lambda bn, w, s, **kw: KV(bn, w, s, SPLIT=True, FACTORED=True, ACC_PROMOTE=64, **kw)  # noqa: E731
+DR = lambda bm, w, s, **kw: F(bm, w, s, ROW_SCALES=True, SCALE_AFTER_SUM=True, **kw)  # noqa: E731
 SWEEP = {
+    # D = 64: the paper layout's configs, then (session 40) the factored layout's, which matched_factored runs on
+    # Triton at this head dim: each kind's launched config first among them (backward_config's fused-kernel shape for
+    # its two dK/dV launches; forward_config's without PAIRED or TMA), then TMA, other depths and the D = 128 shapes
     64: dict(fwd=[F(64, 4, 4), F(128, 8, 3), F(64, 4, 4, PAIRED=True), F(128, 8, 3, PAIRED=True),
-                  F(64, 4, 4, PAIRED=True, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True), F(128, 8, 3, TMA=True)],
-             dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True)],
-             dq=[F(64, 4, 3), F(128, 8, 3)], delta=[F(128, 8, 3)]),
+                  F(64, 4, 4, PAIRED=True, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True), F(128, 8, 3, TMA=True),
+                  FP(64, 4, 4), FP(64, 4, 4, TMA=True), FP(64, 4, 3, TMA=True), FP(64, 4, 5, TMA=True),
+                  FP(64, 4, 6, TMA=True), FP(128, 8, 3, TMA=True), W(64, 4, 2, 64), W(64, 4, 3, 64),
+                  W(128, 8, 2, 64)],
+             dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True),
+                   KVP(128, 8, 1), KVP(128, 8, 2), KVP(64, 4, 2), KVP(64, 4, 3), KVP(64, 4, 2, TMA=True),
+                   KVP(64, 4, 3, TMA=True), KVP(64, 4, 4, TMA=True), KVP(128, 8, 2, TMA=True)],
+             dq=[F(64, 4, 3), F(128, 8, 3),
+                 FP(64, 4, 3), FP(64, 4, 3, TMA=True), FP(64, 4, 4, TMA=True), FP(64, 4, 2, TMA=True),
+                 FP(128, 8, 3, TMA=True)],
+             delta=[F(128, 8, 3),
+                    DR(128, 8, 3), DR(128, 8, 3, TMA=True), DR(128, 8, 4), DR(128, 8, 2), DR(64, 4, 3), DR(64, 4, 4),
+                    DR(128, 4, 3)]),
     # D = 128: the launched paper-layout configs beside the factored layout's, with its dots promoted per 64-deep tile
     # (ACC_PROMOTE=64, the default of matched_factored) and without (every product in the tensor core's accumulator)
     128: dict(fwd=[F(64, 4, 4, TMA=True), F(64, 4, 3, TMA=True), F(64, 4, 3, PAIRED=True, TMA=True),
