@@ -144,7 +144,7 @@ def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     which have no mask and come with the causal ones: the per-channel ones (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), K's
     mean and centred amax (``column_stats``, variant ``k_mean``), and the passes that write both copies of K (centred,
     fragment order), V and dO (``block_and_channel_pass``, variants ``k_both``, ``v_both``, ``do_both``)."""
-    bwd = triton_bwd.factored_config(triton_bwd.backward_config(head_dim))
+    bwd = triton_bwd.factored_config(triton_bwd.backward_config(head_dim), head_dim)
     configs = {"attn_fwd": triton_fwd.forward_config(head_dim, factored=True), "attn_bwd_dq": bwd["dq"],
                "attn_bwd_delta_matched": {**bwd["delta"], "ROW_SCALES": True}}
     variant = f"{'causal' if causal else 'non-causal'}-factored"

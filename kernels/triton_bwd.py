@@ -786,10 +786,20 @@ def _launch_dq(saved, do8, sdo, delta, dq, stats, causal, qk_scale, softmax_scal
     )
 
 
-def factored_config(config: dict) -> dict:
-    """``backward_config`` for the factored scale layout: dK and dV as two launches (each holds one accumulator in
-    units of its operand's channel scales), the deterministic dQ kernel, every kernel ``FACTORED``."""
+FACTORED_DKDV_SMALL_D = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+"""The factored layout's dK and dV launches at D ≤ 64, where ``backward_config`` holds the paper layout's fused kernel
+(two accumulators, 128-key blocks, 8 warps, 1 stage): each factored launch holds one accumulator, and at 64 keys on 4
+warps with 3 stages the pair took 4.155 ms against 5.248 at N = 8192, causal, B·H = 64 (session 40's sweep on an H100,
+``tools/device/kernel_sweep.py --head-dims 64 --factored-only``; kernels/NOTES.md)."""
+
+
+def factored_config(config: dict, head_dim: int) -> dict:
+    """``backward_config(head_dim)`` for the factored scale layout: dK and dV as two launches (each holds one
+    accumulator in units of its operand's channel scales; at D ≤ 64 in :data:`FACTORED_DKDV_SMALL_D`'s shape), the
+    deterministic dQ kernel, every kernel ``FACTORED``."""
     dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
+    if head_dim <= 64:
+        dkdv.update(FACTORED_DKDV_SMALL_D)
     factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote())
     return dict(dkdv={**dkdv, **factored}, dq={**config["dq"], **factored}, delta=dict(config["delta"]))
 
@@ -823,7 +833,7 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
     if mode == "matched_factored":
         if factored is None:
             raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
-        cfg = factored_config(cfg) if not cfg["dq"].get("FACTORED") else cfg
+        cfg = factored_config(cfg, saved["q8"].shape[-1]) if not cfg["dq"].get("FACTORED") else cfg
         wide = cuda_delta_variant(saved["q8"].shape[-1], bool(stats), config is None)
         if wide:
             from deltamatch.kernels import cuda_lib

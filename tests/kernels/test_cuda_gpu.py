@@ -234,7 +234,7 @@ def factored_dk_operands(ops, q):
     from deltamatch.kernels.triton_quant import quantize_per_channel
 
     delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
-    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128), 128)
     # the CUDA δ pass scales each dP̂ element as Triton's did before SCALE_AFTER_SUM (its bits are those)
     irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, ops["causal"],
                                            ops["qk_scale"], ops["n"], {**cfg["delta"], "SCALE_AFTER_SUM": False},
@@ -250,7 +250,7 @@ def triton_factored_dk(ops, promote=False):
     from deltamatch.kernels import triton_bwd
     from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
 
-    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DK_ONLY": True,
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128), 128)["dkdv"], "DK_ONLY": True,
            "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     dk = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
     dv = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
@@ -272,7 +272,7 @@ def triton_factored_dv(ops, promote):
     from deltamatch.kernels import triton_bwd
     from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
 
-    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DV_ONLY": True,
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128), 128)["dkdv"], "DV_ONLY": True,
            "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     s = ops["saved"]
     dk = torch.empty(ops["k_shape"], device="cuda", dtype=ops["dtype"])
@@ -411,7 +411,7 @@ def triton_factored_dq(ops, promote):
     from deltamatch.kernels import triton_bwd
     from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
 
-    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dq"],
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128), 128)["dq"],
            "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     dq = torch.empty(ops["q_shape"], device="cuda", dtype=ops["dtype"])
     triton_bwd._launch_dq(ops["saved"], ops["do8"], ops["sdo"], ops["delta_m"], dq, None, ops["causal"],

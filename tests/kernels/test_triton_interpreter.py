@@ -339,7 +339,7 @@ def test_factored_dots_promote_every_tile_unless_the_switch_says_0(monkeypatch):
     from deltamatch.kernels.triton_fwd import ACC_PROMOTE_SWITCH, FACTORED_ACC_PROMOTE, forward_config
 
     def promotes():
-        configs = [forward_config(128, factored=True), *factored_config(backward_config(128)).values()]
+        configs = [forward_config(128, factored=True), *factored_config(backward_config(128), 128).values()]
         return [c.get("ACC_PROMOTE") for c in configs]
 
     monkeypatch.delenv(ACC_PROMOTE_SWITCH, raising=False)

@@ -46,7 +46,7 @@ def launchers(ops, promote):
     from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
 
     s = ops["saved"]
-    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128))["dkdv"], "DV_ONLY": True,
+    cfg = {**triton_bwd.factored_config(triton_bwd.backward_config(128), 128)["dkdv"], "DV_ONLY": True,
            "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     dk, dv = torch.empty_like(ops["k"]), torch.empty_like(ops["k"])
     factored = dict(q8t=ops["do8t_c"], sqc=ops["sdoc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["delta"])
@@ -75,7 +75,7 @@ def matched_operands(ops):
     from deltamatch.kernels.triton_quant import quantize_per_channel
 
     if "matched" not in ops:
-        cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))
+        cfg = triton_bwd.factored_config(triton_bwd.backward_config(128), 128)
         delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
         irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, True, ops["qk"],
                                                ops["n"], cfg["delta"], row_scales=rs)
@@ -274,7 +274,7 @@ def delta_rows(ops, args, flop, do_bench):
     from deltamatch.kernels import cuda_lib, triton_bwd
 
     s = ops["saved"]
-    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128))["delta"]
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(128), 128)["delta"]
     delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
 
     def triton_delta():

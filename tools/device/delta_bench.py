@@ -30,7 +30,7 @@ def measure(d: int) -> dict:
     q, k, v, do = (torch.randn(b, n, h, d, device=dev, generator=gen).to(torch.bfloat16) for _ in range(4))
     o, saved, _ = fp8_forward(q, k, v, True, "matched_factored", d ** -0.5)
     do8, _, sdo, delta = quantize_do_and_delta(do, o, "matched_factored", layouts="token")
-    cfg = triton_bwd.factored_config(triton_bwd.backward_config(d))["delta"]
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(d), d)["delta"]
     row = dict(head_dim=d, launched_scale_after_sum=bool(cfg.get("SCALE_AFTER_SUM")))
     out = {}
     for after in (False, True):
