@@ -173,6 +173,19 @@ def profile_step(method: str, n: int, b: int = 4, h: int = 16, d: int = 128) -> 
     return step
 
 
+def events_ms(step: Callable[[], None], steps: int) -> float:
+    """A step's mean GPU time by CUDA events on the current stream around ``steps`` back-to-back ``step()`` calls, the
+    device synchronised first (no L2 flush between them, so a little below ``do_bench``'s figure)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
 def kernel_profile(method: str, n: int, iters: int = 10, d: int = 128) -> pd.DataFrame:
     """Where one fwd+bwd of ``method`` (:func:`profile_step`, head dim ``d``) spends its GPU time: per kernel, its
     launches and GPU time per step (CUPTI's kernel durations, summed over ``iters`` steps and divided by them) and its

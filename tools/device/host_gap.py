@@ -6,8 +6,8 @@
 For each method, three numbers per step, each the median of five rounds of ``STEPS`` steps:
 - ``host_ms``: the Python/launch time of a step with the GPU held busy by ``torch.cuda._sleep`` first, so no launch
   waits on the device (the host's cost alone; a step cannot run faster than this);
-- ``gpu_ms``: CUDA events around ``STEPS`` back-to-back steps (no cache flush between them, so a little below
-  ``do_bench``'s figure);
+- ``gpu_ms``: CUDA events around ``STEPS`` back-to-back steps (``bench.events_ms``: no cache flush between them, so
+  a little below ``do_bench``'s figure);
 - ``bench_ms``: ``triton.testing.do_bench``'s median, as ``deltamatch.kernels.bench`` measures it.
 Where ``host_ms`` approaches ``gpu_ms`` the step is launch-bound and a CUDA graph or fewer launches would show; where
 it is far below, the gaps between kernels are the device's own (launch latency, dependent small kernels).
@@ -28,17 +28,9 @@ STEPS = 10
 def measure(method: str, n: int = 8192) -> dict:
     from triton.testing import do_bench
 
-    from deltamatch.kernels.bench import _attention, _inputs
+    from deltamatch.kernels.bench import events_ms, profile_step
 
-    fn = _attention(method, True)
-    (q, k, v), do = _inputs(4, n, 16, 128)
-
-    def step():
-        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    step = profile_step(method, n)  # the bench's causal fwd+bwd at B 4, H 16, D 128, warmed up
     host, gpu = [], []
     for _ in range(5):
         torch.cuda._sleep(1_000_000_000)  # ~0.5 s of spinning on the device: the launches below queue behind it
@@ -46,17 +38,10 @@ def measure(method: str, n: int = 8192) -> dict:
         for _ in range(STEPS):
             step()
         host.append((time.perf_counter() - t0) * 1e3 / STEPS)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(STEPS):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        gpu.append(start.elapsed_time(end) / STEPS)
+        gpu.append(events_ms(step, STEPS))  # once the sleep and the queued steps are done
     bench = do_bench(step, warmup=100, rep=500, return_mode="median")
-    return dict(method=method, seq_len=n, host_ms=round(statistics.median(host), 4), gpu_ms=round(statistics.median(gpu), 4),
-                bench_ms=round(bench, 4))
+    return dict(method=method, seq_len=n, host_ms=round(statistics.median(host), 4),
+                gpu_ms=round(statistics.median(gpu), 4), bench_ms=round(bench, 4))
 
 
 def main(argv: list[str]) -> None:

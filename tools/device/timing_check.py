@@ -8,7 +8,7 @@ Session 38's bench and profile disagreed for FlashAttention's CuTe-DSL kernels o
 either is only as good as that agreement. For each method, on the same inputs, one after another:
 
 - ``bench_ms``: ``triton.testing.do_bench``'s median (the bench's number: an L2 flush before each step);
-- ``events_ms``: CUDA events on the current stream around ``STEPS`` back-to-back steps;
+- ``events_ms``: CUDA events on the current stream around ``STEPS`` back-to-back steps (``bench.events_ms``);
 - ``wall_ms``: ``time.perf_counter`` around the same steps, a device synchronisation before and after;
 - ``cupti_ms``: ``torch.profiler``'s kernel durations (CUPTI) of ``STEPS`` steps, summed a step;
 - ``streams``: the CUDA streams CUPTI saw the step's kernels on (a kernel off the current stream escapes the events
@@ -35,18 +35,9 @@ def measure(method: str, n: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from triton.testing import do_bench
 
-    from deltamatch.kernels.bench import profile_step
+    from deltamatch.kernels.bench import events_ms, profile_step
 
     step = profile_step(method, n)  # the bench's causal fwd+bwd at B 4, H 16, D 128, warmed up
-
-    def events():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(STEPS):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / STEPS
 
     def wall():
         torch.cuda.synchronize()
@@ -70,7 +61,7 @@ def measure(method: str, n: int) -> dict:
 
     return dict(method=method, seq_len=n, bench_ms=round(_rounds(lambda: do_bench(step, warmup=50, rep=200,
                                                                                   return_mode="median")), 4),
-                events_ms=round(_rounds(events), 4), wall_ms=round(_rounds(wall), 4),
+                events_ms=round(_rounds(lambda: events_ms(step, STEPS)), 4), wall_ms=round(_rounds(wall), 4),
                 cupti_ms=round(_rounds(cupti), 4), streams=sorted(streams),
                 current_stream=torch.cuda.current_stream().cuda_stream)
 
