@@ -796,11 +796,12 @@ warps with 3 stages the pair took 4.155 ms against 5.248 at N = 8192, causal, BÂ
 def factored_config(config: dict, head_dim: int) -> dict:
     """``backward_config(head_dim)`` for the factored scale layout: dK and dV as two launches (each holds one
     accumulator in units of its operand's channel scales; at D â‰¤ 64 in :data:`FACTORED_DKDV_SMALL_D`'s shape), the
-    deterministic dQ kernel, every kernel ``FACTORED``."""
+    deterministic dQ kernel, every kernel ``FACTORED``, its dK, dV and dQ through TMA where
+    ``tma_enabled(head_dim, factored=True)``."""
     dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
     if head_dim <= 64:
         dkdv.update(FACTORED_DKDV_SMALL_D)
-    factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote())
+    factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote(), TMA=tma_enabled(head_dim, factored=True))
     return dict(dkdv={**dkdv, **factored}, dq={**config["dq"], **factored}, delta=dict(config["delta"]))
 
 
