@@ -10,6 +10,9 @@ either is only as good as that agreement. For each method, on the same inputs, o
 - ``bench_ms``: ``triton.testing.do_bench``'s median (the bench's number: an L2 flush before each step);
 - ``events_ms``: CUDA events on the current stream around ``STEPS`` back-to-back steps (``bench.events_ms``);
 - ``wall_ms``: ``time.perf_counter`` around the same steps, a device synchronisation before and after;
+- ``events_in_wall_ms``: CUDA events recorded inside those wall-clock runs (session 41: ``events_ms`` still read
+  0.76–0.85 ms above the wall clock with the device synchronised first; events inside the wall clock's own runs
+  cannot exceed it unless the events themselves are off);
 - ``cupti_ms``: ``torch.profiler``'s kernel durations (CUPTI) of ``STEPS`` steps, summed a step;
 - ``streams``: the CUDA streams CUPTI saw the step's kernels on (a kernel off the current stream escapes the events
   and ``do_bench`` alike, and only CUPTI and the wall clock see it).
@@ -39,13 +42,20 @@ def measure(method: str, n: int) -> dict:
 
     step = profile_step(method, n)  # the bench's causal fwd+bwd at B 4, H 16, D 128, warmed up
 
+    paired: list[float] = []  # the events' reading of each wall-clock run
+
     def wall():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        start.record()
         for _ in range(STEPS):
             step()
+        end.record()
         torch.cuda.synchronize()
-        return (time.perf_counter() - t0) * 1e3 / STEPS
+        ms = (time.perf_counter() - t0) * 1e3 / STEPS
+        paired.append(start.elapsed_time(end) / STEPS)
+        return ms
 
     streams: set[int] = set()
 
@@ -62,6 +72,7 @@ def measure(method: str, n: int) -> dict:
     return dict(method=method, seq_len=n, bench_ms=round(_rounds(lambda: do_bench(step, warmup=50, rep=200,
                                                                                   return_mode="median")), 4),
                 events_ms=round(_rounds(lambda: events_ms(step, STEPS)), 4), wall_ms=round(_rounds(wall), 4),
+                events_in_wall_ms=round(statistics.median(paired), 4),
                 cupti_ms=round(_rounds(cupti), 4), streams=sorted(streams),
                 current_stream=torch.cuda.current_stream().cuda_stream)
 
