@@ -491,7 +491,8 @@ def backward_config(head_dim: int) -> dict:
     if head_dim <= 128:
         return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=3, **tma),
                     delta=dict(BLOCK_M=128, BLOCK_N=BLOCK_KV, num_warps=8, num_stages=3, **delta_opts))
-    return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **tma),
+    dq_tma = tma if env_switch(TMA_SWITCH) else {}  # pointers 9.20 ms against TMA's 9.72 (session 41, H100)
+    return dict(dkdv=dkdv, dq=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=1, **dq_tma),
                 delta=dict(BLOCK_M=64, BLOCK_N=BLOCK_KV, num_warps=4, num_stages=2, **delta_opts))
 
 
@@ -796,12 +797,12 @@ warps with 3 stages the pair took 4.155 ms against 5.248 at N = 8192, causal, BÂ
 def factored_config(config: dict, head_dim: int) -> dict:
     """``backward_config(head_dim)`` for the factored scale layout: dK and dV as two launches (each holds one
     accumulator in units of its operand's channel scales; at D â‰¤ 64 in :data:`FACTORED_DKDV_SMALL_D`'s shape), the
-    deterministic dQ kernel, every kernel ``FACTORED``, its dK, dV and dQ through TMA where
-    ``tma_enabled(head_dim, factored=True)``."""
+    deterministic dQ kernel, every kernel ``FACTORED``, its dK, dV and dQ through TMA where ``tma_enabled(head_dim)``
+    (the factored dQ gains from it at D = 256, where the paper layout's loses)."""
     dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
     if head_dim <= 64:
         dkdv.update(FACTORED_DKDV_SMALL_D)
-    factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote(), TMA=tma_enabled(head_dim, factored=True))
+    factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote(), TMA=tma_enabled(head_dim))
     return dict(dkdv={**dkdv, **factored}, dq={**config["dq"], **factored}, delta=dict(config["delta"]))
 
 

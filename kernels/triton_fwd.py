@@ -313,20 +313,17 @@ def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:
 
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"
 """``1``: every kernel loads its FP8 tiles through TMA descriptors at every head dim; ``0``: through pointers
-everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5), and for the
-factored layout's forward, dK, dV and dQ also at D = 256, where an H100 timed it faster in each (session 41's sweep:
-forward 5.78 → 4.54 ms, dK + dV 13.07 → 12.18, dQ 7.89 → 7.46; the same bits)."""
-TMA_HEAD_DIMS = (128,)
-FACTORED_TMA_HEAD_DIMS = (128, 256)
+everywhere. Unset: TMA at D = 128, where the H200 timed it faster in every kernel (kernels/NOTES.md, v5), and at
+D = 256, where an H100 timed it faster in every kernel but the paper layout's dQ (session 41's sweeps: forward 6.42 →
+5.47 ms, factored 5.78 → 4.54; dK + dV 15.02 → 13.88, factored 13.07 → 12.18; dQ factored 7.89 → 7.46, but the paper
+layout's 9.20 → 9.72, so it stays on pointers: ``triton_bwd.backward_config``). The same bits either way."""
+TMA_HEAD_DIMS = (128, 256)
 
 
-def tma_enabled(head_dim: int, factored: bool = False) -> bool:
-    """Whether the attention kernels at ``head_dim`` (of the factored scale layout with ``factored``) load their FP8
-    tiles through TMA descriptors (:data:`TMA_SWITCH`)."""
+def tma_enabled(head_dim: int) -> bool:
+    """Whether the attention kernels at ``head_dim`` load their FP8 tiles through TMA descriptors (:data:`TMA_SWITCH`)."""
     switch = env_switch(TMA_SWITCH)
-    if switch is not None:
-        return switch
-    return head_dim in (FACTORED_TMA_HEAD_DIMS if factored else TMA_HEAD_DIMS)
+    return head_dim in TMA_HEAD_DIMS if switch is None else switch
 
 
 def forward_config(head_dim: int, factored: bool = False) -> dict:
@@ -334,14 +331,12 @@ def forward_config(head_dim: int, factored: bool = False) -> dict:
 
     Chosen by tools/device/kernel_sweep.py on the H200 (causal, N = 8192, B·H = 64; kernels/NOTES.md has the table):
     BLOCK_M = 64 on one warpgroup beat 128 on two by 1.1–1.3×; paired key tiles paid off at D = 64 only.
-    ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128, and factored also at 256
-    (:func:`tma_enabled`).
+    ``TMA=True`` (Q̂, K̂, V̂ᵀ through Hopper's tensor memory accelerator) at D = 128 and 256 (:func:`tma_enabled`).
     ``factored``: the factored scale layout's forward (``FACTORED``; single key tiles, pairs under
     :data:`FACTORED_PAIRED_SWITCH`, 128-key tiles under :data:`FACTORED_WIDE_SWITCH`).
     """
     if factored:
-        base = {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": factored_acc_promote(),
-                "TMA": tma_enabled(head_dim, factored=True)}
+        base = {**forward_config(head_dim), "PAIRED": False, "FACTORED": True, "ACC_PROMOTE": factored_acc_promote()}
         if head_dim > 128:  # session 41's sweep (H100): 3 stages 4.21 ms against 2 stages' 4.56, both through TMA
             base["num_stages"] = 3
         if env_switch(FACTORED_PAIRED_SWITCH):  # a stage holds two key tiles: half the stages, the same shared memory

@@ -275,24 +275,26 @@ def test_kernel_matches_reference_simulation(measured, index):
         assert m["reference_vs_exact"] < 0.12, (part, m)  # it is FP8, not garbage
 
 
-def test_tma_is_launched_at_the_head_dims_the_h200_timed_and_the_switch_overrides_it(monkeypatch):
-    """TMA loads at D = 128 for every kernel but the δ pass (pointer loads: faster on the H200, session 16); the
-    switch puts every kernel of every head dim on one or the other."""
-    from deltamatch.kernels.triton_bwd import backward_config
+def test_tma_is_launched_at_the_head_dims_timed_faster_and_the_switch_overrides_it(monkeypatch):
+    """TMA loads at D = 128 for every kernel but the δ pass (pointer loads: faster on the H200, session 16), and at
+    D = 256 for every kernel but the δ pass and the paper layout's dQ (an H100, session 41); the factored layout's dQ
+    takes them at both. The switch puts every kernel of every head dim on one or the other."""
+    from deltamatch.kernels.triton_bwd import backward_config, factored_config
     from deltamatch.kernels.triton_fwd import TMA_SWITCH, forward_config
 
-    def launched_with_tma(d):
-        configs = {"fwd": forward_config(d), **backward_config(d)}
-        delta = bool(configs.pop("delta").get("TMA"))
-        assert len({bool(c.get("TMA")) for c in configs.values()}) == 1  # the others of one head dim load alike
-        return bool(configs["fwd"].get("TMA")), delta
+    def launched_with_tma(d):  # forward, dK/dV, dQ, δ; then the factored layout's forward, dK/dV, dQ
+        paper = {"fwd": forward_config(d), **backward_config(d)}
+        factored = {"fwd": forward_config(d, factored=True), **factored_config(backward_config(d), d)}
+        return (tuple(bool(paper[k].get("TMA")) for k in ("fwd", "dkdv", "dq", "delta"))
+                + tuple(bool(factored[k].get("TMA")) for k in ("fwd", "dkdv", "dq")))
 
     monkeypatch.delenv(TMA_SWITCH, raising=False)
-    assert [launched_with_tma(d) for d in (64, 128, 256)] == [(False, False), (True, False), (False, False)]
+    assert [launched_with_tma(d) for d in (64, 128, 256)] == [(False,) * 7, (True, True, True, False, True, True, True),
+                                                              (True, True, False, False, True, True, True)]
     monkeypatch.setenv(TMA_SWITCH, "1")
-    assert [launched_with_tma(d) for d in (64, 128, 256)] == [(True, True)] * 3
+    assert [launched_with_tma(d) for d in (64, 128, 256)] == [(True,) * 7] * 3
     monkeypatch.setenv(TMA_SWITCH, "0")
-    assert [launched_with_tma(d) for d in (64, 128, 256)] == [(False, False)] * 3
+    assert [launched_with_tma(d) for d in (64, 128, 256)] == [(False,) * 7] * 3
     monkeypatch.setenv(TMA_SWITCH, "yes")
     with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_TMA='yes'"):
         forward_config(128)
