@@ -140,20 +140,25 @@ def attention_specs(head_dim: int, causal: bool, load_variants: bool = False) ->
 
 def factored_specs(head_dim: int, causal: bool) -> list[KernelSpec]:
     """``matched_factored``'s kernels as ``triton_attention`` launches them (variant ``<mask>-factored``): the forward,
-    the δ pass with dŜ's row scales, dK and dV as two launches and dQ, all ``FACTORED``; then the quantisation passes,
-    which have no mask and come with the causal ones: the per-channel ones (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), K's
-    mean and centred amax (``column_stats``, variant ``k_mean``), and the passes that write both copies of K (centred,
-    fragment order), V and dO (``block_and_channel_pass``, variants ``k_both``, ``v_both``, ``do_both``)."""
+    the δ pass with dŜ's row scales, dK and dV as two launches or one (``factored_config``) and dQ, all
+    ``FACTORED``; then the quantisation passes, which have no mask and come with the causal ones: the per-channel ones
+    (V̂, dÔ; K̂ᶜ centred; Q' row-scaled), K's mean and centred amax (``column_stats``, variant ``k_mean``), and the
+    passes that write both copies of K (centred, fragment order), V and dO (``block_and_channel_pass``, variants
+    ``k_both``, ``v_both``, ``do_both``)."""
     bwd = triton_bwd.factored_config(triton_bwd.backward_config(head_dim), head_dim)
     configs = {"attn_fwd": triton_fwd.forward_config(head_dim, factored=True), "attn_bwd_dq": bwd["dq"],
                "attn_bwd_delta_matched": {**bwd["delta"], "ROW_SCALES": True}}
     variant = f"{'causal' if causal else 'non-causal'}-factored"
+    dkdv_parts = ([("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
+                  if bwd["dkdv"].get("SEPARATE", True) else [("attn_bwd_dkdv", 4, dict(DO_DK=True, DO_DV=True))])
     out = []
     for spec in attention_specs(head_dim, causal):
         parts = [(spec.name, spec.matmuls, {})]
-        if spec.name == "attn_bwd_dkdv":  # the factored layout always launches dK and dV apart
-            parts = [("attn_bwd_dk", 3, dict(DO_DK=True, DO_DV=False)), ("attn_bwd_dv", 2, dict(DO_DK=False, DO_DV=True))]
-        cfg = configs.get(spec.name, bwd["dkdv"])
+        if spec.name in ("attn_bwd_dkdv", "attn_bwd_dk"):  # the paper layout's dK/dV launch(es): the factored ones
+            parts = dkdv_parts
+        elif spec.name == "attn_bwd_dv":
+            parts = []
+        cfg = {k: v for k, v in configs.get(spec.name, bwd["dkdv"]).items() if k != "SEPARATE"}
         options = {k: cfg[k] for k in ("num_warps", "num_stages")}
         constexprs = {**spec.constexprs, **{k: v for k, v in cfg.items() if k not in options}}
         for name, matmuls, flags in parts:  # masked and unmasked loops: 2 copies, and the key-tile pairs' 2 more

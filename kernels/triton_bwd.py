@@ -738,19 +738,21 @@ def _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats, causal, qk_scale, 
                  factored=None):
     """One launch for dK and dV, or (``SEPARATE``) one for each: recomputing S once more, holding one accumulator.
     With ``dq_acc`` (FP32, zeroed) the dK launch also adds dQ into it (``DQ_ATOMIC``). ``FACTORED`` in ``c``: the
-    factored scale layout, always as two launches (``DV_ONLY``: dV alone), with ``factored`` holding its operands —
-    ``do8t`` / ``sdoc`` (dÔ per channel), ``q8t`` / ``sqc`` (Q' = s ⊙ Q per channel), ``rs`` (dŜ's row scales)."""
+    factored scale layout, as two launches unless ``SEPARATE=False`` is given (``DV_ONLY``: dV alone), with
+    ``factored`` holding its operands — ``do8t`` / ``sdoc`` (dÔ per channel), ``q8t`` / ``sqc`` (Q' = s ⊙ Q per
+    channel), ``rs`` (dŜ's row scales)."""
     q8, q8t, k8, v8, sq, sk, sv, lse2 = (saved[k] for k in ("q8", "q8t", "k8", "v8", "sq", "sk", "sv", "lse2"))
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
     c = dict(c)
     c.pop("DQ_ATOMIC", None)  # decided by dq_acc, for the dK launch only
-    parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if c.pop("SEPARATE", False) else [{}]
+    separate = c.pop("SEPARATE", None)
     if c.get("FACTORED"):
         if factored is None:
             raise ValueError("FACTORED launches need the factored layout's operands")
         q8t, do8t = factored["q8t"], factored["do8t"]
-        parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)]
+        separate = separate is None or separate  # the factored layout's default: two launches
+    parts = [dict(DO_DK=True, DO_DV=False), dict(DO_DK=False, DO_DV=True)] if separate else [{}]
     if c.pop("DV_ONLY", False):  # dV alone (the sweep times it so)
         parts = [dict(DO_DK=False, DO_DV=True)]
     if c.pop("DK_ONLY", False):  # dK alone (the CUDA dK's tests and timing compare with it)
@@ -794,14 +796,24 @@ warps with 3 stages the pair took 4.155 ms against 5.248 at N = 8192, causal, B�
 ``tools/device/kernel_sweep.py --head-dims 64 --factored-only``; kernels/NOTES.md)."""
 
 
+FACTORED_SEPARATE_SWITCH = "DELTAMATCH_KERNEL_FACTORED_SEPARATE"
+"""``0``: the factored layout's dK and dV in one launch (S, P and dŜ formed once, two accumulators); ``1``: two
+launches, each recomputing S and holding one accumulator; unset: one launch at the head dims in
+:data:`FACTORED_FUSED_HEAD_DIMS`, two elsewhere. The same bits either way."""
+FACTORED_FUSED_HEAD_DIMS = ()  # not yet timed: session 41 built the fused form (kernels/NOTES.md)
+
+
 def factored_config(config: dict, head_dim: int) -> dict:
     """``backward_config(head_dim)`` for the factored scale layout: dK and dV as two launches (each holds one
-    accumulator in units of its operand's channel scales; at D ≤ 64 in :data:`FACTORED_DKDV_SMALL_D`'s shape), the
+    accumulator in units of its operand's channel scales; at D ≤ 64 in :data:`FACTORED_DKDV_SMALL_D`'s shape) or as
+    one (:data:`FACTORED_SEPARATE_SWITCH`), the
     deterministic dQ kernel, every kernel ``FACTORED``, its dK, dV and dQ through TMA where ``tma_enabled(head_dim)``
     (the factored dQ gains from it at D = 256, where the paper layout's loses)."""
     dkdv = {k: v for k, v in config["dkdv"].items() if k not in ("SEPARATE", "DQ_ATOMIC")}
     if head_dim <= 64:
         dkdv.update(FACTORED_DKDV_SMALL_D)
+    separate = env_switch(FACTORED_SEPARATE_SWITCH)
+    dkdv["SEPARATE"] = head_dim not in FACTORED_FUSED_HEAD_DIMS if separate is None else separate
     factored = dict(FACTORED=True, ACC_PROMOTE=factored_acc_promote(), TMA=tma_enabled(head_dim))
     return dict(dkdv={**dkdv, **factored}, dq={**config["dq"], **factored}, delta=dict(config["delta"]))
 

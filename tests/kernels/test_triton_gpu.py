@@ -182,6 +182,23 @@ def test_wide_key_tiles_against_reference_and_fp64(causal, d, monkeypatch):
         assert to_ref < 0.25 * ref_to_exact, f"{part}: kernel-ref {to_ref:.2e} ref-fp64 {ref_to_exact:.2e}"
 
 
+@pytest.mark.parametrize("n", [130, 1000])
+@pytest.mark.parametrize("causal", [True, False])
+def test_factored_dk_dv_in_one_launch_give_the_bits_of_two(causal, n, monkeypatch):
+    """matched_factored's dK and dV in one launch (S, P and dŜ formed once, two accumulators:
+    ``DELTAMATCH_KERNEL_FACTORED_SEPARATE=0``) against the two launches, at D = 64 where the two accumulators fit:
+    the same O, dQ, dK, dV bits (GQA, ragged N)."""
+    from deltamatch.kernels.triton_bwd import FACTORED_SEPARATE_SWITCH
+
+    q, k, v, do = make(n=n, d=64)
+    results = []
+    for separate in ("1", "0"):
+        monkeypatch.setenv(FACTORED_SEPARATE_SWITCH, separate)
+        results.append(run(triton_fn(causal, "matched_factored"), q, k, v, do))
+    for part, a, b in zip(("o", "dq", "dk", "dv"), *results):
+        assert torch.isfinite(a).all() and torch.equal(a, b), part
+
+
 @pytest.mark.parametrize("mode", ["stale", "matched_factored"])
 def test_a_step_captured_in_a_cuda_graph_replays_eagers_bits(mode):
     """fwd + bwd captured whole into one CUDA graph (what a training step does to shed the host's launch cost, the
