@@ -800,7 +800,11 @@ FACTORED_SEPARATE_SWITCH = "DELTAMATCH_KERNEL_FACTORED_SEPARATE"
 """``0``: the factored layout's dK and dV in one launch (S, P and dŜ formed once, two accumulators); ``1``: two
 launches, each recomputing S and holding one accumulator; unset: one launch at the head dims in
 :data:`FACTORED_FUSED_HEAD_DIMS`, two elsewhere. The same bits either way."""
-FACTORED_FUSED_HEAD_DIMS = ()  # not yet timed: session 41 built the fused form (kernels/NOTES.md)
+FACTORED_FUSED_HEAD_DIMS = (64,)
+"""Where the factored dK and dV run as one launch by default. At D = 64 (session 41, an H100, N = 8192 causal, B·H =
+64): 3.96 ms against the two launches' 4.20 in the same shape, and matched_factored's fwd+bwd 222.1 / 220.5 → 228.5 /
+228.0 TFLOP/s (16K: 232.3 / 244.1 → 251.2 / 251.2). At D = 128 and 256 the two accumulators do not fit (the single
+dK launch already holds 255 registers at D = 64)."""
 
 
 def factored_config(config: dict, head_dim: int) -> dict:

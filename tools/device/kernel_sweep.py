@@ -35,11 +35,12 @@ SWEEP = {
                   FP(64, 4, 6, TMA=True), FP(128, 8, 3, TMA=True), W(64, 4, 2, 64), W(64, 4, 3, 64),
                   W(128, 8, 2, 64)],
              dkdv=[KV(128, 8, 1, SPLIT=True), KV(128, 8, 1, SEPARATE=True), KV(128, 8, 2, SEPARATE=True),
+                   # the factored layout's dK and dV in one launch (session 41; S, P and dŜ formed once, two
+                   # accumulators of 64 × 64 FP32), launched; then as two launches (session 40's shapes)
+                   KVP(64, 4, 3, SEPARATE=False),
                    KVP(128, 8, 1), KVP(128, 8, 2), KVP(64, 4, 2), KVP(64, 4, 3), KVP(64, 4, 2, TMA=True),
                    KVP(64, 4, 3, TMA=True), KVP(64, 4, 4, TMA=True), KVP(128, 8, 2, TMA=True),
-                   # session 41: dK and dV of the factored layout in one launch (S, P and dŜ formed once; two
-                   # accumulators of 64 × 64 FP32 fit where at D = 128 they did not)
-                   KVP(64, 4, 3, SEPARATE=False), KVP(64, 4, 2, SEPARATE=False), KVP(64, 4, 4, SEPARATE=False),
+                   KVP(64, 4, 2, SEPARATE=False), KVP(64, 4, 4, SEPARATE=False),
                    KVP(64, 8, 3, SEPARATE=False), KVP(128, 8, 1, SEPARATE=False), KVP(128, 8, 2, SEPARATE=False),
                    KVP(64, 4, 3, SEPARATE=False, TMA=True), KVP(64, 4, 2, SEPARATE=False, TMA=True)],
              dq=[F(64, 4, 3), F(128, 8, 3),
