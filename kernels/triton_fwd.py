@@ -321,7 +321,7 @@ TMA_HEAD_DIMS = (128, 256)
 
 
 def tma_enabled(head_dim: int) -> bool:
-    """Whether the attention kernels at ``head_dim`` load their FP8 tiles through TMA descriptors (:data:`TMA_SWITCH`)."""
+    """Whether the attention kernels at ``head_dim`` load their FP8 tiles through TMA (:data:`TMA_SWITCH`)."""
     switch = env_switch(TMA_SWITCH)
     return head_dim in TMA_HEAD_DIMS if switch is None else switch
 

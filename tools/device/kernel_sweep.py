@@ -81,7 +81,7 @@ SWEEP = {
     256: dict(fwd=[F(64, 4, 2), F(64, 4, 2, PAIRED=True), F(64, 8, 2, PAIRED=True), F(64, 4, 2, TMA=True),
                    F(64, 4, 1, TMA=True), F(64, 8, 2, PAIRED=True, TMA=True), F(64, 4, 3), F(64, 4, 3, TMA=True),
                    # the factored layout's (matched_factored runs Triton at D = 256), the launched config first:
-                   # session 41 launched TMA at each kind (triton_fwd.FACTORED_TMA_HEAD_DIMS) and swept its depths
+                   # session 41 launched TMA at each kind (triton_fwd.TMA_HEAD_DIMS) and swept its depths
                    FP(64, 4, 3, TMA=True), FP(64, 4, 2, TMA=True), FP(64, 4, 4, TMA=True), FP(64, 4, 1, TMA=True),
                    FP(64, 8, 2, TMA=True), FP(64, 4, 2), FP(64, 4, 3), FP(128, 8, 2, TMA=True)],
               dkdv=[KV(64, 8, 1, SPLIT=False), KV(64, 8, 1, SEPARATE=True), KV(64, 4, 1, SEPARATE=True),
