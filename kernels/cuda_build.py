@@ -147,6 +147,8 @@ KERNELS = (
     *(CudaKernel(f"dm_delta_wide_w4pe{k}", {_qgmma(128): 28}) for k in (8, 4, 2)),
     # w4p and two of those with max P bounded from the forward's row maxima (factored.cuh p_max_bound)
     *(CudaKernel(f"dm_delta_wide_w4pm{e}", {_qgmma(128): 28}) for e in ("", "e8", "e4")),
+    # w4p at D = 64: rows of 64 codes, two k = 32 steps a product where D = 128 takes four
+    CudaKernel("dm_delta_wide_w4p_d64", {_qgmma(128): 14}),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

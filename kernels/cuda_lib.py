@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -84,6 +84,7 @@ SIGNATURES = {
     "dm_fwd_wide": ((_P, _P, _I, _I, _I, _P), _I),
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
     "dm_delta_wide": ((_P, _P, _I, _I, _P), _I),
+    "dm_delta_wide_d64": ((_P, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
@@ -153,6 +154,10 @@ the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but n
 ``w4pme4`` are ``w4p``, ``w4pe8``, ``w4pe4`` with max P bounded from the forward's row maxima
 (:data:`DELTA_ROW_MAX`)."""
 
+DELTA_WIDE_D64_VARIANTS = ("w4p",)
+"""The δ pass over 128-key tiles built at D = 64 (``dm_delta_wide_d64``): ``w4p`` over rows of 64 codes, the same
+arithmetic an element as at D = 128 (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_DELTA=w4p``
+at D = 64)."""
 DELTA_ROW_MAX = {"w4pm": "w4p", "w4pme8": "w4pe8", "w4pme4": "w4pe4"}
 """The δ pass's variants that bound each row's max_j P_ij from the forward's row max (``fwd_wide``'s ``row_max``,
 ``factored.cuh`` ``p_max_bound``) instead of taking it over the elements: 64 FMNMX a thread and tile fewer, of ≈ 500 in
@@ -417,15 +422,16 @@ def _operand_pointers(codes: list[tuple], scales: list[tuple]) -> list[int]:
 
 
 def _attention_shape(q8: torch.Tensor, k8: torch.Tensor, n: int, dtype: torch.dtype | None,
-                     what: str) -> tuple[int, int, int, int, int]:
-    """``(B, H, H_kv, N_pad, D)`` of Q̂ and K̂ codes, after checking them, ``n`` and the output dtype (None: a kernel
-    whose outputs are FP32)."""
+                     what: str, head_dims: tuple[int, ...] = (DV_HEAD_DIM,)) -> tuple[int, int, int, int, int]:
+    """``(B, H, H_kv, N_pad, D)`` of Q̂ and K̂ codes, after checking them (D one of ``head_dims``), ``n`` and the
+    output dtype (None: a kernel whose outputs are FP32)."""
     if q8.dim() != 4 or k8.dim() != 4:
         raise ValueError(f"q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}: expected (B, H, N_pad, D) codes")
     b, h, n_pad, d = q8.shape
     h_kv = k8.shape[1]
-    if d != DV_HEAD_DIM:
-        raise ValueError(f"head dim {d}: the CUDA {what} kernel is built for D = {DV_HEAD_DIM} only")
+    if d not in head_dims:
+        built = " and ".join(f"D = {x}" for x in head_dims)
+        raise ValueError(f"head dim {d}: the CUDA {what} kernel is built for {built} only")
     if not 0 < n <= n_pad or n_pad % 128:
         raise ValueError(f"n = {n} with N_pad = {n_pad}: expected 0 < n <= N_pad, N_pad a multiple of 128")
     if h_kv < 1 or h % h_kv:
@@ -760,6 +766,11 @@ def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.
     if (variant in DELTA_ROW_MAX) != (row_max is not None):
         raise ValueError(f"variant {variant!r} " + ("reads the forward's row maxima: row_max is None"
                                                     if row_max is None else "takes no row_max"))
+    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build: w4p only (dm_delta_wide_d64)
+        if variant not in DELTA_WIDE_D64_VARIANTS:
+            raise ValueError(f"variant {variant!r}: at D = 64 the δ pass is built as {DELTA_WIDE_D64_VARIANTS} only")
+        return _delta("dm_delta_wide_d64", DELTA_WIDE_D64_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n,
+                      causal, qk_scale)
     return _delta("dm_delta_wide", DELTA_WIDE_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
                   qk_scale, row_max)
 
@@ -767,10 +778,12 @@ def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.
 def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
            qk_scale, row_max=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``delta_factored`` and ``delta_wide``: the operands checked, δ, s and 1/s made, ``entry`` called with
-    ``variant``'s index in ``variants`` (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it)."""
+    ``variant``'s index in ``variants`` (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it; the
+    D = 64 entry takes neither)."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
-    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, None, "δ")
+    d64 = entry == "dm_delta_wide_d64"
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, None, "δ", (64,) if d64 else (DV_HEAD_DIM,))
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
          ("do8", do8, (b, h, n_pad, d))],
@@ -779,6 +792,9 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
     delta, rs, irs = torch.empty((3, b, h, n_pad), dtype=torch.float32, device=q8.device).unbind()  # one allocation
     params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), irs.data_ptr(), b, h, h_kv, n, n_pad,
                                  float(qk_scale), int(causal))
+    if d64:
+        _call(_library(), entry, ctypes.byref(params), *_launch_args(delta))
+        return delta, rs, irs
     wide = () if entry != "dm_delta_wide" else (_row_max_pointer(row_max, (b, h, n_pad), q8.device),)
     _call(_library(), entry, ctypes.byref(params), *wide, variants.index(variant), *_launch_args(delta))
     return delta, rs, irs

@@ -590,7 +590,7 @@ CUDA_DELTA_SWITCH = "DELTAMATCH_KERNEL_CUDA_DELTA"
 Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANTS`` runs it (an error where it cannot
 run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
 D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass
-elsewhere."""
+elsewhere. At D = 64 ``w4p`` runs the D = 64 build where the switch names it (``cuda_lib.DELTA_WIDE_D64_VARIANTS``)."""
 CUDA_DELTA_DEFAULT = "w4pm"
 """The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: ``w4pm``, max P bounded from the forward's row maxima
 (``cuda_lib.DELTA_ROW_MAX``), 1.088 ms a step against ``w4p``'s 1.173 at the reference shape (H200, session 30, CUPTI,
@@ -600,9 +600,13 @@ two rounds; ``w4pme8`` 1.120, ``w4pme4`` 1.162); after a forward that wrote no r
 
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
     """The variant of the CUDA δ pass over 128-key tiles that runs (:data:`CUDA_DELTA_SWITCH`), or None; a bad value,
-    or a variant asked for where it cannot run, is an error that names the switch."""
+    or a variant asked for where it cannot run, is an error that names the switch. At D = 64 only
+    ``cuda_lib.DELTA_WIDE_D64_VARIANTS`` are built, and only where the switch names one (not yet timed)."""
     from deltamatch.kernels import cuda_lib
 
+    if head_dim == 64:
+        return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_D64_VARIANTS, "w4p", "δ pass", head_dim, True,
+                            head_dims=(64,))
     return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_VARIANTS, CUDA_DELTA_DEFAULT, "δ pass", head_dim,
                         env_switch(CUDA_SWITCH) is not None or stats or not default_config)
 

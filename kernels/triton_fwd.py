@@ -275,11 +275,11 @@ consumers taking turns to issue) 1.507 / 1.510, ``w4`` (each tile in turn) 1.599
 
 
 def wide_variant(switch: str, variants: tuple[str, ...], default: str, what: str, head_dim: int, off: bool,
-                 checks=()) -> str | None:
+                 checks=(), head_dims: tuple[int, ...] | None = None) -> str | None:
     """The variant of a CUDA kernel over 128-key tiles that runs under ``switch`` (a variant of ``variants``, ``0``,
-    or unset: ``default`` unless ``off``), or None. It runs where the library loads at D = 128 and no ``checks``
-    (callables giving a reason, or an empty string) object; a bad value, or a variant asked for where it cannot run, is
-    an error that names the switch and ``what``."""
+    or unset: ``default`` unless ``off``), or None. It runs where the library loads at a head dim of ``head_dims``
+    (default D = 128) and no ``checks`` (callables giving a reason, or an empty string) object; a bad value, or a
+    variant asked for where it cannot run, is an error that names the switch and ``what``."""
     from deltamatch.kernels import cuda_lib
 
     value = os.environ.get(switch, "")
@@ -288,8 +288,9 @@ def wide_variant(switch: str, variants: tuple[str, ...], default: str, what: str
     if value and value not in variants:
         raise ValueError(f"{switch}={value!r}: expected one of {variants} or 0 (or unset)")
     _, reason = cuda_lib.load()
-    if not reason and head_dim != cuda_lib.DV_HEAD_DIM:
-        reason = f"head dim {head_dim}: built for D = {cuda_lib.DV_HEAD_DIM} only"
+    head_dims = head_dims or (cuda_lib.DV_HEAD_DIM,)
+    if not reason and head_dim not in head_dims:
+        reason = f"head dim {head_dim}: built for " + " and ".join(f"D = {d}" for d in head_dims) + " only"
     for check in checks:
         reason = reason or check()
     if reason and value:

@@ -44,21 +44,27 @@ using namespace factored;
 
 constexpr int kKeys = kWideKeys;
 constexpr int kStages = 4;
-constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂
+template <int D>
+constexpr uint32_t kTileBytes = 2 * kKeys * D;  // K̂, V̂
 
-struct __align__(1024) Smem {
-  uint8_t q[kConsumers][kBlockM * kHeadDim];
-  uint8_t dout[kConsumers][kBlockM * kHeadDim];
-  uint8_t k[kStages][kKeys * kHeadDim];
-  uint8_t v[kStages][kKeys * kHeadDim];
+// Rows of D codes: D = 128 (every form), D = 64 (w4p only: dm_delta_wide_d64).
+template <int D>
+struct __align__(1024) SmemOf {
+  uint8_t q[kConsumers][kBlockM * D];
+  uint8_t dout[kConsumers][kBlockM * D];
+  uint8_t k[kStages][kKeys * D];
+  uint8_t v[kStages][kKeys * D];
   uint64_t full[kStages], empty[kStages], rows_full;
   uint64_t rows_empty;  // w4pd: the consumers are done with q and dout (8 arrivals, one a consumer warp)
   int tile;             // w4pd: the query tile in q and dout (a linear index of tile_from_last), −1: none left
 };
-constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
+using Smem = SmemOf<kHeadDim>;
+template <int D>
+constexpr int kSmemBytesOf = int(sizeof(SmemOf<D>)) + 1024;  // + room to align the base
+constexpr int kSmemBytes = kSmemBytesOf<kHeadDim>;
 
 struct Maps {
-  CUtensorMap q, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+  CUtensorMap q, dout;  // rows of D codes, boxes of 64 rows, RowTile<D>'s swizzle
   CUtensorMap k, v;     // the same, boxes of 128 rows
 };
 
@@ -123,8 +129,8 @@ enum Form { kEachTile = 0, kPipelined = 1, kTurns = 2, kOffset = 3 };
 // and phases follow on); rows_parity: the parity of rows_full's phase to wait for, −1 if the caller has waited;
 // rows_empty: where each consumer warp arrives once its last wgmma has read q and dout (w4pd), or null. ROW_MAX: max P
 // bounded from the forward's row maxima `row_max` (p_max_bound), each tile's 64 FMNMX a thread dropped.
-template <int FORM, int EMULATE = 0, bool ROW_MAX = false>
-__device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
+template <int FORM, int EMULATE = 0, bool ROW_MAX = false, int D = kHeadDim>
+__device__ __forceinline__ void consume(SmemOf<D>& s, const DeltaFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
                                         int start_cta, int j0 = 0, int rows_parity = 0, uint64_t* rows_empty = nullptr,
                                         const float* row_max = nullptr) {
   const bool releaser = threadIdx.x % 32 == 0;
@@ -202,9 +208,9 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     // tile j's S in `cur` (issued); issues dÔ V̂ᵀ of tile j and S of tile j + 1 into `next`, then tile j's arithmetic
     auto step = [&](float (&cur)[kKeys / 2], float (&next)[kKeys / 2], int j) {
       float c[2], s_v[2];
-      issue_ss<kKeys>(dpt, do8, s.v[stage(j)]);
+      issue_ss<kKeys, D>(dpt, do8, s.v[stage(j)]);
       wait_full(j + 1);
-      issue_ss<kKeys>(next, q8, s.k[stage(j + 1)]);
+      issue_ss<kKeys, D>(next, q8, s.k[stage(j + 1)]);
       scales(j, c, s_v);
       wgmma_wait<2>();  // S of tile j
       fence_operands(cur);
@@ -216,12 +222,12 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
       products(cur, dpt, t, s_v);
     };
     auto last = [&](float (&cur)[kKeys / 2], int j) {
-      issue_ss<kKeys>(dpt, do8, s.v[stage(j)]);
+      issue_ss<kKeys, D>(dpt, do8, s.v[stage(j)]);
       finish(cur, j);
       offset_start(j);  // a CTA of one key tile: after it (the second consumer must not wait for ever)
     };
     wait_full(0);
-    issue_ss<kKeys>(st_a, q8, s.k[stage(0)]);
+    issue_ss<kKeys, D>(st_a, q8, s.k[stage(0)]);
     int j = 0;
 #pragma unroll 1
     while (true) {  // a tile count ≥ 1: every CTA sees a key
@@ -248,8 +254,8 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
     for (int j = 0; j < tiles.tiles; ++j) {
       wait_full(j);
       if constexpr (FORM == kTurns) turn_wait(half);
-      issue_ss<kKeys>(st, q8, s.k[stage(j)]);
-      issue_ss<kKeys>(dpt, do8, s.v[stage(j)]);
+      issue_ss<kKeys, D>(st, q8, s.k[stage(j)]);
+      issue_ss<kKeys, D>(dpt, do8, s.v[stage(j)]);
       if constexpr (FORM == kTurns) {
         if (half == 0 || j + 1 < tiles.tiles) turn_give(half);
       }
@@ -279,12 +285,12 @@ __device__ __forceinline__ void consume(Smem& s, const DeltaFactoredParams& p, i
   }
 }
 
-template <int FORM, int EMULATE = 0, bool ROW_MAX = false>
+template <int FORM, int EMULATE = 0, bool ROW_MAX = false, int D = kHeadDim>
 __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredParams& p, const Maps& maps,
                                             const float* row_max = nullptr) {
-  Smem& s = aligned_smem<Smem>(raw);
+  SmemOf<D>& s = aligned_smem<SmemOf<D>>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
-  if (threadIdx.x == 0) load_query_rows<kStages>(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
+  if (threadIdx.x == 0) load_query_rows<kStages, D>(s, &maps.q, &maps.dout, int(bh * p.n_pad + start_cta));
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   const int role = threadIdx.x / kThreads;  // 0: producer; 1, 2: the consumer of queries start + 64 (role − 1) ..
   if (role == 0) {
@@ -295,7 +301,7 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
       for (int j = 0; j < tiles.tiles; ++j) {
         const int st = j % kStages;
         if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(&s.full[st], kTileBytes);
+        mbar_arrive_expect_tx(&s.full[st], kTileBytes<D>);
         tma_load_2d(s.k[st], &maps.k, 0, kv_row + kKeys * j, &s.full[st]);
         tma_load_2d(s.v[st], &maps.v, 0, kv_row + kKeys * j, &s.full[st]);
       }
@@ -303,7 +309,7 @@ __device__ __forceinline__ void delta_block(uint8_t* raw, const DeltaFactoredPar
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<FORM, EMULATE, ROW_MAX>(s, p, role - 1, bh, bh_kv, start_cta, 0, 0, nullptr, row_max);
+  consume<FORM, EMULATE, ROW_MAX, D>(s, p, role - 1, bh, bh_kv, start_cta, 0, 0, nullptr, row_max);
 }
 
 // w4pd: w4p persistent (FlashAttention-3's persistent tile scheduler). One CTA an SM; its producer thread takes query
@@ -343,7 +349,7 @@ __device__ __forceinline__ void delta_persistent(uint8_t* raw, const DeltaFactor
         for (int j = 0; j < tiles.tiles; ++j) {
           const int g = j0 + j, st = g % kStages;
           if (g >= kStages) mbar_wait(&s.empty[st], ((g / kStages) & 1) ^ 1);
-          mbar_arrive_expect_tx(&s.full[st], kTileBytes);
+          mbar_arrive_expect_tx(&s.full[st], kTileBytes<kHeadDim>);
           tma_load_2d(s.k[st], &maps.k, 0, kv_row + kKeys * j, &s.full[st]);
           tma_load_2d(s.v[st], &maps.v, 0, kv_row + kKeys * j, &s.full[st]);
         }
@@ -446,4 +452,20 @@ extern "C" int dm_delta_wide(const DeltaFactoredParams* p, const float* row_max,
   const Kernel kernels[8] = {dm_delta_wide_w4,    dm_delta_wide_w4p,   dm_delta_wide_w4t,   dm_delta_wide_w4po,
                              nullptr,             dm_delta_wide_w4pe8, dm_delta_wide_w4pe4, dm_delta_wide_w4pe2};
   return launch_delta(kernels[variant], dm::delta_wide::kSmemBytes, dm::delta_wide::kKeys, *p, device, stream);
+}
+
+// The δ pass at D = 64: w4p over rows of 64 codes (the 64-byte swizzle, two k = 32 steps a product), the same
+// arithmetic an element (the exponentials, the products and the row terms do not depend on D). Operands as
+// dm_delta_factored's with D = 64; no variant, no row maxima (the forward at D = 64 is Triton's, which writes none).
+extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
+    dm_delta_wide_w4p_d64(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {
+  extern __shared__ uint8_t smem[];
+  dm::delta_wide::delta_block<dm::delta_wide::kPipelined, 0, false, 64>(smem, p, maps);
+}
+
+extern "C" int dm_delta_wide_d64(const DeltaFactoredParams* p, int device, cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p)) return cudaErrorInvalidValue;
+  return launch_delta<64>(dm_delta_wide_w4p_d64, dm::delta_wide::kSmemBytesOf<64>, dm::delta_wide::kKeys, *p, device,
+                          stream);
 }

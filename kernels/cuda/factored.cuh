@@ -24,7 +24,21 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kBlockN = 64;    // keys per CTA: one K̂/V̂ scale block, wgmma's M
 constexpr int kBlockM = 64;    // queries per tile: the promotion depth and the K of the dV product
 constexpr int kHeadDim = 128;
-using QTile = KMajor128<Swizzle::k128B>;  // K̂ [64 keys, D], Q̂ [64 queries, D]
+// Token-major tiles of D codes a row (Q̂, K̂, V̂, dÔ) as TMA writes them: rows of 128 bytes in the 128-byte swizzle at
+// D = 128, rows of 64 bytes in the 64-byte swizzle at D = 64 (the δ pass's D = 64 build, delta_wide.cu).
+template <int D>
+struct RowTileOf;
+template <>
+struct RowTileOf<128> {
+  using type = KMajor128<Swizzle::k128B>;
+};
+template <>
+struct RowTileOf<64> {
+  using type = KMajor64Swizzle64;
+};
+template <int D>
+using RowTile = typename RowTileOf<D>::type;
+using QTile = RowTile<kHeadDim>;  // K̂ [64 keys, D], Q̂ [64 queries, D]
 using ChannelTile = KMajor64Swizzle64;  // channel-major codes [D, 64 queries] as TMA's SWIZZLE_64B writes them
 constexpr int kTileSteps = kBlockM / 32;  // k = 32 steps of a product over one tile's queries
 
@@ -324,14 +338,15 @@ __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt
   wgmma_commit();
 }
 
-// A Bᵀ over D = 128 for one tile of N rows of B (4 SS m64nNk32; A and B K-major, the 128-byte swizzle), one wgmma
-// group: S = Q̂ K̂ᵀ of the forwards, S and dÔ V̂ᵀ of the δ pass over 128-key tiles.
-template <int N>
+// A Bᵀ over D for one tile of N rows of B (D / 32 SS m64nNk32; A and B K-major rows of D codes, RowTile<D>), one
+// wgmma group: S = Q̂ K̂ᵀ of the forwards, S and dÔ V̂ᵀ of the δ pass over 128-key tiles.
+template <int N, int D = kHeadDim>
 __device__ __forceinline__ void issue_ss(float (&acc)[N / 2], const uint8_t* a, const uint8_t* b) {
+  using Tile = RowTile<D>;
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<N>::ss(acc, QTile::desc(a, kk), QTile::desc(b, kk), kk > 0);
+  for (int kk = 0; kk < Tile::kSteps; ++kk) {
+    WgmmaE4M3<N>::ss(acc, Tile::desc(a, kk), Tile::desc(b, kk), kk > 0);
   }
   wgmma_commit();
 }
@@ -772,21 +787,21 @@ constexpr unsigned kQuerySectionHeads = 4;
 
 // The CTA prologue of dQ and the δ pass, by thread 0: the stage barriers initialised (load_query_rows), and Q̂ and dÔ of
 // the CTA's two 64-query halves loaded from row `row` of the (B·H·N_pad) codes, counted on rows_full
-// (load_query_tiles: once per query tile of a persistent CTA). `s`: an Smem with full, empty, rows_full, q and dout;
-// the caller then syncs the CTA.
-template <typename Smem>
+// (load_query_tiles: once per query tile of a persistent CTA). `s`: an Smem with full, empty, rows_full, q and dout
+// (rows of D codes); the caller then syncs the CTA.
+template <int D = kHeadDim, typename Smem>
 __device__ __forceinline__ void load_query_tiles(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int row) {
-  mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * kHeadDim);
+  mbar_arrive_expect_tx(&s.rows_full, 2 * kCtaRows * D);
 #pragma unroll
   for (int i = 0; i < kConsumers; ++i) {
     tma_load_2d(s.q[i], q, 0, row + kBlockM * i, &s.rows_full);
     tma_load_2d(s.dout[i], dout, 0, row + kBlockM * i, &s.rows_full);
   }
 }
-template <int STAGES, typename Smem>
+template <int STAGES, int D = kHeadDim, typename Smem>
 __device__ __forceinline__ void load_query_rows(Smem& s, const CUtensorMap* q, const CUtensorMap* dout, int row) {
   init_stage_barriers<STAGES>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
-  load_query_tiles(s, q, dout, row);
+  load_query_tiles<D>(s, q, dout, row);
 }
 
 // A consumer's place in the ring of stages.
@@ -876,9 +891,13 @@ inline bool valid_shape(const Params& p) {
   return p.n > 0 && p.h_kv > 0 && p.h % p.h_kv == 0 && p.n_pad % kCtaRows == 0 && p.n_pad >= p.n;
 }
 
-// Token-major codes (`rows` rows of D codes: Q̂, K̂, V̂, dÔ), boxes of `box_rows` rows, the 128-byte swizzle.
+// Token-major codes (`rows` rows of D codes: Q̂, K̂, V̂, dÔ), boxes of `box_rows` rows, RowTile<D>'s swizzle (128
+// bytes at D = 128, 64 at D = 64).
+template <int D = kHeadDim>
 inline bool encode_rows(CUtensorMap* map, const void* codes, uint64_t rows, uint32_t box_rows) {
-  return encode_codes(map, codes, kHeadDim, rows, kHeadDim, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
+  static_assert(D == 128 || D == 64, "rows of 128 or 64 codes");
+  const CUtensorMapSwizzle swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  return encode_codes(map, codes, D, rows, D, box_rows, swizzle);
 }
 
 // Channel-major codes (`channels` rows of N_pad codes: V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ), boxes of D channels x `box_tokens`,
@@ -911,9 +930,9 @@ inline int launch_forward(void (*kernel)(const Params, const Maps, Extra...), in
 }
 
 // A δ pass's launch (delta_factored.cu, delta_wide.cu: Maps holds q, dout, k, v) over 128-query CTAs: the device and
-// shared memory prepared, Q̂ and dÔ mapped in boxes of 64 rows, K̂ and V̂ in boxes of `key_rows`.
+// shared memory prepared, Q̂ and dÔ mapped in boxes of 64 rows, K̂ and V̂ in boxes of `key_rows`, rows of D codes.
 // `grid`: the launch's if not empty, else cta_grid's; `extra`: the kernel's arguments after the maps.
-template <typename Params, typename Maps, typename... Extra>
+template <int D = kHeadDim, typename Params, typename Maps, typename... Extra>
 inline int launch_delta(void (*kernel)(const Params, const Maps, Extra...), int smem, uint32_t key_rows,
                         const Params& p, int device, cudaStream_t stream, dim3 grid = dim3(0), Extra... extra) {
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
@@ -921,8 +940,8 @@ inline int launch_delta(void (*kernel)(const Params, const Maps, Extra...), int 
   }
   Maps maps;
   const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
-  if (!encode_rows(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p.do8, q_rows, kBlockM) ||
-      !encode_rows(&maps.k, p.k8, kv_rows, key_rows) || !encode_rows(&maps.v, p.v8, kv_rows, key_rows)) {
+  if (!encode_rows<D>(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows<D>(&maps.dout, p.do8, q_rows, kBlockM) ||
+      !encode_rows<D>(&maps.k, p.k8, kv_rows, key_rows) || !encode_rows<D>(&maps.v, p.v8, kv_rows, key_rows)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   kernel<<<grid.x ? grid : cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps, extra...);

@@ -229,6 +229,9 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
                                     None) == 1, variant
     delta.n_pad = 64  # N_pad not a multiple of the CTA's 128 queries
     assert opened.dm_delta_wide(ctypes.byref(delta), None, 0, 0, None) == 1
+    assert opened.dm_delta_wide_d64(ctypes.byref(delta), 0, None) == 1  # the D = 64 build checks the same shapes
+    delta.n_pad, delta.h = 128, 3
+    assert opened.dm_delta_wide_d64(ctypes.byref(delta), 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)
@@ -534,6 +537,33 @@ def test_the_row_max_delta_variants_take_the_forwards_row_maxima_and_only_they(m
                                          r"which only the CUDA forward over 128-key tiles writes "
                                          r"\(DELTAMATCH_KERNEL_CUDA_FWD"):
         backward()
+
+
+def test_the_d64_delta_pass_runs_w4p_only_and_only_when_asked(monkeypatch):
+    """The δ pass's D = 64 build (``dm_delta_wide_d64``, not yet timed): the backward takes Triton's pass at D = 64
+    unless ``DELTAMATCH_KERNEL_CUDA_DELTA`` names ``w4p``; another variant there is an error that names the switch, and
+    so is ``w4p`` where the library cannot run (no GPU here); ``delta_wide`` refuses D = 64 codes with any other variant
+    and D = 128's entry refuses D = 64 codes, each before any launch."""
+    from deltamatch.kernels import triton_bwd
+
+    monkeypatch.delenv(triton_bwd.CUDA_DELTA_SWITCH, raising=False)
+    assert triton_bwd.cuda_delta_variant(64) is None
+    monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4pm")
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA='w4pm': expected one of \('w4p',\)"):
+        triton_bwd.cuda_delta_variant(64)
+    monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4p")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DELTA=w4p but the CUDA δ pass cannot run"):
+            triton_bwd.cuda_delta_variant(64)
+    dv = _dv_inputs(d=64)
+    args = (dv["q8"], dv["k8"], dv["k8"], dv["q8"], dv["sq"], dv["sk"], dv["sk"], dv["sq"], dv["lse2"], 100, True, 0.1)
+    for variant in ("w4", "w4pd", "w4pe8"):
+        with pytest.raises(ValueError, match=f"variant '{variant}': at D = 64 the δ pass is built as"):
+            cuda_lib.delta_wide(*args, variant=variant)
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):  # the D = 64 entry's own checks, then the device
+        cuda_lib.delta_wide(*args, variant="w4p")
+    with pytest.raises(ValueError, match="head dim 64: the CUDA δ kernel is built for D = 128 only"):
+        cuda_lib.delta_factored(*args)
 
 
 class _Launched(Exception):

@@ -818,6 +818,62 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
         cuda_lib.delta_wide(*args, variant="ws4")
 
 
+@pytest.mark.parametrize("n, causal", [(130, True), (1000, True), (1000, False), (8192, True)])
+def test_the_d64_delta_pass_against_tritons_and_fp64(n, causal):
+    """The δ pass's D = 64 build (``dm_delta_wide_d64``: w4p over rows of 64 codes, the 64-byte swizzle) against
+    Triton's δ pass at D = 64 on the same operands (GQA 8 on 2 at N = 1000, a ragged CTA at 130, the reference
+    length): δ within FP32 summation error of Triton's (10⁻⁵ of Σ_j |P_ij dP̂_ij|) and within 10⁻² of that sum of
+    FP64's; dŜ's row scales within 10⁻³ of Triton's and a bound on max_j |dS_ij|, their inverses
+    ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; the same bits twice."""
+    from deltamatch.kernels import triton_bwd
+
+    h, hk = heads(n)
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, hk, seed=n + 64, d=64)
+    ops = factored_dv_operands(q, k, v, do, causal)
+    s = ops["saved"]
+    delta_t, rs_t = ops["delta"].clone(), torch.empty_like(ops["delta"])
+    cfg = triton_bwd.factored_config(triton_bwd.backward_config(64), 64)
+    triton_bwd._launch_delta_matched(s, ops["do8"], ops["sdo"], delta_t, causal, ops["qk_scale"], n, cfg["delta"],
+                                     row_scales=rs_t)
+    args = (s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"], s["lse2"], n, causal,
+            ops["qk_scale"])
+    first, again = (cuda_lib.delta_wide(*args, variant="w4p") for _ in range(2))
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    delta, rs, irs = first
+    exact, total, ds_max = delta_fp64(ops)
+    err = (delta[..., :n] - delta_t[..., :n]).abs().double()
+    assert (err <= 1e-5 * total).all(), f"|δ − δ_triton| / Σ|P dP̂| {(err / total).max():.2e}"
+    err = (delta[..., :n].double() - exact).abs()
+    assert (err <= 1e-2 * total).all(), f"|δ − δ_fp64| / Σ|P dP̂| = {(err / total).max():.2e}"
+    relative = (rs[..., :n] - rs_t[..., :n]).abs() / rs_t[..., :n]
+    assert (relative <= 1e-3).all(), f"rs: max relative {relative.max():.2e}"
+    assert (rs[..., :n].double() * 448 * 1.01 >= ds_max).all()
+    assert torch.equal(irs, triton_bwd.row_scale_inverses(rs))
+    pad = slice(n, -(-n // 128) * 128)
+    assert (delta[..., pad] == 0).all() and (rs[..., pad] == 1).all() and (irs[..., pad] == 1).all()
+
+
+@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
+def test_the_d64_delta_pass_in_the_backward_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
+    """matched_factored at D = 64 with ``DELTAMATCH_KERNEL_CUDA_DELTA=w4p`` (the D = 64 build; Triton's kernels for the
+    rest): dQ, dK, dV held to the reference simulation and FP64 as every other form is."""
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DELTA_SWITCH
+
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=17, d=64)
+    calls = []
+    wide = cuda_lib.delta_wide
+    monkeypatch.setattr(cuda_lib, "delta_wide", lambda *a, **kw: calls.append(kw["variant"]) or wide(*a, **kw))
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4p")
+    ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
+    assert calls == ["w4p"]  # the switch took effect
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    assert_near_reference(ours, ref, exact)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_persistent_delta_pass_takes_query_tiles_in_turn(dk_operands, causal):
     """``w4pd`` (one CTA an SM taking query tiles from a counter) where the tiles outnumber the SMs, so that CTAs take
