@@ -42,7 +42,9 @@ SWEEP = {
                    KVP(64, 4, 3, TMA=True), KVP(64, 4, 4, TMA=True), KVP(128, 8, 2, TMA=True),
                    KVP(64, 4, 2, SEPARATE=False), KVP(64, 4, 4, SEPARATE=False),
                    KVP(64, 8, 3, SEPARATE=False), KVP(128, 8, 1, SEPARATE=False), KVP(128, 8, 2, SEPARATE=False),
-                   KVP(64, 4, 3, SEPARATE=False, TMA=True), KVP(64, 4, 2, SEPARATE=False, TMA=True)],
+                   KVP(64, 4, 3, SEPARATE=False, TMA=True), KVP(64, 4, 2, SEPARATE=False, TMA=True),
+                   # one stage: 32 bytes of spill where 3 stages spill 696 (dm-kernel-check, session 41)
+                   KVP(64, 4, 1, SEPARATE=False), KVP(64, 4, 1, SEPARATE=False, TMA=True)],
              dq=[F(64, 4, 3), F(128, 8, 3),
                  FP(64, 4, 3), FP(64, 4, 3, TMA=True), FP(64, 4, 4, TMA=True), FP(64, 4, 2, TMA=True),
                  FP(128, 8, 3, TMA=True)],
