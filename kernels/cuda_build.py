@@ -149,6 +149,10 @@ KERNELS = (
     *(CudaKernel(f"dm_delta_wide_w4pm{e}", {_qgmma(128): 28}) for e in ("", "e8", "e4")),
     # w4p at D = 64: rows of 64 codes, two k = 32 steps a product where D = 128 takes four
     CudaKernel("dm_delta_wide_w4p_d64", {_qgmma(128): 14}),
+    # the forward's w4p at D = 64: S over 64 channels (2 k-steps, at 2 sites), P̂ V̂ᶜ into 64 channels (m64n64k32, 4
+    # k-steps over the tile's 128 keys, at 2 sites)
+    *(CudaKernel(f"dm_fwd_wide_w4p_{promoted}_d64", {_qgmma(128): 4, _qgmma(64): 8})
+      for promoted in ("promoted", "unpromoted")),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

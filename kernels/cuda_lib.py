@@ -82,6 +82,7 @@ SIGNATURES = {
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
     "dm_fwd_wide": ((_P, _P, _I, _I, _I, _P), _I),
+    "dm_fwd_wide_d64": ((_P, _P, _I, _I, _P), _I),
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
     "dm_delta_wide": ((_P, _P, _I, _I, _P), _I),
     "dm_delta_wide_d64": ((_P, _I, _P), _I),
@@ -181,6 +182,9 @@ warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
 FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2")
+FWD_WIDE_D64_VARIANTS = ("w4p",)
+"""The forward over 128-key tiles built at D = 64 (``dm_fwd_wide_d64``): ``w4p``, promoted or not, over rows of 64
+codes (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_FWD=w4p`` at D = 64)."""
 """The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
 before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
@@ -699,7 +703,8 @@ def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, s
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
     n = out_shape[1]
-    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward")
+    d64 = entry == "dm_fwd_wide_d64"
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward", (64,) if d64 else (DV_HEAD_DIM,))
     if tuple(out_shape) != (b, n, h, d):
         raise ValueError(f"out_shape {tuple(out_shape)}: expected (B, N, H, D) = {(b, n, h, d)}")
     pointers = _operand_pointers(
@@ -710,8 +715,9 @@ def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, s
     lse2 = torch.empty((b, h, n_pad), dtype=torch.float32, device=device)
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
-    wide = () if entry != "dm_fwd_wide" else (_row_max_pointer(row_max, (b, h, n_pad), device),)
-    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), variants.index(variant), *_launch_args(o))
+    wide = () if entry == "dm_fwd_factored" else (_row_max_pointer(row_max, (b, h, n_pad), device),)
+    index = () if d64 else (variants.index(variant),)
+    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), *index, *_launch_args(o))
     return o, lse2
 
 
@@ -727,6 +733,11 @@ def fwd_wide(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Te
     ``FWD_WIDE_VARIANTS``. ``row_max``: a (B, H, N_pad) FP32 tensor that takes each row's m beside lse2 (the max of the
     scaled scores, log2 domain, less log2(448): lse2 = m + log2(l)), what the δ pass's :data:`DELTA_ROW_MAX` variants
     read; None writes none."""
+    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build: w4p only (dm_fwd_wide_d64)
+        if variant not in FWD_WIDE_D64_VARIANTS:
+            raise ValueError(f"variant {variant!r}: at D = 64 the forward is built as {FWD_WIDE_D64_VARIANTS} only")
+        return _forward("dm_fwd_wide_d64", FWD_WIDE_D64_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal,
+                        qk_scale, dtype, promote, row_max)
     return _forward("dm_fwd_wide", FWD_WIDE_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal, qk_scale,
                     dtype, promote, row_max)
 

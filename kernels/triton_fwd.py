@@ -308,6 +308,9 @@ def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:
               f"dtype {dtype}: the CUDA forward writes bf16 or fp16",
               lambda: f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
               if env_switch(ONE_READ_SWITCH) else "")
+    if head_dim == 64:  # the D = 64 build (w4p only), where the switch names it (not yet timed)
+        return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_D64_VARIANTS, "w4p", "forward", head_dim, True, checks,
+                            head_dims=(64,))
     return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_VARIANTS, CUDA_FWD_DEFAULT, "forward", head_dim,
                         env_switch(CUDA_SWITCH) is not None, checks)
 

@@ -418,12 +418,11 @@ __device__ __forceinline__ void ds_tile(float (&st)[kBlockM / 2], float (&dpt)[k
 // a store the compiler cannot prove apart from them would order each load after the store before it — one load's
 // latency per element pair, 12 µs of a dK/dV CTA's epilogue on the H100 (kernels/NOTES.md, session 33), where
 // finishing first lets the loads overlap. store_rows does both for one accumulator.
-template <typename Finish>
-__device__ __forceinline__ void finish_rows(const float (&acc)[kHeadDim / 2], Finish finish,
-                                            float (&y)[kHeadDim / 2]) {
+template <typename Finish, int W>
+__device__ __forceinline__ void finish_rows(const float (&acc)[W], Finish finish, float (&y)[W]) {
   const int q = lane().q;
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
+  for (int i = 0; i < W / 4; ++i) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       y[4 * i + 2 * half] = finish(acc[4 * i + 2 * half], half, 8 * i + 2 * q);
@@ -476,8 +475,8 @@ __device__ __forceinline__ uint32_t pack_pair(float x0, float x1) {
   }
 }
 
-template <bool FP16>
-__device__ __forceinline__ void store_finished_rows_as(const float (&y)[kHeadDim / 2], void* out, int64_t stride_b,
+template <bool FP16, int W>
+__device__ __forceinline__ void store_finished_rows_as(const float (&y)[W], void* out, int64_t stride_b,
                                                        int64_t stride_n, int64_t stride_h, int b, int head,
                                                        int start_n, int n) {
   const auto [warp, g, q] = lane();
@@ -486,7 +485,7 @@ __device__ __forceinline__ void store_finished_rows_as(const float (&y)[kHeadDim
   for (int half = 0; half < 2; ++half) {
     const int key = start_n + 16 * warp + g + 8 * half;
 #pragma unroll
-    for (int k = 0; k < kHeadDim / 32; ++k) {
+    for (int k = 0; k < W / 16; ++k) {
       uint32_t words[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
@@ -500,9 +499,10 @@ __device__ __forceinline__ void store_finished_rows_as(const float (&y)[kHeadDim
 }
 
 // `out`'s rows are 16-byte aligned (D contiguous, every stride a multiple of 8 elements: cuda_lib allocates them).
-__device__ __forceinline__ void store_finished_rows(const float (&y)[kHeadDim / 2], void* out, bool fp16,
-                                                    int64_t stride_b, int64_t stride_n, int64_t stride_h, int b,
-                                                    int head, int start_n, int n) {
+template <int W>
+__device__ __forceinline__ void store_finished_rows(const float (&y)[W], void* out, bool fp16, int64_t stride_b,
+                                                    int64_t stride_n, int64_t stride_h, int b, int head, int start_n,
+                                                    int n) {
   if (fp16) {
     store_finished_rows_as<true>(y, out, stride_b, stride_n, stride_h, b, head, start_n, n);
   } else {
@@ -600,11 +600,11 @@ __device__ __forceinline__ void store_rows_tma(const float (&y)[kHeadDim / 2], b
   }
 }
 
-template <typename Finish>
-__device__ __forceinline__ void store_rows(const float (&acc)[kHeadDim / 2], Finish finish, void* out, bool fp16,
+template <typename Finish, int W>
+__device__ __forceinline__ void store_rows(const float (&acc)[W], Finish finish, void* out, bool fp16,
                                            int64_t stride_b, int64_t stride_n, int64_t stride_h, int b, int head,
                                            int start_n, int n) {
-  float y[kHeadDim / 2];
+  float y[W];
   finish_rows(acc, finish, y);
   store_finished_rows(y, out, fp16, stride_b, stride_n, stride_h, b, head, start_n, n);
 }
@@ -902,9 +902,10 @@ inline bool encode_rows(CUtensorMap* map, const void* codes, uint64_t rows, uint
 
 // Channel-major codes (`channels` rows of N_pad codes: V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ), boxes of D channels x `box_tokens`,
 // the 64-byte swizzle.
+template <int D = kHeadDim>
 inline bool encode_channels(CUtensorMap* map, const void* codes, uint64_t n_pad, uint64_t channels,
                             uint32_t box_tokens) {
-  return encode_codes(map, codes, n_pad, channels, box_tokens, kHeadDim, CU_TENSOR_MAP_SWIZZLE_64B);
+  return encode_codes(map, codes, n_pad, channels, box_tokens, D, CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 // One CTA per 128 rows (queries or keys) of each of `heads` heads.
@@ -913,7 +914,7 @@ inline dim3 cta_grid(int n, int heads) { return dim3((n + kCtaRows - 1) / kCtaRo
 // A forward's launch (fwd_factored.cu, fwd_wide.cu: Maps holds q, k, vt) over 128-query CTAs: the device and shared
 // memory prepared, Q̂ mapped in boxes of 64 rows, K̂ in boxes of `key_rows`, V̂ᶜᵀ in boxes of D channels x 64 keys.
 // `extra`: the kernel's arguments after the maps.
-template <typename Params, typename Maps, typename... Extra>
+template <int D = kHeadDim, typename Params, typename Maps, typename... Extra>
 inline int launch_forward(void (*kernel)(const Params, const Maps, Extra...), int smem, uint32_t key_rows,
                           const Params& p, int device, cudaStream_t stream, Extra... extra) {
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
@@ -921,8 +922,8 @@ inline int launch_forward(void (*kernel)(const Params, const Maps, Extra...), in
   }
   Maps maps;
   const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
-  if (!encode_rows(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows(&maps.k, p.k8, kv_rows, key_rows) ||
-      !encode_channels(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * kHeadDim, kBlockN)) {
+  if (!encode_rows<D>(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows<D>(&maps.k, p.k8, kv_rows, key_rows) ||
+      !encode_channels<D>(&maps.vt, p.v8t, n_pad, uint64_t(p.b) * p.h_kv * D, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps, extra...);

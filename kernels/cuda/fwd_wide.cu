@@ -38,20 +38,25 @@ using namespace factored;
 constexpr int kKeys = kWideKeys;            // keys per tile
 constexpr int kSteps = kKeys / 32;          // k = 32 steps of P̂ V̂ᶜ over a tile
 constexpr int kStages = 4;
-constexpr uint32_t kTileBytes = 2 * kKeys * kHeadDim;  // K̂, V̂ᶜᵀ
+template <int D>
+constexpr uint32_t kTileBytes = 2 * kKeys * D;  // K̂, V̂ᶜᵀ
 
-struct __align__(1024) Smem {
-  uint8_t q[kConsumers][kBlockM * kHeadDim];
-  uint8_t k[kStages][kKeys * kHeadDim];
-  uint8_t vt[kStages][2][kHeadDim * kBlockN];  // two 64-key boxes of V̂ᶜᵀ
+// Rows of D codes: D = 128 (every form), D = 64 (w4p only: dm_fwd_wide_d64).
+template <int D>
+struct __align__(1024) SmemOf {
+  uint8_t q[kConsumers][kBlockM * D];
+  uint8_t k[kStages][kKeys * D];
+  uint8_t vt[kStages][2][D * kBlockN];  // two 64-key boxes of V̂ᶜᵀ
   uint64_t full[kStages], empty[kStages], rows_full;
 };
-constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;  // + room to align the base
+template <int D>
+constexpr int kSmemBytesOf = int(sizeof(SmemOf<D>)) + 1024;  // + room to align the base
+constexpr int kSmemBytes = kSmemBytesOf<kHeadDim>;
 
 struct Maps {
-  CUtensorMap q;   // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
+  CUtensorMap q;   // rows of D codes, boxes of 64 rows, RowTile<D>'s swizzle
   CUtensorMap k;   // the same, boxes of 128 rows
-  CUtensorMap vt;  // V̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
+  CUtensorMap vt;  // V̂ᶜ channel-major, boxes of D channels x 64 keys, 64-byte swizzle
 };
 
 // One tile's online-softmax step for this thread's two rows: S (st, raw products) becomes P · 448; m and l move on;
@@ -118,13 +123,13 @@ __device__ __forceinline__ void to_fragments(const float (&st)[kKeys / 2], uint3
 
 // P̂ V̂ᶜ over the tile's 128 keys (4 RS m64n128k32), one wgmma group: into `part` from zero (PROMOTE), or after O · α
 // into O itself.
-template <bool PROMOTE>
-__device__ __forceinline__ void issue_pv(float (&acc)[kHeadDim / 2], float (&part)[PROMOTE ? kHeadDim / 2 : 1],
+template <bool PROMOTE, int D = kHeadDim>
+__device__ __forceinline__ void issue_pv(float (&acc)[D / 2], float (&part)[PROMOTE ? D / 2 : 1],
                                          uint32_t (&frag)[kSteps][4], const float (&alpha)[2],
-                                         const uint8_t (&vt)[2][kHeadDim * kBlockN]) {
+                                         const uint8_t (&vt)[2][D * kBlockN]) {
   if constexpr (!PROMOTE) {
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = __fmul_rn(acc[i], alpha[(i / 2) % 2]);
+    for (int i = 0; i < D / 2; ++i) acc[i] = __fmul_rn(acc[i], alpha[(i / 2) % 2]);
   }
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) fence_operands(frag[kk]);
@@ -133,29 +138,29 @@ __device__ __forceinline__ void issue_pv(float (&acc)[kHeadDim / 2], float (&par
   for (int kk = 0; kk < kSteps; ++kk) {
     const uint64_t desc = ChannelTile::desc(vt[kk / 2], kk % 2);
     if constexpr (PROMOTE) {
-      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], desc, kk > 0);
+      WgmmaE4M3<D>::rs(part, frag[kk], desc, kk > 0);
     } else {
-      WgmmaE4M3<kHeadDim>::rs(acc, frag[kk], desc, 1);
+      WgmmaE4M3<D>::rs(acc, frag[kk], desc, 1);
     }
   }
   wgmma_commit();
 }
 
-template <bool PROMOTE>
-__device__ __forceinline__ void finish_pv(float (&acc)[kHeadDim / 2], float (&part)[PROMOTE ? kHeadDim / 2 : 1],
+template <bool PROMOTE, int D = kHeadDim>
+__device__ __forceinline__ void finish_pv(float (&acc)[D / 2], float (&part)[PROMOTE ? D / 2 : 1],
                                           const float (&alpha)[2]) {
   if constexpr (PROMOTE) {
     fence_operands(part);
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) acc[i] = fmaf(acc[i], alpha[(i / 2) % 2], part[i]);
+    for (int i = 0; i < D / 2; ++i) acc[i] = fmaf(acc[i], alpha[(i / 2) % 2], part[i]);
   } else {
     fence_operands(acc);
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
-__device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int half, int64_t bh, int64_t bh_kv,
-                                        int start_cta, float* row_max) {
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0, int D = kHeadDim>
+__device__ __forceinline__ void consume(SmemOf<D>& s, const FwdFactoredParams& p, int half, int64_t bh,
+                                        int64_t bh_kv, int start_cta, float* row_max) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
   const int start_m = start_cta + kBlockM * half;
@@ -164,8 +169,8 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   const float* sk = p.sk + bh_kv * (p.n_pad / kBlockN);
   const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
   const uint8_t* q8 = s.q[half];
-  float acc[kHeadDim / 2] = {};
-  float part[PROMOTE ? kHeadDim / 2 : 1];
+  float acc[D / 2] = {};
+  float part[PROMOTE ? D / 2 : 1];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2];
   float st[kKeys / 2];
   uint32_t frag[kSteps][4];
@@ -209,7 +214,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
     if constexpr (OFFSET) stagger_wait(half);
     float c[2];
     wait_full(0);
-    turn([&] { issue_ss<kKeys>(st, q8, s.k[0]); }, false);
+    turn([&] { issue_ss<kKeys, D>(st, q8, s.k[0]); }, false);
     scales(0, c);
     wgmma_wait<0>();
     fence_operands(st);
@@ -224,8 +229,8 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
       for (int j = 1; j < tiles.tiles; ++j) {
         wait_full(j);
         turn([&] {
-          issue_ss<kKeys>(st, q8, s.k[j % kStages]);
-          issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(j - 1) % kStages]);
+          issue_ss<kKeys, D>(st, q8, s.k[j % kStages]);
+          issue_pv<PROMOTE, D>(acc, part, frag, alpha, s.vt[(j - 1) % kStages]);
         }, false);
         scales(j, c);
         wgmma_wait<1>();  // S of tile j; the product of tile j − 1 may still run
@@ -233,24 +238,24 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
         softmax(j, c, next_alpha);
         wgmma_wait<0>();
         release(j - 1);
-        finish_pv<PROMOTE>(acc, part, alpha);
+        finish_pv<PROMOTE, D>(acc, part, alpha);
         to_fragments(st, frag);  // P̂'s registers are free only now: the product read them until it completed
         alpha[0] = next_alpha[0], alpha[1] = next_alpha[1];
       }
-      turn([&] { issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[(tiles.tiles - 1) % kStages]); }, true);
+      turn([&] { issue_pv<PROMOTE, D>(acc, part, frag, alpha, s.vt[(tiles.tiles - 1) % kStages]); }, true);
       wgmma_wait<0>();
       release(tiles.tiles - 1);
-      finish_pv<PROMOTE>(acc, part, alpha);
+      finish_pv<PROMOTE, D>(acc, part, alpha);
     } else {
 #pragma unroll 1
       for (int j = 0;; ++j) {
-        issue_pv<PROMOTE>(acc, part, frag, alpha, s.vt[j % kStages]);
+        issue_pv<PROMOTE, D>(acc, part, frag, alpha, s.vt[j % kStages]);
         wgmma_wait<0>();
         release(j);
-        finish_pv<PROMOTE>(acc, part, alpha);
+        finish_pv<PROMOTE, D>(acc, part, alpha);
         if (j + 1 == tiles.tiles) break;
         wait_full(j + 1);
-        issue_ss<kKeys>(st, q8, s.k[(j + 1) % kStages]);
+        issue_ss<kKeys, D>(st, q8, s.k[(j + 1) % kStages]);
         scales(j + 1, c);
         wgmma_wait<0>();
         fence_operands(st);
@@ -259,7 +264,7 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
       }
     }
   }
-  const float* svc = p.svc + bh_kv * kHeadDim;
+  const float* svc = p.svc + bh_kv * D;
   store_rows(acc, [&](float x, int r, int col) { return div_full(__fmul_rn(x, svc[col]), l[r]); },
              p.o, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
   if (q == 0) {
@@ -271,14 +276,14 @@ __device__ __forceinline__ void consume(Smem& s, const FwdFactoredParams& p, int
   }
 }
 
-template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0>
+template <bool PROMOTE, bool PIPELINED, bool PINGPONG, bool OFFSET = false, int EMULATE = 0, int D = kHeadDim>
 __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams& p, const Maps& maps, float* row_max) {
-  Smem& s = aligned_smem<Smem>(raw);
+  SmemOf<D>& s = aligned_smem<SmemOf<D>>(raw);
   const auto [start_cta, bh, bh_kv] = query_tile(cta_from_last(kQuerySectionHeads), p);  // causal: longest first
   if (threadIdx.x == 0) {
     init_stage_barriers<kStages>(s.full, s.empty, &s.rows_full, kConsumers * kThreads / 32);
     const int row = int(bh * p.n_pad + start_cta);
-    mbar_arrive_expect_tx(&s.rows_full, kCtaRows * kHeadDim);
+    mbar_arrive_expect_tx(&s.rows_full, kCtaRows * D);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) tma_load_2d(s.q[i], &maps.q, 0, row + kBlockM * i, &s.rows_full);
   }
@@ -288,11 +293,11 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
       const WideTiles tiles(start_cta, p.n, p.causal, kCtaRows);
-      const int kv_row = int(bh_kv * p.n_pad), channel_row = int(bh_kv * kHeadDim);
+      const int kv_row = int(bh_kv * p.n_pad), channel_row = int(bh_kv * D);
       for (int j = 0; j < tiles.tiles; ++j) {
         const int st = j % kStages, start = kKeys * j;
         if (j >= kStages) mbar_wait(&s.empty[st], ((j / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(&s.full[st], kTileBytes);
+        mbar_arrive_expect_tx(&s.full[st], kTileBytes<D>);
         tma_load_2d(s.k[st], &maps.k, 0, kv_row + start, &s.full[st]);
         tma_load_2d(s.vt[st][0], &maps.vt, start, channel_row, &s.full[st]);
         tma_load_2d(s.vt[st][1], &maps.vt, start + kBlockN, channel_row, &s.full[st]);
@@ -301,7 +306,7 @@ __device__ __forceinline__ void fwd_block(uint8_t* raw, const FwdFactoredParams&
     return;
   }
   claim_registers<kConsumerRegs>();
-  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE>(s, p, role - 1, bh, bh_kv, start_cta, row_max);
+  consume<PROMOTE, PIPELINED, PINGPONG, OFFSET, EMULATE, D>(s, p, role - 1, bh, bh_kv, start_cta, row_max);
 }
 
 }  // namespace fwd_wide
@@ -352,4 +357,24 @@ extern "C" int dm_fwd_wide(const FwdFactoredParams* p, float* row_max, int promo
                                 {dm_fwd_wide_w4pe2_unpromoted, dm_fwd_wide_w4pe2_promoted}};
   return launch_forward(kernels[variant][promote ? 1 : 0], dm::fwd_wide::kSmemBytes, dm::fwd_wide::kKeys, *p, device,
                         stream, row_max);
+}
+
+// The forward at D = 64: w4p over rows of 64 codes (Q̂, K̂ in the 64-byte swizzle, two k = 32 steps of S; P̂ V̂ᶜ into
+// 32 accumulators a thread by m64n64k32), the same softmax an element. Operands and row_max as dm_fwd_wide's, D = 64.
+#define DM_FWD_WIDE_D64_KERNEL(NAME, PROMOTE)                                                               \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                                 \
+      NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps, float* row_max) {     \
+    extern __shared__ uint8_t smem[];                                                                      \
+    dm::fwd_wide::fwd_block<PROMOTE, true, false, false, 0, 64>(smem, p, maps, row_max);                   \
+  }
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4p_promoted_d64, true)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4p_unpromoted_d64, false)
+#undef DM_FWD_WIDE_D64_KERNEL
+
+extern "C" int dm_fwd_wide_d64(const FwdFactoredParams* p, float* row_max, int promote, int device,
+                               cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p)) return cudaErrorInvalidValue;
+  return launch_forward<64>(promote ? dm_fwd_wide_w4p_promoted_d64 : dm_fwd_wide_w4p_unpromoted_d64,
+                            dm::fwd_wide::kSmemBytesOf<64>, dm::fwd_wide::kKeys, *p, device, stream, row_max);
 }

@@ -216,6 +216,7 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_fwd_wide(ctypes.byref(forward), None, 1, len(cuda_lib.FWD_WIDE_VARIANTS), 0, None) == 1
     forward.n_pad = 64
     assert opened.dm_fwd_wide(ctypes.byref(forward), None, 1, 0, 0, None) == 1
+    assert opened.dm_fwd_wide_d64(ctypes.byref(forward), None, 1, 0, None) == 1  # the D = 64 build's same checks
     assert opened.dm_delta_factored_params_size() == ctypes.sizeof(cuda_lib.DeltaFactoredParams)
     delta = cuda_lib.DeltaFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
     assert opened.dm_delta_factored(ctypes.byref(delta), 0, 0, None) == 1
@@ -564,6 +565,32 @@ def test_the_d64_delta_pass_runs_w4p_only_and_only_when_asked(monkeypatch):
         cuda_lib.delta_wide(*args, variant="w4p")
     with pytest.raises(ValueError, match="head dim 64: the CUDA δ kernel is built for D = 128 only"):
         cuda_lib.delta_factored(*args)
+
+
+def test_the_d64_forward_runs_w4p_only_and_only_when_asked(monkeypatch):
+    """The forward's D = 64 build (``dm_fwd_wide_d64``, not yet timed), as the δ pass's: Triton's forward at D = 64
+    unless ``DELTAMATCH_KERNEL_CUDA_FWD`` names ``w4p``; another variant there is an error that names the switch, and
+    so is ``w4p`` where the library cannot run; ``fwd_wide`` refuses D = 64 codes with another variant, and
+    ``fwd_factored`` refuses them, each before any launch."""
+    from deltamatch.kernels import triton_fwd
+
+    monkeypatch.delenv(triton_fwd.CUDA_FWD_SWITCH, raising=False)
+    assert triton_fwd.cuda_forward_variant(64, torch.bfloat16) is None
+    monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4pp")
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4pp': expected one of \('w4p',\)"):
+        triton_fwd.cuda_forward_variant(64, torch.bfloat16)
+    monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4p")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4p but the CUDA forward cannot run"):
+            triton_fwd.cuda_forward_variant(64, torch.bfloat16)
+    dv = _dv_inputs(d=64)
+    args = (dv["q8"], dv["k8"], dv["do8t"][:, :1], dv["sq"], dv["sk"], dv["sdoc"][:, :1], (1, 100, 2, 64), True, 0.1)
+    with pytest.raises(ValueError, match="variant 'w4pe8': at D = 64 the forward is built as"):
+        cuda_lib.fwd_wide(*args, variant="w4pe8")
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        cuda_lib.fwd_wide(*args, variant="w4p")
+    with pytest.raises(ValueError, match="head dim 64: the CUDA forward kernel is built for D = 128 only"):
+        cuda_lib.fwd_factored(*args)
 
 
 class _Launched(Exception):

@@ -1032,6 +1032,39 @@ def test_wide_forward_against_reference_and_fp64(n, causal, h, h_kv, variant, mo
     assert_near_reference(ours, ref, exact)
 
 
+@pytest.mark.parametrize("promote", [True, False])
+@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, True, 4, 2), (1000, False, 4, 2),
+                                                (8192, True, 2, 1)])
+def test_the_d64_forward_against_reference_and_fp64(n, causal, h, h_kv, promote, monkeypatch):
+    """matched_factored at D = 64 with the forward's D = 64 build (``DELTAMATCH_KERNEL_CUDA_FWD=w4p``: Q̂ and K̂ in the
+    64-byte swizzle, P̂ V̂ᶜ by m64n64k32), promoted or not, and with it the δ
+    pass's D = 64 build: O, dQ, dK, dV held to the reference simulation and FP64 as every other form is; the row
+    maxima it writes are lse2's m (lse2 − m = log2(l) ≥ log2(448), l summing P · 448 with P = 1 at a row's max); the
+    same bits twice. (Promoted or not by ``DELTAMATCH_KERNEL_ACC_PROMOTE``.)"""
+    from deltamatch.kernels import triton_fwd
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import fp8_forward, triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DELTA_SWITCH
+
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=23, d=64)
+    calls = []
+    wide = cuda_lib.fwd_wide
+    monkeypatch.setattr(cuda_lib, "fwd_wide", lambda *a, **kw: calls.append(kw["variant"]) or wide(*a, **kw))
+    monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4p")
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4p")
+    monkeypatch.setenv(triton_fwd.ACC_PROMOTE_SWITCH, "1" if promote else "0")
+    fn = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
+    ours, again = _fwd_bwd(fn, q, k, v, do), _fwd_bwd(fn, q, k, v, do)
+    assert calls == ["w4p", "w4p"]  # the switch took effect
+    assert all(torch.equal(a, b) for a, b in zip(ours, again))
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    assert_near_reference(ours, ref, exact)
+    _, saved, _ = fp8_forward(q, k, v, causal, "matched_factored", q.shape[-1] ** -0.5)
+    gap = (saved["lse2"] - saved["m2"])[..., :n]
+    assert (gap >= math.log2(448) - 1e-4).all(), gap.min()
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("promote", [True, False])
 def test_wide_forward_is_deterministic_one_set_of_bits_and_refuses_a_bad_variant(forward_operands, promote, causal):
