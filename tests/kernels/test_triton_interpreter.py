@@ -391,7 +391,8 @@ def test_the_cuda_kernels_run_only_where_they_can_and_say_why_not(monkeypatch, t
 
 def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
     """``DELTAMATCH_KERNEL_CUDA_FWD`` unset: the 128-key CUDA forward wherever the library loads at D = 128 (not here:
-    no GPU, so Triton's); a variant asked for where it cannot run, or a bad value, is an error naming the switch."""
+    no GPU, so Triton's); at D = 64 only where the switch names ``w4p`` (its D = 64 build); a variant asked for where
+    it cannot run, or a bad value, is an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_attention import fp8_forward
     from deltamatch.kernels.triton_bwd import CUDA_SWITCH
@@ -414,8 +415,12 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
     with pytest.raises(ValueError, match="DELTAMATCH_KERNEL_CUDA_FWD='w9'"):
         cuda_forward_variant(128, torch.bfloat16)
     monkeypatch.setenv(CUDA_FWD_SWITCH, "w4")
-    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4 but the CUDA forward cannot run: head dim 64"):
-        cuda_forward_variant(64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4 but the CUDA forward cannot run: head dim 256"):
+        cuda_forward_variant(256, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4': expected one of \('w4p',\)"):
+        cuda_forward_variant(64, torch.bfloat16)  # D = 64 is built as w4p only (session 41, opt-in)
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4p")
+    assert cuda_forward_variant(64, torch.bfloat16) == "w4p"
     monkeypatch.undo()
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     monkeypatch.setenv(CUDA_FWD_SWITCH, "w4")
@@ -450,7 +455,8 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
         cuda_delta_variant(128)
     monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4p")
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DELTA=w4p but the CUDA δ pass cannot run: head dim"):
-        cuda_delta_variant(64)
+        cuda_delta_variant(256)
+    assert cuda_delta_variant(64) == "w4p"  # the D = 64 build, where the switch names it (session 41)
     monkeypatch.undo()
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4")
