@@ -31,9 +31,12 @@ def _until(predicate, timeout: float, what: str) -> None:
 
 
 def test_jobs_outlive_the_controller_and_are_recovered(slurm, tmp_path):
-    started, finished = tmp_path / "started", tmp_path / "finished"
+    # The job ends only once the test opens its gate, after the controller is dead: with a fixed `sleep 6` a loaded CI
+    # machine once took longer than that to see the state saved, so the job ended (and told the controller) before the
+    # kill, the recovered controller held it as running from the older save, and it ran into its time limit (TIMEOUT)
+    started, finished, gate = tmp_path / "started", tmp_path / "finished", tmp_path / "gate"
     job = slurm.run("sbatch", "--parsable", "-A", slurm.account, "-t", "2", "-o", str(tmp_path / "job.out"),
-                    "--wrap", f"touch {started}; sleep 6; touch {finished}").strip()
+                    "--wrap", f"touch {started}; while [ ! -e {gate} ]; do sleep 0.2; done; touch {finished}").strip()
     _until(started.exists, 30, "the job to start")
     _until(lambda: slurm.run("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() == "RUNNING", 30,
            "the controller to see the job running")
@@ -51,7 +54,9 @@ def test_jobs_outlive_the_controller_and_are_recovered(slurm, tmp_path):
     controller = int((STATE / "run" / "slurmctld.pid").read_text())
     os.kill(controller, signal.SIGKILL)  # the daemon the fixture started, by its recorded PID
     _until(lambda: not slurm.ok("scontrol", "ping"), 10, "the controller to be gone")
+    assert not finished.exists()  # the job was still running when its controller died
 
+    gate.touch()
     _until(finished.exists, 30, "the orphaned job to finish without a controller")
 
     subprocess.run(["bash", str(SCRIPT), "start"], check=True, stdin=subprocess.DEVNULL)
