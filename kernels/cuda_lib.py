@@ -159,6 +159,11 @@ DELTA_WIDE_D64_VARIANTS = ("w4p",)
 """The δ pass over 128-key tiles built at D = 64 (``dm_delta_wide_d64``): ``w4p`` over rows of 64 codes, the same
 arithmetic an element as at D = 128 (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_DELTA=w4p``
 at D = 64)."""
+DELTA_WIDE_BUILT = {DV_HEAD_DIM: DELTA_WIDE_VARIANTS, 64: DELTA_WIDE_D64_VARIANTS}
+"""The δ pass's variants over 128-key tiles built at each head dim."""
+WIDE_DEFAULT_HEAD_DIMS = (DV_HEAD_DIM,)
+"""Where a kernel over 128-key tiles runs unasked (``triton_fwd.wide_variant``): the head dims whose builds are timed;
+elsewhere only where its switch names a variant."""
 DELTA_ROW_MAX = {"w4pm": "w4p", "w4pme8": "w4pe8", "w4pme4": "w4pe4"}
 """The δ pass's variants that bound each row's max_j P_ij from the forward's row max (``fwd_wide``'s ``row_max``,
 ``factored.cuh`` ``p_max_bound``) instead of taking it over the elements: 64 FMNMX a thread and tile fewer, of ≈ 500 in
@@ -182,9 +187,6 @@ warpgroup fills a ring of 4 stages of key tiles that two consumer warpgroups (64
 tile in turn, ``ws4p`` issues the next tile's S before this tile's P̂ V̂ᶜ and runs the next softmax beside it."""
 
 FWD_WIDE_VARIANTS = ("w4", "w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2")
-FWD_WIDE_D64_VARIANTS = ("w4p",)
-"""The forward over 128-key tiles built at D = 64 (``dm_fwd_wide_d64``): ``w4p``, promoted or not, over rows of 64
-codes (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_FWD=w4p`` at D = 64)."""
 """The factored forward over 128-key tiles (``dm_fwd_wide``, ``kernels/cuda/fwd_wide.cu``): ``fwd_factored``'s
 warpgroups and ring, FlashAttention-3's FP8 tile width; ``w4`` runs each tile in turn, ``w4p`` issues the next tile's S
 before this tile's P̂ V̂ᶜ and runs the next softmax beside it, ``w4pp`` is ``w4p`` with the two consumers taking turns
@@ -194,6 +196,11 @@ the same bits. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with a share of the e
 (:data:`EXP_EMULATED`; a degree-3 polynomial, relative error 7.5e-5, where P becomes E4M3): each its own bits.
 (``w4pt``, O through shared memory and tensor stores as the dK/dV's ``ws3xfdt`` stores dK and dV, gave ``w4p``'s bits
 and was 2.1% slower: removed, its code in 65bf4d2; kernels/NOTES.md, session 35.)"""
+FWD_WIDE_D64_VARIANTS = ("w4p",)
+"""The forward over 128-key tiles built at D = 64 (``dm_fwd_wide_d64``): ``w4p``, promoted or not, over rows of 64
+codes (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_FWD=w4p`` at D = 64)."""
+FWD_WIDE_BUILT = {DV_HEAD_DIM: FWD_WIDE_VARIANTS, 64: FWD_WIDE_D64_VARIANTS}
+"""The forward's variants over 128-key tiles built at each head dim."""
 
 
 class DvFactoredParams(ctypes.Structure):

@@ -601,13 +601,10 @@ two rounds; ``w4pme8`` 1.120, ``w4pme4`` 1.162); after a forward that wrote no r
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
     """The variant of the CUDA δ pass over 128-key tiles that runs (:data:`CUDA_DELTA_SWITCH`), or None; a bad value,
     or a variant asked for where it cannot run, is an error that names the switch. At D = 64 only
-    ``cuda_lib.DELTA_WIDE_D64_VARIANTS`` are built, and only where the switch names one (not yet timed)."""
+    ``cuda_lib.DELTA_WIDE_D64_VARIANTS`` are built, and run only where the switch names one (not yet timed)."""
     from deltamatch.kernels import cuda_lib
 
-    if head_dim == 64:
-        return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_D64_VARIANTS, "w4p", "δ pass", head_dim, True,
-                            head_dims=(64,))
-    return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_VARIANTS, CUDA_DELTA_DEFAULT, "δ pass", head_dim,
+    return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_BUILT, CUDA_DELTA_DEFAULT, "δ pass", head_dim,
                         env_switch(CUDA_SWITCH) is not None or stats or not default_config)
 
 

@@ -274,23 +274,24 @@ consumers taking turns to issue) 1.507 / 1.510, ``w4`` (each tile in turn) 1.599
 (session 19). The three variants give the same bits."""
 
 
-def wide_variant(switch: str, variants: tuple[str, ...], default: str, what: str, head_dim: int, off: bool,
-                 checks=(), head_dims: tuple[int, ...] | None = None) -> str | None:
-    """The variant of a CUDA kernel over 128-key tiles that runs under ``switch`` (a variant of ``variants``, ``0``,
-    or unset: ``default`` unless ``off``), or None. It runs where the library loads at a head dim of ``head_dims``
-    (default D = 128) and no ``checks`` (callables giving a reason, or an empty string) object; a bad value, or a
-    variant asked for where it cannot run, is an error that names the switch and ``what``."""
+def wide_variant(switch: str, built: dict[int, tuple[str, ...]], default: str, what: str, head_dim: int, off: bool,
+                 checks=()) -> str | None:
+    """The variant of a CUDA kernel over 128-key tiles that runs under ``switch`` (a variant built at ``head_dim``,
+    ``0``, or unset: ``default`` unless ``off`` or ``head_dim`` is not one of ``cuda_lib.WIDE_DEFAULT_HEAD_DIMS``), or
+    None. ``built``: the variants built at each head dim. It runs where the library loads at a head dim of ``built``
+    and no ``checks`` (callables giving a reason, or an empty string) object; a bad value, or a variant asked for where
+    it cannot run, is an error that names the switch and ``what``."""
     from deltamatch.kernels import cuda_lib
 
     value = os.environ.get(switch, "")
-    if value == "0" or (not value and off):
+    if value == "0" or (not value and (off or head_dim not in cuda_lib.WIDE_DEFAULT_HEAD_DIMS)):
         return None
+    variants = built.get(head_dim, built[cuda_lib.DV_HEAD_DIM])
     if value and value not in variants:
         raise ValueError(f"{switch}={value!r}: expected one of {variants} or 0 (or unset)")
     _, reason = cuda_lib.load()
-    head_dims = head_dims or (cuda_lib.DV_HEAD_DIM,)
-    if not reason and head_dim not in head_dims:
-        reason = f"head dim {head_dim}: built for " + " and ".join(f"D = {d}" for d in head_dims) + " only"
+    if not reason and head_dim not in built:
+        reason = f"head dim {head_dim}: built for " + " and ".join(f"D = {d}" for d in built) + " only"
     for check in checks:
         reason = reason or check()
     if reason and value:
@@ -308,10 +309,7 @@ def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:
               f"dtype {dtype}: the CUDA forward writes bf16 or fp16",
               lambda: f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
               if env_switch(ONE_READ_SWITCH) else "")
-    if head_dim == 64:  # the D = 64 build (w4p only), where the switch names it (not yet timed)
-        return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_D64_VARIANTS, "w4p", "forward", head_dim, True, checks,
-                            head_dims=(64,))
-    return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_VARIANTS, CUDA_FWD_DEFAULT, "forward", head_dim,
+    return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_BUILT, CUDA_FWD_DEFAULT, "forward", head_dim,
                         env_switch(CUDA_SWITCH) is not None, checks)
 
 
