@@ -31,10 +31,12 @@ struct RowTileOf;
 template <>
 struct RowTileOf<128> {
   using type = KMajor128<Swizzle::k128B>;
+  static constexpr CUtensorMapSwizzle kMapSwizzle = CU_TENSOR_MAP_SWIZZLE_128B;  // what TMA writes it with
 };
 template <>
 struct RowTileOf<64> {
   using type = KMajor64Swizzle64;
+  static constexpr CUtensorMapSwizzle kMapSwizzle = CU_TENSOR_MAP_SWIZZLE_64B;
 };
 template <int D>
 using RowTile = typename RowTileOf<D>::type;
@@ -895,9 +897,7 @@ inline bool valid_shape(const Params& p) {
 // bytes at D = 128, 64 at D = 64).
 template <int D = kHeadDim>
 inline bool encode_rows(CUtensorMap* map, const void* codes, uint64_t rows, uint32_t box_rows) {
-  static_assert(D == 128 || D == 64, "rows of 128 or 64 codes");
-  const CUtensorMapSwizzle swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-  return encode_codes(map, codes, D, rows, D, box_rows, swizzle);
+  return encode_codes(map, codes, D, rows, D, box_rows, RowTileOf<D>::kMapSwizzle);
 }
 
 // Channel-major codes (`channels` rows of N_pad codes: V̂ᶜ, K̂ᶜ, Q̂'ᶜ, dÔᶜ), boxes of D channels x `box_tokens`,
