@@ -147,12 +147,14 @@ KERNELS = (
     *(CudaKernel(f"dm_delta_wide_w4pe{k}", {_qgmma(128): 28}) for k in (8, 4, 2)),
     # w4p and two of those with max P bounded from the forward's row maxima (factored.cuh p_max_bound)
     *(CudaKernel(f"dm_delta_wide_w4pm{e}", {_qgmma(128): 28}) for e in ("", "e8", "e4")),
-    # w4p at D = 64: rows of 64 codes, two k = 32 steps a product where D = 128 takes four
-    CudaKernel("dm_delta_wide_w4p_d64", {_qgmma(128): 14}),
-    # the forward's w4p at D = 64: S over 64 channels (2 k-steps, at 2 sites), P̂ V̂ᶜ into 64 channels (m64n64k32, 4
-    # k-steps over the tile's 128 keys, at 2 sites)
-    *(CudaKernel(f"dm_fwd_wide_w4p_{promoted}_d64", {_qgmma(128): 4, _qgmma(64): 8})
-      for promoted in ("promoted", "unpromoted")),
+    # w4p at D = 64, and its emulating and row-max forms: rows of 64 codes, two k = 32 steps a product where D = 128
+    # takes four
+    *(CudaKernel(f"dm_delta_wide_{v}_d64", {_qgmma(128): 14})
+      for v in ("w4p", "w4pe8", "w4pe4", "w4pe2", "w4pm", "w4pme8", "w4pme4")),
+    # the forward's w4p at D = 64 and its emulating forms: S over 64 channels (2 k-steps, at 2 sites), P̂ V̂ᶜ into 64
+    # channels (m64n64k32, 4 k-steps over the tile's 128 keys, at 2 sites)
+    *(CudaKernel(f"dm_fwd_wide_{v}_{promoted}_d64", {_qgmma(128): 4, _qgmma(64): 8})
+      for v in ("w4p", "w4pe8", "w4pe4", "w4pe2") for promoted in ("promoted", "unpromoted")),
     # its pipelined form: S of the first tile before the loop, S of the next and P̂ V̂ᶜ of this one in it, the last
     # tile's P̂ V̂ᶜ after it
     *(CudaKernel(f"dm_fwd_factored_ws4p_{promoted}", {_qgmma(64): 8, _qgmma(128): 4})

@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -82,10 +82,10 @@ SIGNATURES = {
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
     "dm_fwd_wide": ((_P, _P, _I, _I, _I, _P), _I),
-    "dm_fwd_wide_d64": ((_P, _P, _I, _I, _P), _I),
+    "dm_fwd_wide_d64": ((_P, _P, _I, _I, _I, _P), _I),
     "dm_delta_factored": ((_P, _I, _I, _P), _I),
     "dm_delta_wide": ((_P, _P, _I, _I, _P), _I),
-    "dm_delta_wide_d64": ((_P, _I, _P), _I),
+    "dm_delta_wide_d64": ((_P, _P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
@@ -155,10 +155,11 @@ the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but n
 ``w4pme4`` are ``w4p``, ``w4pe8``, ``w4pe4`` with max P bounded from the forward's row maxima
 (:data:`DELTA_ROW_MAX`)."""
 
-DELTA_WIDE_D64_VARIANTS = ("w4p",)
+DELTA_WIDE_D64_VARIANTS = ("w4p", "w4pe8", "w4pe4", "w4pe2", "w4pm", "w4pme8", "w4pme4")
 """The δ pass over 128-key tiles built at D = 64 (``dm_delta_wide_d64``): ``w4p`` over rows of 64 codes, the same
-arithmetic an element as at D = 128 (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_DELTA=w4p``
-at D = 64)."""
+arithmetic an element as at D = 128, and its forms that emulate a share of the exponentials (:data:`EXP_EMULATED`) or
+read the forward's row maxima (:data:`DELTA_ROW_MAX`). ``w4p`` took 1.033 ms a step against Triton's 1.064 on an H100
+(session 42, CUPTI at B 4, H 16, N = 8K): at D = 64 the exponentials, not the wgmmas, bound the loop."""
 DELTA_WIDE_BUILT = {DV_HEAD_DIM: DELTA_WIDE_VARIANTS, 64: DELTA_WIDE_D64_VARIANTS}
 """The δ pass's variants over 128-key tiles built at each head dim."""
 WIDE_DEFAULT_HEAD_DIMS = (DV_HEAD_DIM,)
@@ -196,9 +197,10 @@ the same bits. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with a share of the e
 (:data:`EXP_EMULATED`; a degree-3 polynomial, relative error 7.5e-5, where P becomes E4M3): each its own bits.
 (``w4pt``, O through shared memory and tensor stores as the dK/dV's ``ws3xfdt`` stores dK and dV, gave ``w4p``'s bits
 and was 2.1% slower: removed, its code in 65bf4d2; kernels/NOTES.md, session 35.)"""
-FWD_WIDE_D64_VARIANTS = ("w4p",)
+FWD_WIDE_D64_VARIANTS = ("w4p", "w4pe8", "w4pe4", "w4pe2")
 """The forward over 128-key tiles built at D = 64 (``dm_fwd_wide_d64``): ``w4p``, promoted or not, over rows of 64
-codes (session 41; not yet run on a GPU, opt-in by ``DELTAMATCH_KERNEL_CUDA_FWD=w4p`` at D = 64)."""
+codes, and its forms that emulate a share of the exponentials (:data:`EXP_EMULATED`). ``w4p`` took 1.102–1.107 ms a
+step against Triton's 64-key forward's 1.324–1.328 on an H100 (session 42, CUPTI at B 4, H 16, N = 8K)."""
 FWD_WIDE_BUILT = {DV_HEAD_DIM: FWD_WIDE_VARIANTS, 64: FWD_WIDE_D64_VARIANTS}
 """The forward's variants over 128-key tiles built at each head dim."""
 
@@ -706,11 +708,12 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
 def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, sq, sk, svc, out_shape, causal,
              qk_scale, dtype, promote, row_max=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``fwd_factored`` and ``fwd_wide``: the operands checked, O and lse2 made, ``entry`` called with ``variant``'s
-    index in ``variants`` (and, for ``fwd_wide``, ``row_max``'s pointer, 0 for none, before it)."""
+    index in ``variants`` (for the D = 64 build in ``FWD_WIDE_VARIANTS``, whose numbering it keeps) and, for
+    ``fwd_wide``, ``row_max``'s pointer, 0 for none, before it."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
     n = out_shape[1]
-    d64 = entry == "dm_fwd_wide_d64"
+    d64 = entry.endswith("_d64")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "forward", (64,) if d64 else (DV_HEAD_DIM,))
     if tuple(out_shape) != (b, n, h, d):
         raise ValueError(f"out_shape {tuple(out_shape)}: expected (B, N, H, D) = {(b, n, h, d)}")
@@ -723,8 +726,8 @@ def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, s
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
     wide = () if entry == "dm_fwd_factored" else (_row_max_pointer(row_max, (b, h, n_pad), device),)
-    index = () if d64 else (variants.index(variant),)
-    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), *index, *_launch_args(o))
+    index = FWD_WIDE_VARIANTS.index(variant) if d64 else variants.index(variant)  # the D = 64 build keeps D = 128's
+    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), index, *_launch_args(o))
     return o, lse2
 
 
@@ -740,7 +743,7 @@ def fwd_wide(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Te
     ``FWD_WIDE_VARIANTS``. ``row_max``: a (B, H, N_pad) FP32 tensor that takes each row's m beside lse2 (the max of the
     scaled scores, log2 domain, less log2(448): lse2 = m + log2(l)), what the δ pass's :data:`DELTA_ROW_MAX` variants
     read; None writes none."""
-    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build: w4p only (dm_fwd_wide_d64)
+    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build (dm_fwd_wide_d64)
         if variant not in FWD_WIDE_D64_VARIANTS:
             raise ValueError(f"variant {variant!r}: at D = 64 the forward is built as {FWD_WIDE_D64_VARIANTS} only")
         return _forward("dm_fwd_wide_d64", FWD_WIDE_D64_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal,
@@ -784,11 +787,11 @@ def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.
     if (variant in DELTA_ROW_MAX) != (row_max is not None):
         raise ValueError(f"variant {variant!r} " + ("reads the forward's row maxima: row_max is None"
                                                     if row_max is None else "takes no row_max"))
-    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build: w4p only (dm_delta_wide_d64)
+    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build (dm_delta_wide_d64)
         if variant not in DELTA_WIDE_D64_VARIANTS:
             raise ValueError(f"variant {variant!r}: at D = 64 the δ pass is built as {DELTA_WIDE_D64_VARIANTS} only")
         return _delta("dm_delta_wide_d64", DELTA_WIDE_D64_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n,
-                      causal, qk_scale)
+                      causal, qk_scale, row_max)
     return _delta("dm_delta_wide", DELTA_WIDE_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
                   qk_scale, row_max)
 
@@ -796,11 +799,11 @@ def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.
 def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
            qk_scale, row_max=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``delta_factored`` and ``delta_wide``: the operands checked, δ, s and 1/s made, ``entry`` called with
-    ``variant``'s index in ``variants`` (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it; the
-    D = 64 entry takes neither)."""
+    its index (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it): in ``variants``, or for the
+    D = 64 build in ``DELTA_WIDE_VARIANTS``, whose numbering it keeps."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
-    d64 = entry == "dm_delta_wide_d64"
+    d64 = entry.endswith("_d64")
     b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, None, "δ", (64,) if d64 else (DV_HEAD_DIM,))
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
@@ -810,11 +813,11 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
     delta, rs, irs = torch.empty((3, b, h, n_pad), dtype=torch.float32, device=q8.device).unbind()  # one allocation
     params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), irs.data_ptr(), b, h, h_kv, n, n_pad,
                                  float(qk_scale), int(causal))
-    if d64:
-        _call(_library(), entry, ctypes.byref(params), *_launch_args(delta))
+    if entry == "dm_delta_factored":
+        _call(_library(), entry, ctypes.byref(params), variants.index(variant), *_launch_args(delta))
         return delta, rs, irs
-    wide = () if entry != "dm_delta_wide" else (_row_max_pointer(row_max, (b, h, n_pad), q8.device),)
-    _call(_library(), entry, ctypes.byref(params), *wide, variants.index(variant), *_launch_args(delta))
+    _call(_library(), entry, ctypes.byref(params), _row_max_pointer(row_max, (b, h, n_pad), q8.device),
+          DELTA_WIDE_VARIANTS.index(variant), *_launch_args(delta))
     return delta, rs, irs
 
 

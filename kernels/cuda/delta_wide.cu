@@ -47,7 +47,7 @@ constexpr int kStages = 4;
 template <int D>
 constexpr uint32_t kTileBytes = 2 * kKeys * D;  // K̂, V̂
 
-// Rows of D codes: D = 128 (every form), D = 64 (w4p only: dm_delta_wide_d64).
+// Rows of D codes: D = 128 (every form), D = 64 (w4p and its emulating and row-max forms: dm_delta_wide_d64).
 template <int D>
 struct __align__(1024) SmemOf {
   uint8_t q[kConsumers][kBlockM * D];
@@ -455,17 +455,38 @@ extern "C" int dm_delta_wide(const DeltaFactoredParams* p, const float* row_max,
 }
 
 // The δ pass at D = 64: w4p over rows of 64 codes (the 64-byte swizzle, two k = 32 steps a product), the same
-// arithmetic an element (the exponentials, the products and the row terms do not depend on D). Operands as
-// dm_delta_factored's with D = 64; no variant, no row maxima (the forward at D = 64 is Triton's, which writes none).
-extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
-    dm_delta_wide_w4p_d64(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps) {
-  extern __shared__ uint8_t smem[];
-  dm::delta_wide::delta_block<dm::delta_wide::kPipelined, 0, false, 64>(smem, p, maps);
-}
+// arithmetic an element (the exponentials, the products and the row terms do not depend on D), and the forms of it
+// that emulate a share of the exponentials or read the forward's row maxima. At D = 64 a tile's wgmmas take half as
+// long as at D = 128 while its 64 MUFU exponentials a thread do not, so MUFU bounds the loop.
+#define DM_DELTA_WIDE_D64_KERNEL(NAME, EMULATE, ROW_MAX)                                                        \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                                    \
+      NAME(const DeltaFactoredParams p, const __grid_constant__ dm::delta_wide::Maps maps, const float* row_max) { \
+    extern __shared__ uint8_t smem[];                                                                         \
+    dm::delta_wide::delta_block<dm::delta_wide::kPipelined, EMULATE, ROW_MAX, 64>(smem, p, maps, row_max);    \
+  }
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4p_d64, 0, false)
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4pe8_d64, 8, false)
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4pe4_d64, 4, false)
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4pe2_d64, 2, false)
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4pm_d64, 0, true)
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4pme8_d64, 8, true)
+DM_DELTA_WIDE_D64_KERNEL(dm_delta_wide_w4pme4_d64, 4, true)
+#undef DM_DELTA_WIDE_D64_KERNEL
 
-extern "C" int dm_delta_wide_d64(const DeltaFactoredParams* p, int device, cudaStream_t stream) {
+// variant: dm_delta_wide's numbering, of which 1 (w4p), 5, 6, 7 (w4pe8, w4pe4, w4pe2) and 8, 9, 10 (w4pm, w4pme8,
+// w4pme4, reading `row_max`) are built at D = 64 (cuda_lib.DELTA_WIDE_D64_VARIANTS). Operands as dm_delta_factored's
+// with D = 64.
+extern "C" int dm_delta_wide_d64(const DeltaFactoredParams* p, const float* row_max, int variant, int device,
+                                 cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p)) return cudaErrorInvalidValue;
-  return launch_delta<64>(dm_delta_wide_w4p_d64, dm::delta_wide::kSmemBytesOf<64>, dm::delta_wide::kKeys, *p, device,
-                          stream);
+  using Kernel = void (*)(const DeltaFactoredParams, const dm::delta_wide::Maps, const float*);
+  const Kernel kernels[11] = {nullptr, dm_delta_wide_w4p_d64, nullptr, nullptr, nullptr,
+                              dm_delta_wide_w4pe8_d64, dm_delta_wide_w4pe4_d64, dm_delta_wide_w4pe2_d64,
+                              dm_delta_wide_w4pm_d64, dm_delta_wide_w4pme8_d64, dm_delta_wide_w4pme4_d64};
+  if (!valid_shape(*p) || variant < 0 || variant > 10 || kernels[variant] == nullptr ||
+      (variant >= 8) != (row_max != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_delta<64>(kernels[variant], dm::delta_wide::kSmemBytesOf<64>, dm::delta_wide::kKeys, *p, device,
+                          stream, dim3(0), row_max);
 }

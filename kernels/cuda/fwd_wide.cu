@@ -41,7 +41,7 @@ constexpr int kStages = 4;
 template <int D>
 constexpr uint32_t kTileBytes = 2 * kKeys * D;  // K̂, V̂ᶜᵀ
 
-// Rows of D codes: D = 128 (every form), D = 64 (w4p only: dm_fwd_wide_d64).
+// Rows of D codes: D = 128 (every form), D = 64 (w4p and its emulating forms: dm_fwd_wide_d64).
 template <int D>
 struct __align__(1024) SmemOf {
   uint8_t q[kConsumers][kBlockM * D];
@@ -360,21 +360,41 @@ extern "C" int dm_fwd_wide(const FwdFactoredParams* p, float* row_max, int promo
 }
 
 // The forward at D = 64: w4p over rows of 64 codes (Q̂, K̂ in the 64-byte swizzle, two k = 32 steps of S; P̂ V̂ᶜ into
-// 32 accumulators a thread by m64n64k32), the same softmax an element. Operands and row_max as dm_fwd_wide's, D = 64.
-#define DM_FWD_WIDE_D64_KERNEL(NAME, PROMOTE)                                                               \
+// 32 accumulators a thread by m64n64k32), the same softmax an element, and the forms of it that emulate a share of the
+// exponentials (at D = 64 a tile's wgmmas take half as long as at D = 128, its MUFU exponentials as long). Operands
+// and row_max as dm_fwd_wide's, D = 64.
+#define DM_FWD_WIDE_D64_KERNEL(NAME, PROMOTE, EMULATE)                                                      \
   extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                                 \
       NAME(const FwdFactoredParams p, const __grid_constant__ dm::fwd_wide::Maps maps, float* row_max) {     \
     extern __shared__ uint8_t smem[];                                                                      \
-    dm::fwd_wide::fwd_block<PROMOTE, true, false, false, 0, 64>(smem, p, maps, row_max);                   \
+    dm::fwd_wide::fwd_block<PROMOTE, true, false, false, EMULATE, 64>(smem, p, maps, row_max);             \
   }
-DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4p_promoted_d64, true)
-DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4p_unpromoted_d64, false)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4p_promoted_d64, true, 0)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4p_unpromoted_d64, false, 0)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4pe8_promoted_d64, true, 8)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4pe8_unpromoted_d64, false, 8)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4pe4_promoted_d64, true, 4)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4pe4_unpromoted_d64, false, 4)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4pe2_promoted_d64, true, 2)
+DM_FWD_WIDE_D64_KERNEL(dm_fwd_wide_w4pe2_unpromoted_d64, false, 2)
 #undef DM_FWD_WIDE_D64_KERNEL
 
-extern "C" int dm_fwd_wide_d64(const FwdFactoredParams* p, float* row_max, int promote, int device,
+// variant: dm_fwd_wide's numbering, of which 1 (w4p) and 4, 5, 6 (w4pe8, w4pe4, w4pe2) are built at D = 64
+// (cuda_lib.FWD_WIDE_D64_VARIANTS).
+extern "C" int dm_fwd_wide_d64(const FwdFactoredParams* p, float* row_max, int promote, int variant, int device,
                                cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p)) return cudaErrorInvalidValue;
-  return launch_forward<64>(promote ? dm_fwd_wide_w4p_promoted_d64 : dm_fwd_wide_w4p_unpromoted_d64,
-                            dm::fwd_wide::kSmemBytesOf<64>, dm::fwd_wide::kKeys, *p, device, stream, row_max);
+  using Kernel = void (*)(const FwdFactoredParams, const dm::fwd_wide::Maps, float*);
+  const Kernel kernels[7][2] = {{nullptr, nullptr},
+                                {dm_fwd_wide_w4p_unpromoted_d64, dm_fwd_wide_w4p_promoted_d64},
+                                {nullptr, nullptr},
+                                {nullptr, nullptr},
+                                {dm_fwd_wide_w4pe8_unpromoted_d64, dm_fwd_wide_w4pe8_promoted_d64},
+                                {dm_fwd_wide_w4pe4_unpromoted_d64, dm_fwd_wide_w4pe4_promoted_d64},
+                                {dm_fwd_wide_w4pe2_unpromoted_d64, dm_fwd_wide_w4pe2_promoted_d64}};
+  if (!valid_shape(*p) || variant < 0 || variant > 6 || kernels[variant][0] == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_forward<64>(kernels[variant][promote ? 1 : 0], dm::fwd_wide::kSmemBytesOf<64>, dm::fwd_wide::kKeys,
+                            *p, device, stream, row_max);
 }

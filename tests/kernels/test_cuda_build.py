@@ -216,7 +216,12 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_fwd_wide(ctypes.byref(forward), None, 1, len(cuda_lib.FWD_WIDE_VARIANTS), 0, None) == 1
     forward.n_pad = 64
     assert opened.dm_fwd_wide(ctypes.byref(forward), None, 1, 0, 0, None) == 1
-    assert opened.dm_fwd_wide_d64(ctypes.byref(forward), None, 1, 0, None) == 1  # the D = 64 build's same checks
+    assert opened.dm_fwd_wide_d64(ctypes.byref(forward), None, 1, 1, 0, None) == 1  # the D = 64 build's same checks
+    forward.n_pad = 128
+    for i, variant in enumerate(cuda_lib.FWD_WIDE_VARIANTS):  # D = 128's numbering; those not built at 64 refused
+        if variant not in cuda_lib.FWD_WIDE_D64_VARIANTS:
+            assert opened.dm_fwd_wide_d64(ctypes.byref(forward), None, 1, i, 0, None) == 1, variant
+    assert opened.dm_fwd_wide_d64(ctypes.byref(forward), None, 1, len(cuda_lib.FWD_WIDE_VARIANTS), 0, None) == 1
     assert opened.dm_delta_factored_params_size() == ctypes.sizeof(cuda_lib.DeltaFactoredParams)
     delta = cuda_lib.DeltaFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
     assert opened.dm_delta_factored(ctypes.byref(delta), 0, 0, None) == 1
@@ -230,9 +235,17 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
                                     None) == 1, variant
     delta.n_pad = 64  # N_pad not a multiple of the CTA's 128 queries
     assert opened.dm_delta_wide(ctypes.byref(delta), None, 0, 0, None) == 1
-    assert opened.dm_delta_wide_d64(ctypes.byref(delta), 0, None) == 1  # the D = 64 build checks the same shapes
+    assert opened.dm_delta_wide_d64(ctypes.byref(delta), None, 1, 0, None) == 1  # the D = 64 build: the same shapes
     delta.n_pad, delta.h = 128, 3
-    assert opened.dm_delta_wide_d64(ctypes.byref(delta), 0, None) == 1
+    assert opened.dm_delta_wide_d64(ctypes.byref(delta), None, 1, 0, None) == 1
+    delta.h = 2
+    for i, variant in enumerate(cuda_lib.DELTA_WIDE_VARIANTS):  # D = 128's numbering: those not built at 64 refused,
+        row_max = some if variant in cuda_lib.DELTA_ROW_MAX else None  # and the row maxima as at D = 128
+        if variant not in cuda_lib.DELTA_WIDE_D64_VARIANTS:
+            assert opened.dm_delta_wide_d64(ctypes.byref(delta), row_max, i, 0, None) == 1, variant
+        else:
+            assert opened.dm_delta_wide_d64(ctypes.byref(delta), some if row_max is None else None, i, 0, None) == 1
+    assert opened.dm_delta_wide_d64(ctypes.byref(delta), None, len(cuda_lib.DELTA_WIDE_VARIANTS), 0, None) == 1
     bad = cuda_lib.DvFactoredParams(n=0, h=2, h_kv=2, n_pad=128)  # refused before any CUDA call
     assert opened.dm_dv_factored(ctypes.byref(bad), 1, 0, 0, None) == 1  # cudaErrorInvalidValue
     good = cuda_lib.DvFactoredParams(n=100, h=2, h_kv=2, n_pad=128)
@@ -540,17 +553,18 @@ def test_the_row_max_delta_variants_take_the_forwards_row_maxima_and_only_they(m
         backward()
 
 
-def test_the_d64_delta_pass_runs_w4p_only_and_only_when_asked(monkeypatch):
-    """The δ pass's D = 64 build (``dm_delta_wide_d64``, not yet timed): the backward takes Triton's pass at D = 64
-    unless ``DELTAMATCH_KERNEL_CUDA_DELTA`` names ``w4p``; another variant there is an error that names the switch, and
-    so is ``w4p`` where the library cannot run (no GPU here); ``delta_wide`` refuses D = 64 codes with any other variant
-    and D = 128's entry refuses D = 64 codes, each before any launch."""
+def test_the_d64_delta_pass_runs_its_variants_only_and_only_when_asked(monkeypatch):
+    """The δ pass's D = 64 build (``dm_delta_wide_d64``): the backward takes Triton's pass at D = 64 unless
+    ``DELTAMATCH_KERNEL_CUDA_DELTA`` names a variant built there; another variant is an error that names the switch, and
+    so is ``w4p`` where the library cannot run (no GPU here); ``delta_wide`` refuses D = 64 codes with a variant not
+    built there, and D = 128's entry refuses D = 64 codes, each before any launch."""
     from deltamatch.kernels import triton_bwd
 
     monkeypatch.delenv(triton_bwd.CUDA_DELTA_SWITCH, raising=False)
     assert triton_bwd.cuda_delta_variant(64) is None
-    monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4pm")
-    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA='w4pm': expected one of \('w4p',\)"):
+    monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4pd")
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA='w4pd': expected one of \('w4p', 'w4pe8', "
+                                         r"'w4pe4', 'w4pe2', 'w4pm', 'w4pme8', 'w4pme4'\)"):
         triton_bwd.cuda_delta_variant(64)
     monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4p")
     if not torch.cuda.is_available():
@@ -558,7 +572,7 @@ def test_the_d64_delta_pass_runs_w4p_only_and_only_when_asked(monkeypatch):
             triton_bwd.cuda_delta_variant(64)
     dv = _dv_inputs(d=64)
     args = (dv["q8"], dv["k8"], dv["k8"], dv["q8"], dv["sq"], dv["sk"], dv["sk"], dv["sq"], dv["lse2"], 100, True, 0.1)
-    for variant in ("w4", "w4pd", "w4pe8"):
+    for variant in ("w4", "w4pd", "w4t"):
         with pytest.raises(ValueError, match=f"variant '{variant}': at D = 64 the δ pass is built as"):
             cuda_lib.delta_wide(*args, variant=variant)
     with pytest.raises(ValueError, match="expected a CUDA tensor"):  # the D = 64 entry's own checks, then the device
@@ -567,17 +581,18 @@ def test_the_d64_delta_pass_runs_w4p_only_and_only_when_asked(monkeypatch):
         cuda_lib.delta_factored(*args)
 
 
-def test_the_d64_forward_runs_w4p_only_and_only_when_asked(monkeypatch):
-    """The forward's D = 64 build (``dm_fwd_wide_d64``, not yet timed), as the δ pass's: Triton's forward at D = 64
-    unless ``DELTAMATCH_KERNEL_CUDA_FWD`` names ``w4p``; another variant there is an error that names the switch, and
-    so is ``w4p`` where the library cannot run; ``fwd_wide`` refuses D = 64 codes with another variant, and
+def test_the_d64_forward_runs_its_variants_only_and_only_when_asked(monkeypatch):
+    """The forward's D = 64 build (``dm_fwd_wide_d64``), as the δ pass's: Triton's forward at D = 64 unless
+    ``DELTAMATCH_KERNEL_CUDA_FWD`` names a variant built there; another variant is an error that names the switch, and
+    so is ``w4p`` where the library cannot run; ``fwd_wide`` refuses D = 64 codes with a variant not built there, and
     ``fwd_factored`` refuses them, each before any launch."""
     from deltamatch.kernels import triton_fwd
 
     monkeypatch.delenv(triton_fwd.CUDA_FWD_SWITCH, raising=False)
     assert triton_fwd.cuda_forward_variant(64, torch.bfloat16) is None
     monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4pp")
-    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4pp': expected one of \('w4p',\)"):
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4pp': expected one of \('w4p', 'w4pe8', "
+                                         r"'w4pe4', 'w4pe2'\)"):
         triton_fwd.cuda_forward_variant(64, torch.bfloat16)
     monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4p")
     if not torch.cuda.is_available():
@@ -585,8 +600,8 @@ def test_the_d64_forward_runs_w4p_only_and_only_when_asked(monkeypatch):
             triton_fwd.cuda_forward_variant(64, torch.bfloat16)
     dv = _dv_inputs(d=64)
     args = (dv["q8"], dv["k8"], dv["do8t"][:, :1], dv["sq"], dv["sk"], dv["sdoc"][:, :1], (1, 100, 2, 64), True, 0.1)
-    with pytest.raises(ValueError, match="variant 'w4pe8': at D = 64 the forward is built as"):
-        cuda_lib.fwd_wide(*args, variant="w4pe8")
+    with pytest.raises(ValueError, match="variant 'w4pp': at D = 64 the forward is built as"):
+        cuda_lib.fwd_wide(*args, variant="w4pp")
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         cuda_lib.fwd_wide(*args, variant="w4p")
     with pytest.raises(ValueError, match="head dim 64: the CUDA forward kernel is built for D = 128 only"):

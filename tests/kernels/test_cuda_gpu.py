@@ -819,54 +819,76 @@ def test_wide_delta_pass_against_tritons_and_fp64(dk_operands, n, causal):
 
 
 @pytest.mark.parametrize("n, causal", [(130, True), (1000, True), (1000, False), (8192, True)])
-def test_the_d64_delta_pass_against_tritons_and_fp64(n, causal):
-    """The δ pass's D = 64 build (``dm_delta_wide_d64``: w4p over rows of 64 codes, the 64-byte swizzle) against
-    Triton's δ pass at D = 64 on the same operands (GQA 8 on 2 at N = 1000, a ragged CTA at 130, the reference
-    length): δ within FP32 summation error of Triton's (10⁻⁵ of Σ_j |P_ij dP̂_ij|) and within 10⁻² of that sum of
-    FP64's; dŜ's row scales within 10⁻³ of Triton's and a bound on max_j |dS_ij|, their inverses
-    ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; the same bits twice."""
-    from deltamatch.kernels import triton_bwd
+def test_the_d64_delta_pass_against_tritons_and_fp64(n, causal, monkeypatch):
+    """The δ pass's D = 64 build (``dm_delta_wide_d64``: rows of 64 codes, the 64-byte swizzle), each variant built
+    there, against Triton's δ pass at D = 64 on the same operands from the D = 64 CUDA forward (GQA 8 on 2 at N = 1000,
+    a ragged CTA at 130, the reference length): δ within FP32 summation error of Triton's (10⁻⁵ of Σ_j |P_ij dP̂_ij|)
+    and within 10⁻² of that sum of FP64's; dŜ's row scales within 10⁻³ of Triton's and a bound on max_j |dS_ij|, their
+    inverses ``row_scale_inverses``' bits; queries ≥ N δ = 0 and s = 1; each variant's bits twice. Those that emulate a
+    share of the exponentials lie within FP32 round-off of ``w4p``; those that bound max P from the forward's row
+    maxima give the δ bits of their form without them and s at or above its s by no more than the bound's slack."""
+    from deltamatch.kernels import triton_bwd, triton_fwd
 
+    monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4p")  # the forward that writes the row maxima
     h, hk = heads(n)
     q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, hk, seed=n + 64, d=64)
     ops = factored_dv_operands(q, k, v, do, causal)
     s = ops["saved"]
+    assert s["m2"] is not None and s["m2"][..., :n].abs().max() < 100  # |m| within the slack asserted below
     delta_t, rs_t = ops["delta"].clone(), torch.empty_like(ops["delta"])
     cfg = triton_bwd.factored_config(triton_bwd.backward_config(64), 64)
     triton_bwd._launch_delta_matched(s, ops["do8"], ops["sdo"], delta_t, causal, ops["qk_scale"], n, cfg["delta"],
                                      row_scales=rs_t)
     args = (s["q8"], s["k8"], s["v8"], ops["do8"], s["sq"], s["sk"], s["sv"], ops["sdo"], s["lse2"], n, causal,
             ops["qk_scale"])
-    first, again = (cuda_lib.delta_wide(*args, variant="w4p") for _ in range(2))
+    runs = {variant: [cuda_lib.delta_wide(*args, variant=variant,
+                                          row_max=s["m2"] if variant in cuda_lib.DELTA_ROW_MAX else None)
+                      for _ in range(2)]
+            for variant in cuda_lib.DELTA_WIDE_D64_VARIANTS}
     torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
-    delta, rs, irs = first
     exact, total, ds_max = delta_fp64(ops)
-    err = (delta[..., :n] - delta_t[..., :n]).abs().double()
-    assert (err <= 1e-5 * total).all(), f"|δ − δ_triton| / Σ|P dP̂| {(err / total).max():.2e}"
-    err = (delta[..., :n].double() - exact).abs()
-    assert (err <= 1e-2 * total).all(), f"|δ − δ_fp64| / Σ|P dP̂| = {(err / total).max():.2e}"
-    relative = (rs[..., :n] - rs_t[..., :n]).abs() / rs_t[..., :n]
-    assert (relative <= 1e-3).all(), f"rs: max relative {relative.max():.2e}"
-    assert (rs[..., :n].double() * 448 * 1.01 >= ds_max).all()
-    assert torch.equal(irs, triton_bwd.row_scale_inverses(rs))
-    pad = slice(n, -(-n // 128) * 128)
-    assert (delta[..., pad] == 0).all() and (rs[..., pad] == 1).all() and (irs[..., pad] == 1).all()
+    rows, pad = slice(0, n), slice(n, -(-n // 128) * 128)
+    for variant, (first, again) in runs.items():
+        assert all(torch.equal(a, b) for a, b in zip(first, again)), variant
+        delta, rs, irs = first
+        assert torch.equal(irs, triton_bwd.row_scale_inverses(rs)), variant
+        assert (delta[..., pad] == 0).all() and (rs[..., pad] == 1).all() and (irs[..., pad] == 1).all(), variant
+        if variant in cuda_lib.DELTA_ROW_MAX:  # the same δ; s = (|δ| max P + max P|dP̂|) / 448 from a bound on max P
+            base = runs[cuda_lib.DELTA_ROW_MAX[variant]][0]
+            assert torch.equal(delta, base[0]), variant
+            ours, theirs = rs[..., rows], base[1][..., rows]
+            assert (ours >= theirs).all(), f"{variant}: s below the per-element max's at {(ours < theirs).nonzero()[:4]}"
+            assert (ours <= theirs * (1 + 2.0**-20 * 216)).all(), f"{variant}: {(ours / theirs - 1).max():.2e}"
+            continue
+        if variant in cuda_lib.EXP_EMULATED:  # P within a few ulps of ex2.approx's: within FP32 round-off of w4p's
+            err = (delta[..., rows] - runs["w4p"][0][0][..., rows]).abs().double()
+            assert (err <= 2e-6 * total).all(), f"{variant}: |δ − δ_w4p| / Σ|P dP̂| {(err / total).max():.2e}"
+            assert ((rs - runs["w4p"][0][1]).abs() <= 1e-5 * rs).all(), variant
+        err = (delta[..., rows] - delta_t[..., rows]).abs().double()
+        assert (err <= 1e-5 * total).all(), f"{variant}: |δ − δ_triton| / Σ|P dP̂| {(err / total).max():.2e}"
+        err = (delta[..., rows].double() - exact).abs()
+        assert (err <= 1e-2 * total).all(), f"{variant}: |δ − δ_fp64| / Σ|P dP̂| = {(err / total).max():.2e}"
+        relative = (rs[..., rows] - rs_t[..., rows]).abs() / rs_t[..., rows]
+        assert (relative <= 1e-3).all(), f"{variant}: rs max relative {relative.max():.2e}"
+        assert (rs[..., rows].double() * 448 * 1.01 >= ds_max).all(), variant
 
 
 @pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
 def test_the_d64_delta_pass_in_the_backward_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
-    """matched_factored at D = 64 with ``DELTAMATCH_KERNEL_CUDA_DELTA=w4p`` (the D = 64 build; Triton's kernels for the
-    rest): dQ, dK, dV held to the reference simulation and FP64 as every other form is."""
+    """matched_factored at D = 64 with ``DELTAMATCH_KERNEL_CUDA_DELTA=w4p`` (the D = 64 build) after Triton's forward
+    (``DELTAMATCH_KERNEL_CUDA_FWD=0``; Triton's kernels for the rest): dQ, dK, dV held to the reference simulation and
+    FP64 as every other form is."""
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_DELTA_SWITCH
+    from deltamatch.kernels.triton_fwd import CUDA_FWD_SWITCH
 
     q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=17, d=64)
     calls = []
     wide = cuda_lib.delta_wide
     monkeypatch.setattr(cuda_lib, "delta_wide", lambda *a, **kw: calls.append(kw["variant"]) or wide(*a, **kw))
     monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4p")
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "0")
     ours = _fwd_bwd(lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored"), q, k, v, do)
     assert calls == ["w4p"]  # the switch took effect
     ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
@@ -1063,6 +1085,35 @@ def test_the_d64_forward_against_reference_and_fp64(n, causal, h, h_kv, promote,
     _, saved, _ = fp8_forward(q, k, v, causal, "matched_factored", q.shape[-1] ** -0.5)
     gap = (saved["lse2"] - saved["m2"])[..., :n]
     assert (gap >= math.log2(448) - 1e-4).all(), gap.min()
+
+
+# each emulating forward with the δ pass that matches it, and the row maxima read by the default δ pass
+@pytest.mark.parametrize("forward, delta", [("w4p", "w4pm"), ("w4pe8", "w4pme8"), ("w4pe4", "w4pme4"),
+                                            ("w4pe2", "w4pe2")])
+@pytest.mark.parametrize("n, causal, h, h_kv", [(1000, True, 4, 2), (1000, False, 4, 2)])
+def test_the_d64_forms_against_reference_and_fp64(n, causal, h, h_kv, forward, delta, monkeypatch):
+    """matched_factored at D = 64 with each forward and δ pass built there (``DELTAMATCH_KERNEL_CUDA_FWD``,
+    ``DELTAMATCH_KERNEL_CUDA_DELTA``; a share of the exponentials emulated, the row maxima read): O, dQ, dK, dV held to
+    the reference simulation and FP64 as every other form is, and the same bits twice."""
+    from deltamatch.kernels import triton_fwd
+    from deltamatch.kernels.reference import attention_exact, attention_reference
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DELTA_SWITCH
+
+    q, k, v, do = attention_inputs(2, n, h, h_kv, seed=29, d=64)
+    calls = []
+    fwd, dlt = cuda_lib.fwd_wide, cuda_lib.delta_wide
+    monkeypatch.setattr(cuda_lib, "fwd_wide", lambda *a, **kw: calls.append(kw["variant"]) or fwd(*a, **kw))
+    monkeypatch.setattr(cuda_lib, "delta_wide", lambda *a, **kw: calls.append(kw["variant"]) or dlt(*a, **kw))
+    monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, forward)
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, delta)
+    fn = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
+    ours, again = _fwd_bwd(fn, q, k, v, do), _fwd_bwd(fn, q, k, v, do)
+    assert calls == [forward, delta] * 2  # the switches took effect
+    assert all(torch.equal(a, b) for a, b in zip(ours, again))
+    ref = _fwd_bwd(lambda a, b, c: attention_reference(a, b, c, causal, "matched_factored"), q, k, v, do)
+    exact = _fwd_bwd(lambda a, b, c: attention_exact(a, b, c, causal), q, k, v, do, dtype=torch.float64)
+    assert_near_reference(ours, ref, exact)
 
 
 @pytest.mark.parametrize("causal", [True, False])
