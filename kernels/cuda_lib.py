@@ -158,13 +158,16 @@ the others' (a degree-5 polynomial), so δ within FP32 round-off of theirs but n
 DELTA_WIDE_D64_VARIANTS = ("w4p", "w4pe8", "w4pe4", "w4pe2", "w4pm", "w4pme8", "w4pme4")
 """The δ pass over 128-key tiles built at D = 64 (``dm_delta_wide_d64``): ``w4p`` over rows of 64 codes, the same
 arithmetic an element as at D = 128, and its forms that emulate a share of the exponentials (:data:`EXP_EMULATED`) or
-read the forward's row maxima (:data:`DELTA_ROW_MAX`). ``w4p`` took 1.033 ms a step against Triton's 1.064 on an H100
-(session 42, CUPTI at B 4, H 16, N = 8K): at D = 64 the exponentials, not the wgmmas, bound the loop."""
+read the forward's row maxima (:data:`DELTA_ROW_MAX`). On an H100 (session 42, CUPTI at B 4, H 16, N = 8K, two
+rounds) ``w4p`` 1.036 ms a step against Triton's 1.064, ``w4pm`` 0.951 (the default, as at D = 128), ``w4pme8``
+0.944, ``w4pme4`` 1.004, ``w4pe2`` 1.236: at D = 64 a tile's wgmmas take half their D = 128 time, and what is left
+is the exponentials and the row arithmetic around them."""
 DELTA_WIDE_BUILT = {DV_HEAD_DIM: DELTA_WIDE_VARIANTS, 64: DELTA_WIDE_D64_VARIANTS}
 """The δ pass's variants over 128-key tiles built at each head dim."""
-WIDE_DEFAULT_HEAD_DIMS = (DV_HEAD_DIM,)
-"""Where a kernel over 128-key tiles runs unasked (``triton_fwd.wide_variant``): the head dims whose builds are timed;
-elsewhere only where its switch names a variant."""
+WIDE_DEFAULT_HEAD_DIMS = (DV_HEAD_DIM, 64)
+"""Where a kernel over 128-key tiles runs unasked (``triton_fwd.wide_variant``): the head dims whose builds are timed
+(D = 64 since session 42: the step 8.343 → 8.018 ms on an H100, CUPTI at B 4, H 16, N = 8K); elsewhere only where its
+switch names a variant."""
 DELTA_ROW_MAX = {"w4pm": "w4p", "w4pme8": "w4pe8", "w4pme4": "w4pe4"}
 """The δ pass's variants that bound each row's max_j P_ij from the forward's row max (``fwd_wide``'s ``row_max``,
 ``factored.cuh`` ``p_max_bound``) instead of taking it over the elements: 64 FMNMX a thread and tile fewer, of ≈ 500 in
@@ -199,8 +202,9 @@ the same bits. ``w4pe8``, ``w4pe4``, ``w4pe2`` are ``w4p`` with a share of the e
 and was 2.1% slower: removed, its code in 65bf4d2; kernels/NOTES.md, session 35.)"""
 FWD_WIDE_D64_VARIANTS = ("w4p", "w4pe8", "w4pe4", "w4pe2")
 """The forward over 128-key tiles built at D = 64 (``dm_fwd_wide_d64``): ``w4p``, promoted or not, over rows of 64
-codes, and its forms that emulate a share of the exponentials (:data:`EXP_EMULATED`). ``w4p`` took 1.102–1.107 ms a
-step against Triton's 64-key forward's 1.324–1.328 on an H100 (session 42, CUPTI at B 4, H 16, N = 8K)."""
+codes, and its forms that emulate a share of the exponentials (:data:`EXP_EMULATED`). On an H100 (session 42, CUPTI
+at B 4, H 16, N = 8K) ``w4p`` took 1.102–1.107 ms a step against Triton's 64-key forward's 1.324–1.328; the emulating
+forms 1.185–1.278, slower (the default stays ``w4p``)."""
 FWD_WIDE_BUILT = {DV_HEAD_DIM: FWD_WIDE_VARIANTS, 64: FWD_WIDE_D64_VARIANTS}
 """The forward's variants over 128-key tiles built at each head dim."""
 

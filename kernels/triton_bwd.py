@@ -589,19 +589,22 @@ CUDA_DELTA_SWITCH = "DELTAMATCH_KERNEL_CUDA_DELTA"
 """``matched_factored``'s δ pass through the CUDA kernel over 128-key tiles (``kernels/cuda/delta_wide.cu``; δ not
 Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANTS`` runs it (an error where it cannot
 run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
-D = 128 with the default config and no ``ds_stats``, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass
-elsewhere. At D = 64 ``w4p`` runs the D = 64 build where the switch names it (``cuda_lib.DELTA_WIDE_D64_VARIANTS``)."""
+D = 128 or 64 (``cuda_lib.WIDE_DEFAULT_HEAD_DIMS``) with the default config and no ``ds_stats``, and
+``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass elsewhere. At D = 64 the D = 64 build runs
+(``cuda_lib.DELTA_WIDE_D64_VARIANTS``)."""
 CUDA_DELTA_DEFAULT = "w4pm"
 """The δ pass where :data:`CUDA_DELTA_SWITCH` is unset: ``w4pm``, max P bounded from the forward's row maxima
 (``cuda_lib.DELTA_ROW_MAX``), 1.088 ms a step against ``w4p``'s 1.173 at the reference shape (H200, session 30, CUPTI,
 two rounds; ``w4pme8`` 1.120, ``w4pme4`` 1.162); after a forward that wrote no row maxima, ``w4p`` (the same δ). Before:
-``w4p`` 1.217, ``w4t`` 1.383, Triton's pass 1.306 (session 21)."""
+``w4p`` 1.217, ``w4t`` 1.383, Triton's pass 1.306 (session 21). At D = 64 (an H100, session 42, CUPTI at B 4, H 16,
+N = 8K, two rounds) ``w4pm`` 0.951 ms against ``w4p``'s 1.036 and Triton's 1.064 (``w4pme8`` 0.944, within the
+spread and not ``w4pm``'s bits; ``w4pme4`` 1.004, ``w4pe2`` 1.236)."""
 
 
 def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool = True) -> str | None:
     """The variant of the CUDA δ pass over 128-key tiles that runs (:data:`CUDA_DELTA_SWITCH`), or None; a bad value,
     or a variant asked for where it cannot run, is an error that names the switch. At D = 64 only
-    ``cuda_lib.DELTA_WIDE_D64_VARIANTS`` are built, and run only where the switch names one (not yet timed)."""
+    ``cuda_lib.DELTA_WIDE_D64_VARIANTS`` are built."""
     from deltamatch.kernels import cuda_lib
 
     return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_BUILT, CUDA_DELTA_DEFAULT, "δ pass", head_dim,

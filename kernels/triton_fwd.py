@@ -265,13 +265,15 @@ CUDA_FWD_SWITCH = "DELTAMATCH_KERNEL_CUDA_FWD"
 """``matched_factored``'s forward through the CUDA kernel over 128-key tiles (``kernels/cuda/fwd_wide.cu``, V̂ᶜ written
 in its fragment order): a variant of ``cuda_lib.FWD_WIDE_VARIANTS`` runs it (an error where it cannot run); ``0``:
 the forward :data:`triton_bwd.CUDA_SWITCH` picks (Triton's, or with that switch at ``1`` the CUDA kernel with Triton's
-bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128, bf16 or fp16, and
-``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's forward elsewhere."""
+bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128 or 64 (``cuda_lib.WIDE_DEFAULT_HEAD_DIMS``),
+bf16 or fp16, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's forward elsewhere."""
 CUDA_FWD_DEFAULT = "w4p"
 """The forward where :data:`CUDA_FWD_SWITCH` is unset: on the H200 (session 20 call 4, CUPTI at the reference shape,
 one call) ``w4p`` (the next tile's S beside this tile's product) 1.450 ms a step, ``w4pp`` (``w4p`` with the two
 consumers taking turns to issue) 1.507 / 1.510, ``w4`` (each tile in turn) 1.599; Triton's 64-key forward 1.96
-(session 19). The three variants give the same bits."""
+(session 19). The three variants give the same bits. At D = 64 (an H100, session 42, CUPTI at B 4, H 16, N = 8K, two
+rounds) ``w4p`` 1.106 ms against Triton's 1.328; the emulating forms lost there (``w4pe8`` 1.206, ``w4pe4`` 1.185,
+``w4pe2`` 1.278)."""
 
 
 def wide_variant(switch: str, built: dict[int, tuple[str, ...]], default: str, what: str, head_dim: int, off: bool,

@@ -553,15 +553,16 @@ def test_the_row_max_delta_variants_take_the_forwards_row_maxima_and_only_they(m
         backward()
 
 
-def test_the_d64_delta_pass_runs_its_variants_only_and_only_when_asked(monkeypatch):
-    """The δ pass's D = 64 build (``dm_delta_wide_d64``): the backward takes Triton's pass at D = 64 unless
-    ``DELTAMATCH_KERNEL_CUDA_DELTA`` names a variant built there; another variant is an error that names the switch, and
-    so is ``w4p`` where the library cannot run (no GPU here); ``delta_wide`` refuses D = 64 codes with a variant not
-    built there, and D = 128's entry refuses D = 64 codes, each before any launch."""
+def test_the_d64_delta_pass_runs_only_its_variants_and_only_where_it_can(monkeypatch):
+    """The δ pass's D = 64 build (``dm_delta_wide_d64``): where the library cannot load (no GPU here) the backward takes
+    Triton's pass at D = 64, and a variant asked for is an error that names the switch; so is a variant not built at
+    D = 64; ``delta_wide`` refuses D = 64 codes with a variant not built there, and D = 128's entry refuses D = 64
+    codes, each before any launch."""
     from deltamatch.kernels import triton_bwd
 
     monkeypatch.delenv(triton_bwd.CUDA_DELTA_SWITCH, raising=False)
-    assert triton_bwd.cuda_delta_variant(64) is None
+    _, reason = cuda_lib.load()
+    assert triton_bwd.cuda_delta_variant(64) == (None if reason else triton_bwd.CUDA_DELTA_DEFAULT)
     monkeypatch.setenv(triton_bwd.CUDA_DELTA_SWITCH, "w4pd")
     with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA='w4pd': expected one of \('w4p', 'w4pe8', "
                                          r"'w4pe4', 'w4pe2', 'w4pm', 'w4pme8', 'w4pme4'\)"):
@@ -581,15 +582,16 @@ def test_the_d64_delta_pass_runs_its_variants_only_and_only_when_asked(monkeypat
         cuda_lib.delta_factored(*args)
 
 
-def test_the_d64_forward_runs_its_variants_only_and_only_when_asked(monkeypatch):
-    """The forward's D = 64 build (``dm_fwd_wide_d64``), as the δ pass's: Triton's forward at D = 64 unless
-    ``DELTAMATCH_KERNEL_CUDA_FWD`` names a variant built there; another variant is an error that names the switch, and
-    so is ``w4p`` where the library cannot run; ``fwd_wide`` refuses D = 64 codes with a variant not built there, and
-    ``fwd_factored`` refuses them, each before any launch."""
+def test_the_d64_forward_runs_only_its_variants_and_only_where_it_can(monkeypatch):
+    """The forward's D = 64 build (``dm_fwd_wide_d64``), as the δ pass's: where the library cannot load, Triton's
+    forward at D = 64, and a variant asked for is an error that names the switch; so is a variant not built at D = 64;
+    ``fwd_wide`` refuses D = 64 codes with a variant not built there, and ``fwd_factored`` refuses them, each before
+    any launch."""
     from deltamatch.kernels import triton_fwd
 
     monkeypatch.delenv(triton_fwd.CUDA_FWD_SWITCH, raising=False)
-    assert triton_fwd.cuda_forward_variant(64, torch.bfloat16) is None
+    _, reason = cuda_lib.load()
+    assert triton_fwd.cuda_forward_variant(64, torch.bfloat16) == (None if reason else triton_fwd.CUDA_FWD_DEFAULT)
     monkeypatch.setenv(triton_fwd.CUDA_FWD_SWITCH, "w4pp")
     with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4pp': expected one of \('w4p', 'w4pe8', "
                                          r"'w4pe4', 'w4pe2'\)"):

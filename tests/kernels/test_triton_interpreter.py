@@ -390,9 +390,9 @@ def test_the_cuda_kernels_run_only_where_they_can_and_say_why_not(monkeypatch, t
 
 
 def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
-    """``DELTAMATCH_KERNEL_CUDA_FWD`` unset: the 128-key CUDA forward wherever the library loads at D = 128 (not here:
-    no GPU, so Triton's); at D = 64 only where the switch names ``w4p`` (its D = 64 build); a variant asked for where
-    it cannot run, or a bad value, is an error naming the switch."""
+    """``DELTAMATCH_KERNEL_CUDA_FWD`` unset: the 128-key CUDA forward wherever the library loads at D = 128 or 64 (not
+    here: no GPU, so Triton's; at D = 64 its D = 64 build); a variant asked for where it cannot run, or one not built
+    at that head dim, or a bad value, is an error naming the switch."""
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_attention import fp8_forward
     from deltamatch.kernels.triton_bwd import CUDA_SWITCH
@@ -404,7 +404,8 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
     assert cuda_forward_variant(128, torch.bfloat16) is None
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
     assert cuda_forward_variant(128, torch.bfloat16) == CUDA_FWD_DEFAULT == "w4p"
-    assert cuda_forward_variant(64, torch.bfloat16) is None and cuda_forward_variant(128, torch.float32) is None
+    assert cuda_forward_variant(64, torch.bfloat16) == "w4p"  # the D = 64 build, the default since session 42
+    assert cuda_forward_variant(256, torch.bfloat16) is None and cuda_forward_variant(128, torch.float32) is None
     monkeypatch.setenv(CUDA_SWITCH, "1")  # every kernel through CUDA with Triton's bits: fwd_factored.cu
     assert cuda_forward_variant(128, torch.bfloat16) is None
     monkeypatch.setenv(CUDA_FWD_SWITCH, "w4pp")
@@ -417,10 +418,10 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
     monkeypatch.setenv(CUDA_FWD_SWITCH, "w4")
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_FWD=w4 but the CUDA forward cannot run: head dim 256"):
         cuda_forward_variant(256, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4': expected one of \('w4p',\)"):
-        cuda_forward_variant(64, torch.bfloat16)  # D = 64 is built as w4p only (session 41, opt-in)
-    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4p")
-    assert cuda_forward_variant(64, torch.bfloat16) == "w4p"
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_FWD='w4': expected one of \('w4p', 'w4pe8', "):
+        cuda_forward_variant(64, torch.bfloat16)  # D = 64 is built as w4p and its emulating forms
+    monkeypatch.setenv(CUDA_FWD_SWITCH, "w4pe4")
+    assert cuda_forward_variant(64, torch.bfloat16) == "w4pe4"
     monkeypatch.undo()
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     monkeypatch.setenv(CUDA_FWD_SWITCH, "w4")
@@ -429,8 +430,8 @@ def test_the_128_key_cuda_forward_is_the_default_only_where_it_can_run(monkeypat
         fp8_forward(q, q, q, True, "matched_factored", 128**-0.5)
 
 def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
-    """``DELTAMATCH_KERNEL_CUDA_DELTA`` unset: the δ pass over 128-key tiles wherever the library loads at D = 128 with
-    the default config and no diagnostics (not here: no GPU, so Triton's); ``DELTAMATCH_KERNEL_CUDA`` set either way
+    """``DELTAMATCH_KERNEL_CUDA_DELTA`` unset: the δ pass over 128-key tiles wherever the library loads at D = 128 or 64
+    with the default config and no diagnostics (not here: no GPU, so Triton's); ``DELTAMATCH_KERNEL_CUDA`` set either way
     keeps the δ pass it picks; a variant asked for where it cannot run, or a bad value, is an error naming the
     switch."""
     from deltamatch.kernels import cuda_lib
@@ -442,7 +443,8 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
     assert cuda_delta_variant(128) is None
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
     assert cuda_delta_variant(128) == CUDA_DELTA_DEFAULT in cuda_lib.DELTA_WIDE_VARIANTS
-    assert cuda_delta_variant(64) is None
+    assert cuda_delta_variant(64) == CUDA_DELTA_DEFAULT in cuda_lib.DELTA_WIDE_D64_VARIANTS  # since session 42
+    assert cuda_delta_variant(256) is None and cuda_delta_variant(64, stats=True) is None
     assert cuda_delta_variant(128, stats=True) is None and cuda_delta_variant(128, default_config=False) is None
     monkeypatch.setenv(CUDA_SWITCH, "0")
     assert cuda_delta_variant(128) is None
@@ -456,7 +458,10 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
     monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4p")
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DELTA=w4p but the CUDA δ pass cannot run: head dim"):
         cuda_delta_variant(256)
-    assert cuda_delta_variant(64) == "w4p"  # the D = 64 build, where the switch names it (session 41)
+    assert cuda_delta_variant(64) == "w4p"  # the D = 64 build's
+    monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4t")
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DELTA='w4t': expected one of \('w4p', "):
+        cuda_delta_variant(64)  # not built at D = 64
     monkeypatch.undo()
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     monkeypatch.setenv(CUDA_DELTA_SWITCH, "w4")
