@@ -96,6 +96,10 @@ KERNELS = (
     *(CudaKernel(f"dm_dkdv_factored_{variant}_unpromoted", {_qgmma(64): 16, _qgmma(128): 8}, spill_bytes=24)
       for variant in ("ws3", "ws4")),
     CudaKernel("dm_dkdv_factored_ws3s_unpromoted", {_qgmma(64): 8, _qgmma(128): 4}, spill_bytes=24),
+    # at D = 64 (without dQ): Sᵀ and dP̂ᵀ over 64 channels (2 x two SS m64n64k32), dV and dK over the tile's 64 queries
+    # into 64 channels (2 x two RS m64n64k32); unpromoted, at two sites
+    *(CudaKernel(f"dm_dkdv_factored_{variant}_{promoted}_d64", {_qgmma(64): count})
+      for variant in ("ws3", "ws4") for promoted, count in (("promoted", 8), ("unpromoted", 16))),
     # with dQ (promoted): also the tile's dQ product over the CTA's 128 keys (4 SS m64n64k32 per half), reduced into
     # dq_acc by a producer thread, which the epilogue kernel turns into dQ
     CudaKernel("dm_dkdv_factored_ws3_promoted_dq", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=32),

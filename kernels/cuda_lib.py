@@ -76,6 +76,7 @@ SIGNATURES = {
     "dm_dk_factored": ((_P, _I, _P), _I),
     "dm_dk_factored_params_size": ((), _I),
     "dm_dkdv_factored": ((_P, _I, _I, _I, _P), _I),
+    "dm_dkdv_factored_d64": ((_P, _I, _I, _I, _P), _I),
     "dm_dkdv_factored_params_size": ((), _I),
     "dm_dq_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_dq_factored_params_size": ((), _I),
@@ -124,6 +125,9 @@ swizzle) and one thread writes them by tensor stores, the same bits."""
 DKDV_UNPROMOTED_ONLY = ("ws3s",)
 DKDV_WITH_DQ = ("ws3", "ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms ``dqdkdv_factored`` (dQ in the same launch, promoted) is built in."""
+DKDV_D64_VARIANTS = ("ws3", "ws4")
+"""The fused dK/dV's forms built at D = 64 (``dm_dkdv_factored_d64``, without dQ), promoted or not: rows of 64 codes,
+dV and dK by m64n64k32 into 32 accumulators a thread (session 42; not yet run on a GPU)."""
 DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)
@@ -522,8 +526,9 @@ def dkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: tor
     (B, H, D, N_pad), with ``sdoc`` (B, H, D). ``q8t`` and ``do8t`` in ``triton_quant.fragment_token_order``
     (``quantize_per_channel(..., fragment_order=True)``): the kernel's A fragments take that order. ``promote``
     (Triton's default, ``ACC_PROMOTE=64``): each 64-query tile's products are added into dK and dV in FP32; otherwise
-    the wgmma accumulates all of them. ``variant``: one of ``DKDV_VARIANTS``. ``irs``: div.full(1, s) of ``rs``, as
-    the δ pass writes it (``row_scale_inverses`` forms it when None: one more small launch)."""
+    the wgmma accumulates all of them. ``variant``: one of ``DKDV_VARIANTS`` (at D = 64 one of
+    :data:`DKDV_D64_VARIANTS`). ``irs``: div.full(1, s) of ``rs``, as the δ pass writes it (``row_scale_inverses`` forms
+    it when None: one more small launch)."""
     _, dk, dv = _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delta, n, causal, qk_scale,
                       softmax_scale, dtype, promote, variant, irs=irs)
     return dk, dv
@@ -610,6 +615,10 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     """The launch behind ``dkdv_factored`` and (with ``k8t``, ``skc``) ``dqdkdv_factored``: (dQ or None, dK, dV)."""
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
+    d64 = q8.dim() == 4 and q8.shape[-1] == 64  # the D = 64 build: dm_dkdv_factored_d64
+    if d64 and (variant not in DKDV_D64_VARIANTS or k8t is not None):
+        raise ValueError(f"variant {variant!r}" + (" with dQ" if k8t is not None else "") + ": at D = 64 the dK/dV "
+                         f"kernel is built as {DKDV_D64_VARIANTS} without dQ only")
     if promote and variant in DKDV_UNPROMOTED_ONLY:
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     if k8t is not None and variant not in DKDV_WITH_DQ:
@@ -619,7 +628,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     if k8t is None and variant in DKDV_DQ_ONLY:
         raise ValueError(f"variant {variant!r} is built with dQ only: call dqdkdv_factored, or pass one of "
                          f"{tuple(v for v in DKDV_VARIANTS if v not in DKDV_DQ_ONLY)}")
-    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV")
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dK/dV", (64,) if d64 else (DV_HEAD_DIM,))
     codes = [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
              ("do8", do8, (b, h, n_pad, d)), ("q8t", q8t, (b, h, d, n_pad)), ("do8t", do8t, (b, h, d, n_pad))]
     if irs is None:  # referenced until the launch, so its memory cannot go back to the allocator before
@@ -658,7 +667,8 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
                                 int(causal), int(dtype == torch.float16), *extra)
-    _call(_library(), "dm_dkdv_factored", ctypes.byref(params), int(promote), DKDV_VARIANTS.index(variant),
+    index = DKDV_D64_VARIANTS.index(variant) if d64 else DKDV_VARIANTS.index(variant)
+    _call(_library(), "dm_dkdv_factored_d64" if d64 else "dm_dkdv_factored", ctypes.byref(params), int(promote), index,
           *_launch_args(dk))
     return dq, dk, dv
 

@@ -71,16 +71,18 @@ namespace dkdv {
 using namespace factored;
 
 // Q̂, dÔ, Q'ᶜᵀ, dÔᶜᵀ; lse2, δ, 1/s
-constexpr uint32_t kTileBytes = 4 * kBlockM * kHeadDim + 3 * kBlockM * sizeof(float);
+template <int D>
+constexpr uint32_t kTileBytesOf = 4 * kBlockM * D + 3 * kBlockM * sizeof(float);
 
-template <int STAGES>
+// Rows of D codes: D = 128 (every form), D = 64 (ws3 and ws4 without dQ: dm_dkdv_factored_d64).
+template <int STAGES, int D = kHeadDim>
 struct __align__(1024) Smem {
-  uint8_t k[kConsumers][kBlockN * kHeadDim];
-  uint8_t v[kConsumers][kBlockN * kHeadDim];
-  uint8_t q[STAGES][kBlockM * kHeadDim];
-  uint8_t dout[STAGES][kBlockM * kHeadDim];
-  uint8_t qt[STAGES][kHeadDim * kBlockM];
-  uint8_t dot[STAGES][kHeadDim * kBlockM];
+  uint8_t k[kConsumers][kBlockN * D];
+  uint8_t v[kConsumers][kBlockN * D];
+  uint8_t q[STAGES][kBlockM * D];
+  uint8_t dout[STAGES][kBlockM * D];
+  uint8_t qt[STAGES][D * kBlockM];
+  uint8_t dot[STAGES][D * kBlockM];
   float lse[STAGES][kBlockM], delta[STAGES][kBlockM], irs[STAGES][kBlockM];  // irs: div.full(1, s)
   StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], kv_full;
@@ -99,9 +101,9 @@ struct __align__(1024) DqSmem {
   uint64_t ds_full[2], ds_empty[2];     // 256 arrivals each: every consumer thread has written / read ds[i]
   uint64_t dq_full[2], dq_empty[2];     // tile j's, [j % 2]: 256 arrivals: dq written; 1 (reducer j % 2): read
 };
-template <int STAGES, bool DQ = false>
+template <int STAGES, bool DQ = false, int D = kHeadDim>
 constexpr int smem_bytes() {  // + room to align the base
-  return int(sizeof(Smem<STAGES>)) + (DQ ? int(sizeof(DqSmem)) : 0) + 1024;
+  return int(sizeof(Smem<STAGES, D>)) + (DQ ? int(sizeof(DqSmem)) : 0) + 1024;
 }
 template <int STAGES>
 __device__ __forceinline__ DqSmem& dq_smem(Smem<STAGES>& s) { return *reinterpret_cast<DqSmem*>(&s + 1); }
@@ -379,15 +381,15 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
   return j;
 }
 
-template <int STAGES, typename Sched>
-__device__ __forceinline__ uint32_t produce(Smem<STAGES>& s, const DkdvFactoredParams& p, const Maps& maps,
+template <int STAGES, int D, typename Sched>
+__device__ __forceinline__ uint32_t produce(Smem<STAGES, D>& s, const DkdvFactoredParams& p, const Maps& maps,
                                             Walk<STAGES, Sched> w, uint32_t j0 = 0) {
-  return produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+  return produce_walk(s.info, s.full, s.empty, w, kTileBytesOf<D>, [&](int st, const auto& at, uint64_t* full) {
     const int64_t row = at.bh * p.n_pad + at.start;
     tma_load_2d(s.q[st], &maps.q, 0, int(row), full);
     tma_load_2d(s.dout[st], &maps.dout, 0, int(row), full);
-    tma_load_2d(s.qt[st], &maps.qt, at.start, int(at.bh * kHeadDim), full);
-    tma_load_2d(s.dot[st], &maps.dot, at.start, int(at.bh * kHeadDim), full);
+    tma_load_2d(s.qt[st], &maps.qt, at.start, int(at.bh * D), full);
+    tma_load_2d(s.dot[st], &maps.dot, at.start, int(at.bh * D), full);
     bulk_load(s.lse[st], p.lse2 + row, kBlockM * sizeof(float), full);
     bulk_load(s.delta[st], p.delta + row, kBlockM * sizeof(float), full);
     bulk_load(s.irs[st], p.irs + row, kBlockM * sizeof(float), full);
@@ -446,13 +448,14 @@ __device__ __forceinline__ void store_dq_sum(float* dq, int first, int t, const 
 // product has read them, by two tensor stores each (store_rows_tma, the maps `out`); not for the persistent form, whose
 // producer refills those buffers with the next block's.
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool EXCHANGE = false, typename Where = SameBlock,
-          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false>
-__device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false, int D = kHeadDim>
+__device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DkdvFactoredParams& p, int half, int b, int h_kv,
                                         int start_n, Ring<STAGES>& ring, uint32_t& j0, uint32_t kv_phase = 0,
                                         uint64_t* kv_empty = nullptr, Where where = {}, const Maps* out = nullptr) {
   static_assert(!TMA_OUT || DQ_GROUP, "the TMA epilogue is built into the dQ warpgroup's form");
   static_assert(SPLIT == 0 || SPLIT == 2 || SPLIT == 4, "the promotion whole, in halves or in quarters");
   static_assert(!DQ_GROUP || (DQ && SPLIT), "the dQ warpgroup's registers come from the split promotion");
+  static_assert(D == kHeadDim || (!DQ && SPLIT == 0), "D = 64 is built without dQ, its promotion whole");
   const bool releaser = threadIdx.x % 32 == 0;
   const int diag = diag_bits();  // 0 but in the DM_DQ_CLOCK build
   auto diag_skips = [&](int bit) { return (diag & bit) != 0; };
@@ -478,25 +481,25 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
                                   start_n, t.start, p.n, p.causal);
     }
   };
-  auto new_head = [&](float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2], int64_t prev, int64_t next) {
-    rescale_channels(dv, p.sdoc + prev * kHeadDim, p.sdoc + next * kHeadDim);
-    rescale_channels(dk, p.sqc + prev * kHeadDim, p.sqc + next * kHeadDim);
+  auto new_head = [&](float (&dv)[D / 2], float (&dk)[D / 2], int64_t prev, int64_t next) {
+    rescale_channels(dv, p.sdoc + prev * D, p.sdoc + next * D);
+    rescale_channels(dk, p.sqc + prev * D, p.sqc + next * D);
   };
 
   // Sᵀ and dP̂ᵀ of tile t, waited for, then formed (form) with its scales `sc`
   auto s_dp_formed = [&](const Tile& t, Scales sc, float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2]) {
-    issue_s_dp(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
+    issue_s_dp<D>(st, dpt, k, v, s.q[t.stage], s.dout[t.stage]);
     wgmma_wait<0>();
     fence_operands(st);
     fence_operands(dpt);
     form(t, sc, st, dpt);
   };
   // Promoted: tile t's dV, then dK product through the temporary `part`, each added in FP32; the stage released
-  auto promoted_products = [&](const Tile& t, float (&dv)[kHeadDim / 2], float (&dk)[kHeadDim / 2],
-                               float (&part)[kHeadDim / 2], uint32_t (&pfrag)[kTileSteps][4],
+  auto promoted_products = [&](const Tile& t, float (&dv)[D / 2], float (&dk)[D / 2],
+                               float (&part)[D / 2], uint32_t (&pfrag)[kTileSteps][4],
                                uint32_t (&dsfrag)[kTileSteps][4]) {
     if constexpr (SPLIT == 2) {
-      float(&h)[kHeadDim / 4] = reinterpret_cast<float(&)[kHeadDim / 4]>(part);  // the first 32 registers only
+      float(&h)[D / 4] = reinterpret_cast<float(&)[D / 4]>(part);  // the first 32 registers only
       if (!diag_skips(1)) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
@@ -518,16 +521,16 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       finish_part<64>(dk, h, 1);
     } else if constexpr (SPLIT == 4) {
       // quarters i = 0..7: dV's 0-3, then dK's 0-3, quarter i into buffer i % 2 (the first 32 registers of part)
-      float(&pa)[kHeadDim / 8] = reinterpret_cast<float(&)[kHeadDim / 8]>(part[0]);
-      float(&pb)[kHeadDim / 8] = reinterpret_cast<float(&)[kHeadDim / 8]>(part[kHeadDim / 8]);
-      auto issue = [&](float(&buf)[kHeadDim / 8], int i) {
+      float(&pa)[D / 8] = reinterpret_cast<float(&)[D / 8]>(part[0]);
+      float(&pb)[D / 8] = reinterpret_cast<float(&)[D / 8]>(part[D / 8]);
+      auto issue = [&](float(&buf)[D / 8], int i) {
         if (i < 4) {
           issue_channel_part<32>(buf, pfrag, s.dot[t.stage], i);
         } else {
           issue_channel_part<32>(buf, dsfrag, s.qt[t.stage], i - 4);
         }
       };
-      auto finish = [&](float(&buf)[kHeadDim / 8], int i) {
+      auto finish = [&](float(&buf)[D / 8], int i) {
         if (i < 4) {
           finish_part<32>(dv, buf, i);
         } else {
@@ -561,12 +564,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     }
   };
 
-  auto epilogue = [&](const float (&dv)[kHeadDim / 2], const float (&dk)[kHeadDim / 2], int64_t bh, KvBlock at) {
-    const float* sdoc = p.sdoc + bh * kHeadDim;
-    const float* sqc = p.sqc + bh * kHeadDim;
+  auto epilogue = [&](const float (&dv)[D / 2], const float (&dk)[D / 2], int64_t bh, KvBlock at) {
+    const float* sdoc = p.sdoc + bh * D;
+    const float* sqc = p.sqc + bh * D;
     const float scale = p.softmax_scale;
     // both finished before either is stored: the loads of both tensors' channel scales overlap (store_rows)
-    float yv[kHeadDim / 2], yk[kHeadDim / 2];
+    float yv[D / 2], yk[D / 2];
     finish_rows(dv, [&](float x, int, int col) { return __fmul_rn(x, __fmul_rn(sdoc[col], 1.0f / 448.0f)); }, yv);
     finish_rows(dk, [&](float x, int, int col) { return __fmul_rn(__fmul_rn(x, sqc[col]), scale); }, yk);
     if constexpr (TMA_OUT) {
@@ -586,9 +589,9 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     static_assert(PROMOTE && !PIPELINED, "dQ is built into the promoted form, each tile in turn");
     DqSmem& x = dq_smem(s);
     const int t_in_group = threadIdx.x % kThreads;
-    const uint8_t* kt = x.kt + half * (kHeadDim / 2) * kCtaRows;  // this half's 64 channels x 128 keys
+    const uint8_t* kt = x.kt + half * (D / 2) * kCtaRows;  // this half's 64 channels x 128 keys
     mbar_wait(&s.kv_full, kv_phase);
-    float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};
+    float dv[D / 2] = {}, dk[D / 2] = {};
     int64_t head = -1;
     Tile t;
     bool use;
@@ -628,7 +631,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
       fence_async_shared();
       mbar_arrive(&x.ds_full[buf]);
       if (use) {
-        float part[kHeadDim / 2];
+        float part[D / 2];
         promoted_products(t, dv, dk, part, pfrag, dsfrag);
       } else if (releaser) {
         mbar_arrive(&s.empty[t.stage]);
@@ -664,12 +667,12 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
   Tile cur;
   if (!take(cur)) return;  // no key of this half below N
   mbar_wait(&s.kv_full, 0);
-  float dv[kHeadDim / 2] = {}, dk[kHeadDim / 2] = {};  // [64 keys, D]; in units of the current head's channel scales
+  float dv[D / 2] = {}, dk[D / 2] = {};  // [64 keys, D]; in units of the current head's channel scales
   uint32_t pfrag[kTileSteps][4], dsfrag[kTileSteps][4];
 
   static_assert(!(PROMOTE && PIPELINED), "no registers for the next tile's Sᵀ and dP̂ᵀ beside the promotion's");
   if constexpr (!PIPELINED) {
-    float part[PROMOTE ? kHeadDim / 2 : 1];  // one tile's dV, then dK product (PROMOTE)
+    float part[PROMOTE ? D / 2 : 1];  // one tile's dV, then dK product (PROMOTE)
     int64_t head = cur.bh;
     Tile t = cur;
     do {
@@ -697,7 +700,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     {
       float st[kBlockM / 2], dpt[kBlockM / 2];
       const Scales sc = scales_of(cur);
-      issue_s_dp(st, dpt, k, v, s.q[cur.stage], s.dout[cur.stage]);
+      issue_s_dp<D>(st, dpt, k, v, s.q[cur.stage], s.dout[cur.stage]);
       wgmma_wait<0>();
       fence_operands(st);
       fence_operands(dpt);
@@ -710,7 +713,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DkdvFactoredParam
     while (take(next)) {
       const Scales sc = scales_of(next);
       float st[kBlockM / 2], dpt[kBlockM / 2];
-      issue_s_dp(st, dpt, k, v, s.q[next.stage], s.dout[next.stage]);
+      issue_s_dp<D>(st, dpt, k, v, s.q[next.stage], s.dout[next.stage]);
       issue_channel_product<false>(dv, dv, pfrag, s.dot[cur.stage]);
       issue_channel_product<false>(dk, dk, dsfrag, s.qt[cur.stage]);
       wgmma_wait<2>();  // Sᵀ and dP̂ᵀ of next; dV and dK of cur run on
@@ -782,21 +785,21 @@ __device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w)
 }
 
 template <bool PROMOTE, bool PIPELINED, int STAGES, bool DQ, bool ORDERED = false, bool EXCHANGE = false,
-          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false>
+          bool FOLDED = false, int SPLIT = 0, bool DQ_GROUP = false, bool TMA_OUT = false, int D = kHeadDim>
 __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParams& p, const Maps& maps) {
   static_assert(DQ || !ORDERED, "the order is that of the adds into dQ");
   static_assert(DQ || !EXCHANGE, "the exchange writes the dŜ tile of dQ's product");
   using Sched = std::conditional_t<ORDERED, IncreasingSchedule, Schedule>;
   // the arrivals dŜ's release and dQ's product count: the dQ warpgroup's threads, or both consumers'
   constexpr int kDqArrivals = DQ_GROUP ? kThreads : kConsumers * kThreads;
-  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  Smem<STAGES, D>& s = aligned_smem<Smem<STAGES, D>>(raw);
   auto coords = [&] { return ORDERED ? cta_coords(p) : CtaCoords{blockIdx.x, blockIdx.y}; };
   if (threadIdx.x == 0) {
     DqClock::put(kCtaNs, DqClock::ns());
     const CtaCoords cta = coords();
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumers * kThreads / 32);
     const int row = int(int64_t(cta.bh_kv) * p.n_pad + cta.block * kCtaRows);
-    mbar_arrive_expect_tx(&s.kv_full, (DQ ? 3 : 2) * kCtaRows * kHeadDim);
+    mbar_arrive_expect_tx(&s.kv_full, (DQ ? 3 : 2) * kCtaRows * D);
 #pragma unroll
     for (int i = 0; i < kConsumers; ++i) {
       tma_load_2d(s.k[i], &maps.k, 0, row + kBlockN * i, &s.kv_full);
@@ -1025,6 +1028,20 @@ DM_DKDV_KERNEL(dm_dkdv_factored_ws3_unpromoted, false, true, 3, false, false, fa
 DM_DKDV_KERNEL(dm_dkdv_factored_ws4_promoted, true, false, 4, false, false, false, false)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws4_unpromoted, false, true, 4, false, false, false, false)
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3s_unpromoted, false, false, 3, false, false, false, false)
+// D = 64: rows of 64 codes (Q̂, K̂, V̂, dÔ in the 64-byte swizzle, two k = 32 steps of Sᵀ and dP̂ᵀ), dV and dK
+// [64 keys, 64 channels] by m64n64k32 into 32 accumulators a thread; without dQ (Triton's dQ launch forms it)
+#define DM_DKDV_D64_KERNEL(NAME, PROMOTE, PIPELINED, STAGES)                                                 \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                                 \
+      NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                        \
+    extern __shared__ uint8_t smem[];                                                                      \
+    dm::dkdv::dkdv_block<PROMOTE, PIPELINED, STAGES, false, false, false, false, 0, false, false, 64>(smem, p, \
+                                                                                                 maps);    \
+  }
+DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws3_promoted_d64, true, false, 3)
+DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws3_unpromoted_d64, false, true, 3)
+DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws4_promoted_d64, true, false, 4)
+DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws4_unpromoted_d64, false, true, 4)
+#undef DM_DKDV_D64_KERNEL
 // with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered; ws3x:
 // the dŜ tile written by lane exchange (to_fragments_exchanged), the same bits
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false, false, false)
@@ -1217,6 +1234,32 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;
   dm_dkdv_dq_epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);
+  return cudaGetLastError();
+}
+
+// dK and dV at D = 64 (promote, variant as dm_dkdv_factored's: 0 ws3, 1 ws4; no dQ, so p->dq_acc must be null).
+// Operands as dm_dkdv_factored's with D = 64: Q̂, K̂, V̂, dÔ token-major, Q̂'ᶜ and dÔᶜ channel-major in fragment order.
+extern "C" int dm_dkdv_factored_d64(const DkdvFactoredParams* p, int promote, int variant, int device,
+                                    cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p) || p->dq_acc != nullptr || variant < 0 || variant > 1) return cudaErrorInvalidValue;
+  const DkdvKernel kernels[2][2] = {{dm_dkdv_factored_ws3_unpromoted_d64, dm_dkdv_factored_ws3_promoted_d64},
+                                    {dm_dkdv_factored_ws4_unpromoted_d64, dm_dkdv_factored_ws4_promoted_d64}};
+  const DkdvKernel kernel = kernels[variant][promote ? 1 : 0];
+  const int smem = variant == 0 ? dm::dkdv::smem_bytes<3, false, 64>() : dm::dkdv::smem_bytes<4, false, 64>();
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
+    return err;
+  }
+  dm::dkdv::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  const uint64_t channel_rows = uint64_t(p->b) * p->h * 64;
+  if (!encode_rows<64>(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows<64>(&maps.k, p->k8, kv_rows, kBlockN) ||
+      !encode_rows<64>(&maps.v, p->v8, kv_rows, kBlockN) || !encode_rows<64>(&maps.dout, p->do8, q_rows, kBlockM) ||
+      !encode_channels<64>(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM) ||
+      !encode_channels<64>(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }
 

@@ -235,10 +235,12 @@ __device__ __forceinline__ void to_fragments(const float (&st)[kBlockM / 2], uin
 
 // acc · s_prev[d] / s_next[d] before the first tile of a query head (div.full, Triton's `/`; s_prev = 1 for the
 // first head), so that a dV or dK accumulator stays in the units of the current head's channel scales (dÔᶜ, Q').
-__device__ __forceinline__ void rescale_channels(float (&dv)[kHeadDim / 2], const float* prev, const float* next) {
+// W: the accumulator's registers, D / 2 for D channels.
+template <int W>
+__device__ __forceinline__ void rescale_channels(float (&dv)[W], const float* prev, const float* next) {
   const int q = threadIdx.x % 4;
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
+  for (int i = 0; i < W / 4; ++i) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = 8 * i + 2 * q + c;
@@ -249,12 +251,12 @@ __device__ __forceinline__ void rescale_channels(float (&dv)[kHeadDim / 2], cons
   }
 }
 
-template <bool PROMOTE>
-__device__ __forceinline__ void finish_acc(float (&dv)[kHeadDim / 2], float (&part)[kHeadDim / 2]) {
+template <bool PROMOTE, int W>
+__device__ __forceinline__ void finish_acc(float (&dv)[W], float (&part)[W]) {
   if constexpr (PROMOTE) {
     fence_operands(part);
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = __fadd_rn(dv[i], part[i]);
+    for (int i = 0; i < W; ++i) dv[i] = __fadd_rn(dv[i], part[i]);
   } else {
     fence_operands(dv);
   }
@@ -281,11 +283,11 @@ __device__ __forceinline__ void load_k_fragments(const uint8_t* k, uint32_t (&kf
   }
 }
 
-// acc += frag · tileᵀ over one tile's 64 queries (two RS m64n128k32; the B tile channel-major in the 64-byte swizzle):
-// dV's P̂ᵀ dÔᶜ and dK's dŜᵀ Q̂'ᶜ. PROMOTE: the product goes to `part` from zero (finish_acc adds it); otherwise the
-// wgmma accumulates into `acc` itself.
-template <bool PROMOTE>
-__device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2], float (&part)[kHeadDim / 2],
+// acc += frag · tileᵀ over one tile's 64 queries (two RS m64nDk32, D = 2W channels; the B tile channel-major in the
+// 64-byte swizzle): dV's P̂ᵀ dÔᶜ and dK's dŜᵀ Q̂'ᶜ. PROMOTE: the product goes to `part` from zero (finish_acc adds it);
+// otherwise the wgmma accumulates into `acc` itself.
+template <bool PROMOTE, int W>
+__device__ __forceinline__ void issue_channel_product(float (&acc)[W], float (&part)[W],
                                                       uint32_t (&frag)[kTileSteps][4], const uint8_t* tile) {
 #pragma unroll
   for (int kk = 0; kk < kTileSteps; ++kk) fence_operands(frag[kk]);
@@ -293,9 +295,9 @@ __device__ __forceinline__ void issue_channel_product(float (&acc)[kHeadDim / 2]
 #pragma unroll
   for (int kk = 0; kk < kTileSteps; ++kk) {
     if constexpr (PROMOTE) {
-      WgmmaE4M3<kHeadDim>::rs(part, frag[kk], ChannelTile::desc(tile, kk), kk > 0);
+      WgmmaE4M3<2 * W>::rs(part, frag[kk], ChannelTile::desc(tile, kk), kk > 0);
     } else {
-      WgmmaE4M3<kHeadDim>::rs(acc, frag[kk], ChannelTile::desc(tile, kk), 1);
+      WgmmaE4M3<2 * W>::rs(acc, frag[kk], ChannelTile::desc(tile, kk), 1);
     }
   }
   wgmma_commit();
@@ -325,17 +327,19 @@ __device__ __forceinline__ void finish_part(float (&acc)[kHeadDim / 2], float (&
   for (int i = 0; i < W / 2; ++i) acc[(W / 2) * c + i] = __fadd_rn(acc[(W / 2) * c + i], part[i]);
 }
 
-// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group.
+// Sᵀ = K̂ Q̂ᵀ and dP̂ᵀ = V̂ dÔᵀ of one tile, one wgmma group (rows of D codes, RowTile<D>).
+template <int D = kHeadDim>
 __device__ __forceinline__ void issue_s_dp(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const uint8_t* k,
                                            const uint8_t* v, const uint8_t* q, const uint8_t* dout) {
+  using Tile = RowTile<D>;
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockM>::ss(st, QTile::desc(k, kk), QTile::desc(q, kk), kk > 0);
+  for (int kk = 0; kk < Tile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockM>::ss(st, Tile::desc(k, kk), Tile::desc(q, kk), kk > 0);
   }
 #pragma unroll
-  for (int kk = 0; kk < QTile::kSteps; ++kk) {
-    WgmmaE4M3<kBlockM>::ss(dpt, QTile::desc(v, kk), QTile::desc(dout, kk), kk > 0);
+  for (int kk = 0; kk < Tile::kSteps; ++kk) {
+    WgmmaE4M3<kBlockM>::ss(dpt, Tile::desc(v, kk), Tile::desc(dout, kk), kk > 0);
   }
   wgmma_commit();
 }
@@ -515,12 +519,13 @@ __device__ __forceinline__ void store_finished_rows(const float (&y)[W], void* o
 // store_finished_rows's stores without the transpose: each lane its own column pairs, 4 bytes each. The dK/dV
 // epilogue's form: there the transposed stores made the kernel 2.4–4.0% slower (the forward's 2.4–2.9% faster;
 // kernels/NOTES.md, session 34).
-__device__ __forceinline__ void store_finished_pairs(const float (&y)[kHeadDim / 2], void* out, bool fp16,
-                                                     int64_t stride_b, int64_t stride_n, int64_t stride_h, int b,
-                                                     int head, int start_n, int n) {
+template <int W>
+__device__ __forceinline__ void store_finished_pairs(const float (&y)[W], void* out, bool fp16, int64_t stride_b,
+                                                     int64_t stride_n, int64_t stride_h, int b, int head, int start_n,
+                                                     int n) {
   const auto [warp, g, q] = lane();
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
+  for (int i = 0; i < W / 4; ++i) {
     const int col = 8 * i + 2 * q;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

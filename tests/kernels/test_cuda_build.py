@@ -257,7 +257,13 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
     for variant in cuda_lib.DKDV_DQ_ONLY:  # built with dQ only
         assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index(variant), 0, None) == 1
+    # the D = 64 build: ws3 and ws4 without dQ (and the shapes every launch takes)
+    assert opened.dm_dkdv_factored_d64(ctypes.byref(fused), 1, len(cuda_lib.DKDV_D64_VARIANTS), 0, None) == 1
+    fused.n_pad = 64
+    assert opened.dm_dkdv_factored_d64(ctypes.byref(fused), 1, 0, 0, None) == 1
+    fused.n_pad = 128
     fused.dq_acc = 16  # with dQ: promoted only, and not in the ws3s form (refused before any CUDA call)
+    assert opened.dm_dkdv_factored_d64(ctypes.byref(fused), 1, 0, 0, None) == 1  # no dQ at D = 64
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, 0, 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 0, cuda_lib.DKDV_VARIANTS.index("ws3x"), 0, None) == 1
     assert opened.dm_dkdv_factored(ctypes.byref(fused), 1, cuda_lib.DKDV_VARIANTS.index("ws3s"), 0, None) == 1
@@ -608,6 +614,23 @@ def test_the_d64_forward_runs_only_its_variants_and_only_where_it_can(monkeypatc
         cuda_lib.fwd_wide(*args, variant="w4p")
     with pytest.raises(ValueError, match="head dim 64: the CUDA forward kernel is built for D = 128 only"):
         cuda_lib.fwd_factored(*args)
+
+
+def test_the_d64_dkdv_takes_its_variants_without_dq_only():
+    """The dK/dV kernel's D = 64 build (``dm_dkdv_factored_d64``): ``dkdv_factored`` refuses D = 64 codes with a form
+    not built there, ``dqdkdv_factored`` refuses them (no dQ at D = 64), each before any launch; a form built there
+    gets as far as the device check (no GPU here)."""
+    dv = _dv_inputs(d=64)
+    q8, k8, q8t, sq, sk, lse2 = dv["q8"], dv["k8"], dv["do8t"], dv["sq"], dv["sk"], dv["lse2"]
+    sqc, rs = dv["sdoc"], lse2
+    args = (q8, k8, k8, q8, q8t, q8t, sq, sk, sk, sq, sqc, sqc, rs, lse2, lse2, 100, True, 0.1, 0.125)
+    for variant in ("ws3s", "ws3x", "ws3xfdt"):
+        with pytest.raises(ValueError, match=f"variant '{variant}': at D = 64 the dK/dV kernel is built as"):
+            cuda_lib.dkdv_factored(*args, variant=variant, promote=False)
+    with pytest.raises(ValueError, match="variant 'ws3xfdt' with dQ: at D = 64 the dK/dV kernel is built as"):
+        cuda_lib.dqdkdv_factored(*args[:6], q8t, *args[6:12], sqc, *args[12:], variant="ws3xfdt")
+    with pytest.raises(ValueError, match="expected a CUDA tensor"):
+        cuda_lib.dkdv_factored(*args, variant="ws4")
 
 
 class _Launched(Exception):

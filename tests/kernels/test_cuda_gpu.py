@@ -406,6 +406,68 @@ def test_fused_factored_dkdv_is_tritons_bit_for_bit(dk_operands, n, causal, prom
             f"{relative_error(ours, theirs[name]):.2e}, first at {where}")
 
 
+@pytest.fixture(scope="module")
+def d64_dkdv_operands():
+    """What the dK/dV kernel's D = 64 build and Triton's factored dK/dV launch at D = 64 read, made as the backward
+    makes them (the D = 64 forward and δ pass of this tree's defaults; Q' = s ⊙ Q per channel from the δ pass's row
+    scales), cached by (n, causal)."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_quant import quantize_per_channel
+
+    cache = {}
+
+    def get(n, causal):
+        if (n, causal) not in cache:
+            q, k, v, do = attention_inputs(2, n, *heads(n), seed=n + 640, d=64)
+            ops = factored_dv_operands(q, k, v, do, causal)
+            delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
+            cfg = triton_bwd.factored_config(triton_bwd.backward_config(64), 64)
+            triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, causal, ops["qk_scale"], n,
+                                             cfg["delta"], row_scales=rs)
+            _, q8t_c, sqc = quantize_per_channel(q, "q", row_scales=rs)
+            _, q8t_f, _ = quantize_per_channel(q, "q", row_scales=rs, layouts="channel", fragment_order=True)
+            cache[n, causal] = dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc, cfg=cfg["dkdv"])
+        return cache[n, causal]
+
+    return get
+
+
+# a ragged second CTA with no second half (130), GQA 8 on 2 with a ragged second half (1000), many tiles (1024)
+@pytest.mark.parametrize("n, causal, promote, variant",
+                         [(n, causal, promote, "ws3") for n in (130, 1000, 1024) for causal in (True, False)
+                          for promote in (True, False)] + [(1024, True, promote, "ws4") for promote in (True, False)])
+def test_the_d64_dkdv_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promote, variant):
+    """The dK/dV kernel's D = 64 build (``dm_dkdv_factored_d64``: rows of 64 codes, dV and dK by m64n64k32) against
+    Triton's factored dK/dV launch at D = 64 on the same operands, promoted per 64-query tile or not: dK and dV bit for
+    bit, as the D = 128 build gives Triton's at D = 128."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    ops = d64_dkdv_operands(n, causal)
+    s = ops["saved"]
+    dk, dv = cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"],
+                                    s["sk"], s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"],
+                                    ops["delta_m"], n, causal, ops["qk_scale"], ops["scale"], dtype=ops["dtype"],
+                                    promote=promote, variant=variant)
+    cfg = {**ops["cfg"], "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+    theirs = {"dK": torch.empty_like(dk), "dV": torch.empty_like(dv)}
+    factored = dict(q8t=ops["q8t_c"], sqc=ops["sqc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["rs"])
+    triton_bwd._launch_dkdv(s, ops["do8"], ops["do8t"], ops["sdo"], ops["delta_m"], theirs["dK"], theirs["dV"], None,
+                            causal, ops["qk_scale"], ops["scale"], n, cfg, factored=factored)
+    torch.cuda.synchronize()
+    for name, ours in (("dK", dk), ("dV", dv)):
+        assert torch.isfinite(ours).all(), name
+        diff = (ours.float() - theirs[name].float()).abs()
+        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+        assert torch.equal(ours, theirs[name]), (
+            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
+            f"{relative_error(ours, theirs[name]):.2e}, first at {where}")
+    with pytest.raises(ValueError, match="at D = 64 the dK/dV kernel is built as"):
+        cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"], s["sk"],
+                               s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"], n,
+                               causal, ops["qk_scale"], ops["scale"], variant="ws3s")
+
+
 def triton_factored_dq(ops, promote):
     """Triton's factored dQ launch, promoted per 64-key tile or not."""
     from deltamatch.kernels import triton_bwd

@@ -8,7 +8,9 @@ per variant on stdout and in ``--out``:
 and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: relative norm difference).
 
 Usage (repo root, on the H200, after the library is built): ``python tools/device/cuda_dv_bench.py --out FILE``;
-``--once`` launches each kernel once (dV promoted, then Triton's and the CUDA dK) for ``ncu``.
+``--once`` launches each kernel once (dV promoted, then Triton's and the CUDA dK) for ``ncu``; ``--head-dim 64
+--dkdv-only``: the fused dK/dV's D = 64 build (``cuda_lib.DKDV_D64_VARIANTS``) against Triton's factored dK/dV at
+D = 64.
 """
 
 import argparse
@@ -35,7 +37,7 @@ def operands(b, h, n, d, causal):
     k_mean = token_mean(k)
     _, k8t_c, _ = quantize_per_channel(k, "k", mean=k_mean, layouts="channel")
     _, k8t_f, _ = quantize_per_channel(k, "k", mean=k_mean, layouts="channel", fragment_order=True)
-    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc,
+    return dict(saved=saved, do8=do8, do8t=do8t, sdo=sdo, delta=delta, do8t_c=do8t_c, do8t_f=do8t_f, sdoc=sdoc, d=d,
                 scale=scale, qk=scale * math.log2(math.e), n=n, causal=causal, k=k, q=q, v=v, k8t_c=k8t_c,
                 k8t_f=k8t_f, skc=forward_factored["skc"])
 
@@ -75,7 +77,7 @@ def matched_operands(ops):
     from deltamatch.kernels.triton_quant import quantize_per_channel
 
     if "matched" not in ops:
-        cfg = triton_bwd.factored_config(triton_bwd.backward_config(128), 128)
+        cfg = triton_bwd.factored_config(triton_bwd.backward_config(ops["d"]), ops["d"])
         delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
         irs = triton_bwd._launch_delta_matched(ops["saved"], ops["do8"], ops["sdo"], delta, True, ops["qk"],
                                                ops["n"], cfg["delta"], row_scales=rs)
@@ -152,9 +154,9 @@ def dkdv_rows(ops, args, flop, do_bench, variants=None):
                 ops["scale"], promote=promote, variant=variant, irs=m["irs"])
 
         triton_dkdv()
-        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
+        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=ops["d"], causal=True)
         rows.append(timed("dkdv_factored_triton", triton_dkdv, do_bench, base))
-        for variant in variants or cuda_lib.DKDV_VARIANTS:
+        for variant in variants or (cuda_lib.DKDV_D64_VARIANTS if ops["d"] == 64 else cuda_lib.DKDV_VARIANTS):
             if (promote and variant in cuda_lib.DKDV_UNPROMOTED_ONLY) or variant in cuda_lib.DKDV_DQ_ONLY:
                 continue
             fn = cuda_dkdv(variant)
@@ -342,6 +344,8 @@ def main(argv=None) -> int:
     parser.add_argument("--fused-only", action="store_true",
                         help="time only the warp-specialised kernels (forward, dK/dV, dQ) and Triton's launches")
     parser.add_argument("--forward-only", action="store_true", help="time only the forward and Triton's")
+    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128), help="64: with --dkdv-only only")
+    parser.add_argument("--dkdv-only", action="store_true", help="time only the fused dK/dV and Triton's")
     parser.add_argument("--dq-fused-only", action="store_true",
                         help="time only dQ inside the dK/dV launch against the dK/dV and dQ launches it replaces")
     parser.add_argument("--sections", type=int, nargs="+", default=[0],
@@ -349,9 +353,11 @@ def main(argv=None) -> int:
     parser.add_argument("--syncs", type=int, nargs="+", default=[0],
                         help="how the ordered form orders its adds, each timed (dqdkdv_factored's sync: 0 .. 4)")
     args = parser.parse_args(argv)
+    if args.head_dim != 128 and not args.dkdv_only:
+        parser.error("--head-dim 64 times the fused dK/dV only: add --dkdv-only")
     from triton.testing import do_bench
 
-    d, h = 128, 16
+    d, h = args.head_dim, 16
     b = args.bh // h
     ops = operands(b, h, args.n, d, causal=True)
     flop = 2 * 2 * args.bh * args.n**2 * d * 0.5
@@ -368,8 +374,11 @@ def main(argv=None) -> int:
         dqdkdv_rows(ops, args, flop * 2.5, lambda fn, **_: 1.0)
         torch.cuda.synchronize()
         return 0
-    if args.dq_fused_only:
-        rows += dqdkdv_rows(ops, args, flop * 2.5, do_bench)  # five matmuls (S, dP, dV, dK, dQ)
+    if args.dkdv_only or args.dq_fused_only:
+        if args.dkdv_only:
+            rows += dkdv_rows(ops, args, flop * 2, do_bench)  # four matmuls (S, dP, dV, dK)
+        if args.dq_fused_only:
+            rows += dqdkdv_rows(ops, args, flop * 2.5, do_bench)  # five matmuls (S, dP, dV, dK, dQ)
         if args.out:
             with open(args.out, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
