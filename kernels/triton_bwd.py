@@ -548,6 +548,29 @@ def cuda_dkdv_variant(ordered: bool = True) -> str:
     return value or CUDA_DKDV_DEFAULT
 
 
+CUDA_DKDV64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV64"
+"""At D = 64, ``matched_factored``'s dK and dV through the fused CUDA kernel's D = 64 build (``dkdv_factored.cu``,
+``dm_dkdv_factored_d64``: Triton's bits; dQ stays Triton's launch): a form of ``cuda_lib.DKDV_D64_VARIANTS`` runs it (an
+error where it cannot run), ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the library loads, bf16 or
+fp16, with the default config and no ``ds_stats``, and :data:`CUDA_SWITCH` unset."""
+CUDA_DKDV64_DEFAULT = "ws3"
+"""The D = 64 dK/dV form where :data:`CUDA_DKDV64_SWITCH` is unset: ``ws3`` (3 stages) 2.188 ms promoted against
+Triton's fused launch's 4.037 at B·H = 64, N = 8K, causal (an H200, session 42, ``tools/device/cuda_dv_bench.py
+--head-dim 64 --dkdv-only``, one run; ``ws4`` 2.172, within the spread; unpromoted 1.807 and 1.942 against 3.873)."""
+
+
+def cuda_dkdv64_variant(head_dim: int, dtype: torch.dtype, stats: bool = False,
+                        default_config: bool = True) -> str | None:
+    """The form of the CUDA dK/dV kernel's D = 64 build that runs (:data:`CUDA_DKDV64_SWITCH`), or None; a bad value,
+    or a form asked for where it cannot run, is an error that names the switch."""
+    from deltamatch.kernels import cuda_lib
+
+    checks = (lambda: "" if dtype in (torch.bfloat16, torch.float16) else
+              f"dtype {dtype}: the CUDA dK/dV kernel writes bf16 or fp16",)
+    return wide_variant(CUDA_DKDV64_SWITCH, {64: cuda_lib.DKDV_D64_VARIANTS}, CUDA_DKDV64_DEFAULT, "dK/dV kernel",
+                        head_dim, env_switch(CUDA_SWITCH) is not None or stats or not default_config, checks)
+
+
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
 """``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``), its δ pass (``delta_factored.cu``) and its dK, dV
 and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the
@@ -881,31 +904,44 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             rs = torch.empty_like(delta)
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
+        dkdv64 = cuda_dkdv64_variant(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
         # the CUDA dK/dV kernel reads Q̂'ᶜ and dÔᶜ in its A fragments' token order (triton_quant.fragment_token_order)
+        fragments = cuda or bool(dkdv64)
         if cuda_qprime_selected(factored["q"]):
             from deltamatch.kernels import cuda_lib
 
-            q8t_c, sqc = cuda_lib.quantize_channel_scaled(factored["q"], rs, fragment_order=cuda)
+            q8t_c, sqc = cuda_lib.quantize_channel_scaled(factored["q"], rs, fragment_order=fragments)
         else:
             _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel",
-                                                 fragment_order=cuda)
+                                                 fragment_order=fragments)
         if "do8t" in factored:  # dÔᶜ made beside dÔ (triton_attention.fp8_backward), in the order it says
             do8t_c, sdoc = factored["do8t"], factored["sdoc"]
-            if factored["do_fragment"] and not cuda:
+            if factored["do_fragment"] and not fragments:
                 do8t_c = _natural_order(do8t_c)
-            elif cuda and not factored["do_fragment"]:
+            elif fragments and not factored["do_fragment"]:
                 do8t_c = do8t_c[..., fragment_token_order(do8t_c.shape[-1], do8t_c.device)].contiguous()
         else:
-            _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel", fragment_order=cuda)
+            _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel",
+                                                   fragment_order=fragments)
         k8t = factored["k8t"]
         if not cuda and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # the forward ordered it for CUDA's dQ
             k8t = _natural_order(k8t)
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=k8t, skc=factored["skc"])
         if cuda:
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
-        dq, dk, dv = outputs()
-        _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
-                     cfg["dkdv"], factored=ops)
+        if dkdv64:  # Triton's bits, from the CUDA kernel's D = 64 build
+            from deltamatch.kernels import cuda_lib
+
+            dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
+            dk, dv = cuda_lib.dkdv_factored(saved["q8"], saved["k8"], saved["v8"], do8, q8t_c, do8t_c, saved["sq"],
+                                            saved["sk"], saved["sv"], sdo, sqc, sdoc, rs, saved["lse2"], delta, n,
+                                            causal, qk_scale, softmax_scale, dtype=dtypes[1],
+                                            promote=cfg["dkdv"].get("ACC_PROMOTE") is not None, variant=dkdv64,
+                                            irs=irs)
+        else:
+            dq, dk, dv = outputs()
+            _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
+                         cfg["dkdv"], factored=ops)
         _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
                    factored=ops)
         return dq, dk, dv

@@ -288,7 +288,7 @@ def wide_variant(switch: str, built: dict[int, tuple[str, ...]], default: str, w
     value = os.environ.get(switch, "")
     if value == "0" or (not value and (off or head_dim not in cuda_lib.WIDE_DEFAULT_HEAD_DIMS)):
         return None
-    variants = built.get(head_dim, built[cuda_lib.DV_HEAD_DIM])
+    variants = built.get(head_dim, built.get(cuda_lib.DV_HEAD_DIM, next(iter(built.values()))))
     if value and value not in variants:
         raise ValueError(f"{switch}={value!r}: expected one of {variants} or 0 (or unset)")
     _, reason = cuda_lib.load()

@@ -468,6 +468,34 @@ def test_the_d64_dkdv_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promo
                                causal, ops["qk_scale"], ops["scale"], variant="ws3s")
 
 
+# a ragged second CTA (130), GQA 8 on 2 with a ragged second half (1000), causal or not, promoted or not
+@pytest.mark.parametrize("n, causal, h, h_kv, promote", [(130, True, 2, 2, True), (1000, True, 8, 2, True),
+                                                         (1000, False, 8, 2, False), (1000, True, 8, 2, False)])
+def test_the_d64_backward_takes_the_cuda_dkdv_with_tritons_bits(n, causal, h, h_kv, promote, monkeypatch):
+    """matched_factored's backward at D = 64 runs the CUDA dK/dV kernel's D = 64 build unasked
+    (``DELTAMATCH_KERNEL_CUDA_DKDV64`` unset) and gives, with it, the bits of O, dQ, dK, dV that Triton's dK/dV launch
+    gives (``=0``), twice."""
+    from deltamatch.kernels import triton_fwd
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DKDV64_SWITCH
+
+    q, k, v, do = attention_inputs(2, n, h, h_kv, seed=31, d=64)
+    calls = []
+    fused = cuda_lib.dkdv_factored
+    monkeypatch.setattr(cuda_lib, "dkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    monkeypatch.setenv(triton_fwd.ACC_PROMOTE_SWITCH, "1" if promote else "0")
+    monkeypatch.delenv(CUDA_DKDV64_SWITCH, raising=False)
+    fn = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
+    ours, again = _fwd_bwd(fn, q, k, v, do), _fwd_bwd(fn, q, k, v, do)
+    assert calls == ["ws3", "ws3"]  # the default took effect
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "0")
+    theirs = _fwd_bwd(fn, q, k, v, do)
+    assert len(calls) == 2
+    for name, a, b, c in zip(("O", "dQ", "dK", "dV"), ours, again, theirs):
+        assert torch.equal(a, b), name
+        assert torch.equal(a, c), f"{name}: relative {relative_error(a, c):.2e} from Triton's dK/dV launch's"
+
+
 def triton_factored_dq(ops, promote):
     """Triton's factored dQ launch, promoted per 64-key tile or not."""
     from deltamatch.kernels import triton_bwd

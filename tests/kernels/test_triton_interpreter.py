@@ -469,6 +469,43 @@ def test_the_128_key_cuda_delta_pass_is_the_default_only_where_it_can_run(monkey
         cuda_delta_variant(128)
 
 
+def test_the_d64_cuda_dkdv_is_the_default_only_where_it_can_run(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_DKDV64`` unset: the CUDA dK/dV kernel's D = 64 build wherever the library loads at
+    D = 64 with the default config, bf16 or fp16, no diagnostics and ``DELTAMATCH_KERNEL_CUDA`` unset (not here: no
+    GPU, so Triton's launch); never at another head dim unless asked, and then an error; a bad value is an error naming
+    the switch."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_bwd import (CUDA_DKDV64_DEFAULT, CUDA_DKDV64_SWITCH, CUDA_SWITCH,
+                                               cuda_dkdv64_variant)
+
+    monkeypatch.delenv(CUDA_SWITCH, raising=False)
+    monkeypatch.delenv(CUDA_DKDV64_SWITCH, raising=False)
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    assert cuda_dkdv64_variant(64, torch.bfloat16) is None
+    monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
+    assert cuda_dkdv64_variant(64, torch.bfloat16) == CUDA_DKDV64_DEFAULT in cuda_lib.DKDV_D64_VARIANTS
+    assert cuda_dkdv64_variant(64, torch.float16) == CUDA_DKDV64_DEFAULT
+    assert cuda_dkdv64_variant(128, torch.bfloat16) is None and cuda_dkdv64_variant(256, torch.bfloat16) is None
+    assert cuda_dkdv64_variant(64, torch.float32) is None
+    assert cuda_dkdv64_variant(64, torch.bfloat16, stats=True) is None
+    assert cuda_dkdv64_variant(64, torch.bfloat16, default_config=False) is None
+    monkeypatch.setenv(CUDA_SWITCH, "0")
+    assert cuda_dkdv64_variant(64, torch.bfloat16) is None
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws4")
+    assert cuda_dkdv64_variant(64, torch.bfloat16) == "ws4"
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "0")
+    assert cuda_dkdv64_variant(64, torch.bfloat16) is None
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3xfdt")
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DKDV64='ws3xfdt': expected one of \('ws3', 'ws4'\)"):
+        cuda_dkdv64_variant(64, torch.bfloat16)
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DKDV64=ws3 but the CUDA dK/dV kernel cannot run: "
+                                           "head dim 128: built for D = 64 only"):
+        cuda_dkdv64_variant(128, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="cannot run: dtype torch.float32"):
+        cuda_dkdv64_variant(64, torch.float32)
+
+
 def test_the_cuda_dkdv_form_with_dq_is_ws3xfdt_unless_asked(monkeypatch):
     """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfdt``
     (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own, dK and dV by tensor stores);
