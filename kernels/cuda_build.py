@@ -129,6 +129,8 @@ KERNELS = (
     # m64n128k32)
     *(CudaKernel(f"dm_dq_factored_ws3_{promoted}", {_qgmma(64): 8, _qgmma(128): 2})
       for promoted in ("promoted", "unpromoted")),
+    # at D = 64: S and dP̂ over 64 channels (2 x two SS m64n64k32), dQ into 64 channels (two RS m64n64k32)
+    *(CudaKernel(f"dm_dq_factored_ws3_{promoted}_d64", {_qgmma(64): 6}) for promoted in ("promoted", "unpromoted")),
     # the factored forward (fwd_factored.cu), one loop body per key tile: S (4 SS m64n64k32), then O += P̂ V̂ᶜ (2 RS
     # m64n128k32)
     *(CudaKernel(f"dm_fwd_factored_ws4_{promoted}", {_qgmma(64): 4, _qgmma(128): 2})

@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -79,6 +79,7 @@ SIGNATURES = {
     "dm_dkdv_factored_d64": ((_P, _I, _I, _I, _P), _I),
     "dm_dkdv_factored_params_size": ((), _I),
     "dm_dq_factored": ((_P, _I, _I, _I, _P), _I),
+    "dm_dq_factored_d64": ((_P, _I, _I, _I, _P), _I),
     "dm_dq_factored_params_size": ((), _I),
     "dm_fwd_factored": ((_P, _I, _I, _I, _P), _I),
     "dm_fwd_factored_params_size": ((), _I),
@@ -685,10 +686,11 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
     ``triton_quant.fragment_token_order`` (``quantize_per_channel(..., fragment_order=True)``), with ``skc``
     (B, H_kv, D); ``rs`` dŜ's row scales s, ``lse2`` and matched's ``delta``, each (B, H, N_pad). ``promote``: each
     64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma. ``variant``: one of
-    ``DQ_VARIANTS``."""
+    ``DQ_VARIANTS``. At D = 64 its D = 64 build runs (``dm_dq_factored_d64``, session 42; not yet run on a GPU)."""
     if variant not in DQ_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DQ_VARIANTS}")
-    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dQ")
+    d64 = q8.dim() == 4 and q8.shape[-1] == 64  # the D = 64 build (dm_dq_factored_d64), the same forms
+    b, h, h_kv, n_pad, d = _attention_shape(q8, k8, n, dtype, "dQ", (64,) if d64 else (DV_HEAD_DIM,))
     pointers = _operand_pointers(
         [("q8", q8, (b, h, n_pad, d)), ("k8", k8, (b, h_kv, n_pad, d)), ("v8", v8, (b, h_kv, n_pad, d)),
          ("do8", do8, (b, h, n_pad, d)), ("k8t", k8t, (b, h_kv, d, n_pad))],
@@ -700,8 +702,8 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
     params = DqFactoredParams(*pointers, dq.data_ptr(), dq.stride(0), dq.stride(1),
                               dq.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale), int(causal),
                               int(dtype == torch.float16))
-    _call(_library(), "dm_dq_factored", ctypes.byref(params), int(promote), DQ_VARIANTS.index(variant),
-          *_launch_args(dq))
+    _call(_library(), "dm_dq_factored_d64" if d64 else "dm_dq_factored", ctypes.byref(params), int(promote),
+          DQ_VARIANTS.index(variant), *_launch_args(dq))
     return dq
 
 

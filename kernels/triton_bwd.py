@@ -571,6 +571,23 @@ def cuda_dkdv64_variant(head_dim: int, dtype: torch.dtype, stats: bool = False,
                         head_dim, env_switch(CUDA_SWITCH) is not None or stats or not default_config, checks)
 
 
+CUDA_DQ64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DQ64"
+"""At D = 64, ``matched_factored``'s dQ through the CUDA dQ kernel's D = 64 build (``dq_factored.cu``,
+``dm_dq_factored_d64``: Triton's bits, K̂ᶜ written in fragment order by the forward): a form of ``cuda_lib.DQ_VARIANTS``
+runs it (an error where it cannot run). Unset or ``0``: Triton's launch (the build is not yet timed, session 42)."""
+
+
+def cuda_dq64_variant(head_dim: int, dtype: torch.dtype) -> str | None:
+    """The form of the CUDA dQ kernel's D = 64 build that runs (:data:`CUDA_DQ64_SWITCH`, asked for only), or None; a
+    bad value, or a form asked for where it cannot run, is an error that names the switch."""
+    from deltamatch.kernels import cuda_lib
+
+    checks = (lambda: "" if dtype in (torch.bfloat16, torch.float16) else
+              f"dtype {dtype}: the CUDA dQ kernel writes bf16 or fp16",)
+    return wide_variant(CUDA_DQ64_SWITCH, {64: cuda_lib.DQ_VARIANTS}, cuda_lib.DQ_VARIANTS[0], "dQ kernel", head_dim,
+                        True, checks)
+
+
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
 """``matched_factored``'s forward (``kernels/cuda/fwd_factored.cu``), its δ pass (``delta_factored.cu``) and its dK, dV
 and dQ (``dkdv_factored.cu``, one warp-specialised launch for dK and dV, and ``dq_factored.cu``): ``1`` through the
@@ -694,8 +711,9 @@ def cuda_qprime_selected(q: torch.Tensor) -> bool:
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
     dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default
-    config. A backward that runs Triton's dQ after all (``ds_stats``, a caller's config) reorders K̂ᶜ back."""
-    return cuda_kernels_selected(head_dim, dtype)
+    config, or where the CUDA dQ's D = 64 build is asked for (:data:`CUDA_DQ64_SWITCH`). A backward that runs
+    Triton's dQ after all (``ds_stats``, a caller's config) reorders K̂ᶜ back."""
+    return cuda_kernels_selected(head_dim, dtype) or cuda_dq64_variant(head_dim, dtype) is not None
 
 
 def _natural_order(x8t: torch.Tensor) -> torch.Tensor:
@@ -923,8 +941,9 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         else:
             _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel",
                                                    fragment_order=fragments)
+        dq64 = None if stats or config is not None else cuda_dq64_variant(saved["q8"].shape[-1], dtypes[1])
         k8t = factored["k8t"]
-        if not cuda and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # the forward ordered it for CUDA's dQ
+        if not (cuda or dq64) and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # ordered for CUDA's dQ
             k8t = _natural_order(k8t)
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=k8t, skc=factored["skc"])
         if cuda:
@@ -932,7 +951,7 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if dkdv64:  # Triton's bits, from the CUDA kernel's D = 64 build
             from deltamatch.kernels import cuda_lib
 
-            dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
+            dq = None if dq64 else torch.empty(shapes[0], device=device, dtype=dtypes[0])
             dk, dv = cuda_lib.dkdv_factored(saved["q8"], saved["k8"], saved["v8"], do8, q8t_c, do8t_c, saved["sq"],
                                             saved["sk"], saved["sv"], sdo, sqc, sdoc, rs, saved["lse2"], delta, n,
                                             causal, qk_scale, softmax_scale, dtype=dtypes[1],
@@ -942,8 +961,16 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             dq, dk, dv = outputs()
             _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
                          cfg["dkdv"], factored=ops)
-        _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
-                   factored=ops)
+        if dq64:  # Triton's bits, from the CUDA dQ kernel's D = 64 build (K̂ᶜ in fragment order)
+            from deltamatch.kernels import cuda_lib
+
+            dq = cuda_lib.dq_factored(saved["q8"], saved["k8"], saved["v8"], do8, k8t, saved["sq"], saved["sk"],
+                                      saved["sv"], sdo, factored["skc"], rs, saved["lse2"], delta, n, causal, qk_scale,
+                                      softmax_scale, dtype=dtypes[0], promote=cfg["dq"].get("ACC_PROMOTE") is not None,
+                                      variant=dq64)
+        else:
+            _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
+                       factored=ops)
         return dq, dk, dv
     dq, dk, dv = outputs()
     if mode == "matched":

@@ -1,5 +1,5 @@
-// dQ of the factored scale layout (matched_factored, kernels/README.md) in one warp-specialised kernel, D = 128, causal
-// or not, any GQA group: the dQ half of M4 in kernels/CUDA_BACKWARD.md, deterministic (no atomics), on the structure of
+// dQ of the factored scale layout (matched_factored, kernels/README.md) in one warp-specialised kernel, D = 128 (and
+// D = 64: dm_dq_factored_d64, below), causal or not, any GQA group: the dQ half of M4 in kernels/CUDA_BACKWARD.md, deterministic (no atomics), on the structure of
 // dkdv_factored.cu with the roles of queries and keys exchanged.
 //
 // One CTA per 128 queries and query head, three warpgroups:
@@ -30,34 +30,36 @@ namespace dq {
 
 using namespace factored;
 
-constexpr uint32_t kTileBytes = 3 * kBlockN * kHeadDim;   // K̂, V̂, K̂ᶜᵀ
+template <int D>
+constexpr uint32_t kTileBytesOf = 3 * kBlockN * D;  // K̂, V̂, K̂ᶜᵀ
 
-template <int STAGES>
+// Rows of D codes: D = 128, D = 64 (dm_dq_factored_d64).
+template <int STAGES, int D = kHeadDim>
 struct __align__(1024) Smem {
-  uint8_t q[kConsumers][kBlockM * kHeadDim];
-  uint8_t dout[kConsumers][kBlockM * kHeadDim];
-  uint8_t k[STAGES][kBlockN * kHeadDim];
-  uint8_t v[STAGES][kBlockN * kHeadDim];
-  uint8_t kt[STAGES][kHeadDim * kBlockN];
+  uint8_t q[kConsumers][kBlockM * D];
+  uint8_t dout[kConsumers][kBlockM * D];
+  uint8_t k[STAGES][kBlockN * D];
+  uint8_t v[STAGES][kBlockN * D];
+  uint8_t kt[STAGES][D * kBlockN];
   StageInfo info[STAGES];
   uint64_t full[STAGES], empty[STAGES], rows_full;
 };
-template <int STAGES>
-constexpr int smem_bytes() { return int(sizeof(Smem<STAGES>)) + 1024; }  // + room to align the base
+template <int STAGES, int D = kHeadDim>
+constexpr int smem_bytes() { return int(sizeof(Smem<STAGES, D>)) + 1024; }  // + room to align the base
 
 struct Maps {
-  CUtensorMap q, dout, k, v;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
-  CUtensorMap kt;             // K̂ᶜ channel-major, boxes of 128 channels x 64 keys, 64-byte swizzle
+  CUtensorMap q, dout, k, v;  // rows of D codes, boxes of 64 rows, RowTile<D>'s swizzle
+  CUtensorMap kt;             // K̂ᶜ channel-major, boxes of D channels x 64 keys, 64-byte swizzle
 };
 
-template <int STAGES>
-__device__ __forceinline__ void produce(Smem<STAGES>& s, const Maps& maps, int64_t bh_kv, int n_pad,
+template <int STAGES, int D>
+__device__ __forceinline__ void produce(Smem<STAGES, D>& s, const Maps& maps, int64_t bh_kv, int n_pad,
                                         Walk<STAGES, KeySchedule> w) {
   const int64_t kv_rows = bh_kv * n_pad;
-  produce_walk(s.info, s.full, s.empty, w, kTileBytes, [&](int st, const auto& at, uint64_t* full) {
+  produce_walk(s.info, s.full, s.empty, w, kTileBytesOf<D>, [&](int st, const auto& at, uint64_t* full) {
     tma_load_2d(s.k[st], &maps.k, 0, int(kv_rows + at.start), full);
     tma_load_2d(s.v[st], &maps.v, 0, int(kv_rows + at.start), full);
-    tma_load_2d(s.kt[st], &maps.kt, at.start, int(bh_kv * kHeadDim), full);
+    tma_load_2d(s.kt[st], &maps.kt, at.start, int(bh_kv * D), full);
   });
 }
 
@@ -84,8 +86,8 @@ __device__ __forceinline__ void ds_rows(const float (&st)[kBlockN / 2], float (&
   }
 }
 
-template <bool PROMOTE, int STAGES>
-__device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams& p, int half, int64_t bh,
+template <bool PROMOTE, int STAGES, int D>
+__device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DqFactoredParams& p, int half, int64_t bh,
                                         int64_t bh_kv, int start_m) {
   const bool releaser = threadIdx.x % 32 == 0;
   const auto [warp, g, q] = lane();
@@ -107,8 +109,8 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
   const uint8_t* q8 = s.q[half];
   const uint8_t* do8 = s.dout[half];
   Ring<STAGES> ring;
-  float dq[kHeadDim / 2] = {};
-  float part[PROMOTE ? kHeadDim / 2 : 1];  // one tile's product (PROMOTE)
+  float dq[D / 2] = {};
+  float part[PROMOTE ? D / 2 : 1];  // one tile's product (PROMOTE)
   uint32_t frag[kTileSteps][4];
   mbar_wait(&s.rows_full, 0);
   Tile t;
@@ -117,7 +119,7 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
     const float row_scale = __fmul_rn(__fmul_rn(s_q, s_k), p.qk_scale), dp_scale = __fmul_rn(s_do, s_v);
     {
       float st[kBlockN / 2], dpt[kBlockN / 2];
-      issue_s_dp(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
+      issue_s_dp<D>(st, dpt, q8, do8, s.k[t.stage], s.v[t.stage]);  // S = Q̂ K̂ᵀ, dP̂ = dÔ V̂ᵀ
       wgmma_wait<0>();
       fence_operands(st);
       fence_operands(dpt);
@@ -141,18 +143,18 @@ __device__ __forceinline__ void consume(Smem<STAGES>& s, const DqFactoredParams&
       fence_operands(dq);
     }
   }
-  const float* skc = p.skc + bh_kv * kHeadDim;
+  const float* skc = p.skc + bh_kv * D;
   const float scale = p.softmax_scale;
   store_rows(dq, [&](float x, int r, int col) {
     return __fmul_rn(__fmul_rn(__fmul_rn(x, s_row[r]), skc[col]), scale);
   }, p.dq, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, int(bh / p.h), int(bh % p.h), start_m, p.n);
 }
 
-template <bool PROMOTE, int STAGES>
+template <bool PROMOTE, int STAGES, int D = kHeadDim>
 __device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p, const Maps& maps) {
-  Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
+  Smem<STAGES, D>& s = aligned_smem<Smem<STAGES, D>>(raw);
   if (threadIdx.x == 0) {
-    load_query_rows<STAGES>(s, &maps.q, &maps.dout, int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows));
+    load_query_rows<STAGES, D>(s, &maps.q, &maps.dout, int(int64_t(blockIdx.y) * p.n_pad + blockIdx.x * kCtaRows));
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
   // what each role needs is computed after the register split: a value live across it would be spilled
@@ -164,7 +166,7 @@ __device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p
       const int start_m = blockIdx.x * kCtaRows;
       KeySchedule second(start_m + kBlockM, p.n, p.causal);
       if (start_m + kBlockM >= p.n) second.tiles = 0;  // no query of the second half exists
-      produce<STAGES>(s, maps, bh_kv, p.n_pad,
+      produce(s, maps, bh_kv, p.n_pad,
                       Walk<STAGES, KeySchedule>(KeySchedule(start_m, p.n, p.causal), second, bh, 1));
     }
     return;
@@ -185,6 +187,17 @@ __device__ __forceinline__ void dq_block(uint8_t* raw, const DqFactoredParams& p
 DM_DQ_KERNEL(dm_dq_factored_ws3_promoted, true, 3)
 DM_DQ_KERNEL(dm_dq_factored_ws3_unpromoted, false, 3)
 #undef DM_DQ_KERNEL
+// D = 64: rows of 64 codes (Q̂, dÔ, K̂, V̂ in the 64-byte swizzle, two k = 32 steps of S and dP̂), dQ [64 queries,
+// 64 channels] by m64n64k32 into 32 accumulators a thread
+#define DM_DQ_D64_KERNEL(NAME, PROMOTE, STAGES)                                                     \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)                       \
+      NAME(const DqFactoredParams p, const __grid_constant__ dm::dq::Maps maps) {                  \
+    extern __shared__ uint8_t smem[];                                                            \
+    dm::dq::dq_block<PROMOTE, STAGES, 64>(smem, p, maps);                                        \
+  }
+DM_DQ_D64_KERNEL(dm_dq_factored_ws3_promoted_d64, true, 3)
+DM_DQ_D64_KERNEL(dm_dq_factored_ws3_unpromoted_d64, false, 3)
+#undef DM_DQ_D64_KERNEL
 
 // variant: 0 each tile in turn (ws3), the one form (cuda_lib.DQ_VARIANTS; FA3's ping-pong, ws3pp, gained nothing on
 // the H200 and was removed: kernels/NOTES.md, session 11)
@@ -203,6 +216,28 @@ extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int varian
   if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
       !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows(&maps.v, p->v8, kv_rows, kBlockN) ||
       !encode_channels(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN)) {
+    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
+  }
+  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
+  return cudaGetLastError();
+}
+
+// dQ at D = 64 (promote and variant as dm_dq_factored's). Operands as dm_dq_factored's with D = 64: K̂ᶜ channel-major
+// in fragment order.
+extern "C" int dm_dq_factored_d64(const DqFactoredParams* p, int promote, int variant, int device,
+                                  cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p) || variant != 0) return cudaErrorInvalidValue;
+  auto kernel = promote ? dm_dq_factored_ws3_promoted_d64 : dm_dq_factored_ws3_unpromoted_d64;
+  const int smem = dm::dq::smem_bytes<3, 64>();
+  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
+    return err;
+  }
+  dm::dq::Maps maps;
+  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
+  if (!encode_rows<64>(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows<64>(&maps.dout, p->do8, q_rows, kBlockM) ||
+      !encode_rows<64>(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows<64>(&maps.v, p->v8, kv_rows, kBlockN) ||
+      !encode_channels<64>(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * 64, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);

@@ -206,8 +206,10 @@ def test_the_loader_gives_a_reason_instead_of_raising(library, tmp_path):
     assert opened.dm_dq_factored_params_size() == ctypes.sizeof(cuda_lib.DqFactoredParams)
     ragged = cuda_lib.DqFactoredParams(n=100, h=3, h_kv=2, n_pad=128)  # 3 query heads on 2 kv heads
     assert opened.dm_dq_factored(ctypes.byref(ragged), 1, 0, 0, None) == 1
+    assert opened.dm_dq_factored_d64(ctypes.byref(ragged), 1, 0, 0, None) == 1  # the D = 64 build: the same checks
     ragged.h = 2
     assert opened.dm_dq_factored(ctypes.byref(ragged), 1, len(cuda_lib.DQ_VARIANTS), 0, None) == 1  # no such variant
+    assert opened.dm_dq_factored_d64(ctypes.byref(ragged), 1, len(cuda_lib.DQ_VARIANTS), 0, None) == 1
     assert opened.dm_fwd_factored_params_size() == ctypes.sizeof(cuda_lib.FwdFactoredParams)
     forward = cuda_lib.FwdFactoredParams(n=100, h=2, h_kv=2, n_pad=64)  # N_pad not a multiple of the CTA's 128 rows
     assert opened.dm_fwd_factored(ctypes.byref(forward), 1, 0, 0, None) == 1

@@ -412,7 +412,7 @@ def d64_dkdv_operands():
     makes them (the D = 64 forward and δ pass of this tree's defaults; Q' = s ⊙ Q per channel from the δ pass's row
     scales), cached by (n, causal)."""
     from deltamatch.kernels import triton_bwd
-    from deltamatch.kernels.triton_quant import quantize_per_channel
+    from deltamatch.kernels.triton_quant import quantize_per_channel, token_mean
 
     cache = {}
 
@@ -426,7 +426,11 @@ def d64_dkdv_operands():
                                              cfg["delta"], row_scales=rs)
             _, q8t_c, sqc = quantize_per_channel(q, "q", row_scales=rs)
             _, q8t_f, _ = quantize_per_channel(q, "q", row_scales=rs, layouts="channel", fragment_order=True)
-            cache[n, causal] = dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc, cfg=cfg["dkdv"])
+            # K̂ᶜ for dQ: natural for Triton's launch, in fragment order for the CUDA kernel
+            _, k8t_n, skc = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel")
+            _, k8t_o, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel", fragment_order=True)
+            cache[n, causal] = dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc, cfg=cfg["dkdv"],
+                                    dq_cfg=cfg["dq"], k8t_n=k8t_n, k8t_o=k8t_o, skc64=skc)
         return cache[n, causal]
 
     return get
@@ -466,6 +470,57 @@ def test_the_d64_dkdv_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promo
         cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"], s["sk"],
                                s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"], n,
                                causal, ops["qk_scale"], ops["scale"], variant="ws3s")
+
+
+@pytest.mark.parametrize("n, causal, promote", [(n, causal, promote) for n in (130, 1000, 1024)
+                                                 for causal in (True, False) for promote in (True, False)])
+def test_the_d64_dq_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promote):
+    """The dQ kernel's D = 64 build (``dm_dq_factored_d64``: rows of 64 codes, dQ by m64n64k32) against Triton's
+    factored dQ launch at D = 64 on the same operands (K̂ᶜ in fragment order for it, natural for Triton's), promoted per
+    64-key tile or not: dQ bit for bit, as the D = 128 build gives Triton's at D = 128."""
+    from deltamatch.kernels import triton_bwd
+    from deltamatch.kernels.triton_fwd import FACTORED_ACC_PROMOTE
+
+    ops = d64_dkdv_operands(n, causal)
+    s = ops["saved"]
+    ours = cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
+                                ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
+                                ops["qk_scale"], ops["scale"], dtype=ops["dtype"], promote=promote)
+    theirs = torch.empty(ops["q_shape"], device="cuda", dtype=ops["dtype"])
+    cfg = {**ops["dq_cfg"], "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
+    triton_bwd._launch_dq(s, ops["do8"], ops["sdo"], ops["delta_m"], theirs, None, causal, ops["qk_scale"],
+                          ops["scale"], n, cfg, factored=dict(k8t=ops["k8t_n"], skc=ops["skc64"], rs=ops["rs"]))
+    torch.cuda.synchronize()
+    assert torch.isfinite(ours).all()
+    diff = (ours.float() - theirs.float()).abs()
+    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+    assert torch.equal(ours, theirs), (
+        f"dQ: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
+        f"{relative_error(ours, theirs):.2e}, first at {where}")
+
+
+@pytest.mark.parametrize("n, causal, h, h_kv, promote", [(130, True, 2, 2, True), (1000, False, 8, 2, False)])
+def test_the_d64_backward_with_the_cuda_dq_gives_tritons_bits(n, causal, h, h_kv, promote, monkeypatch):
+    """matched_factored at D = 64 with ``DELTAMATCH_KERNEL_CUDA_DQ64=ws3`` (the dQ kernel's D = 64 build; the forward
+    then writes K̂ᶜ in fragment order): the bits of O, dQ, dK, dV without it (Triton's dQ launch)."""
+    from deltamatch.kernels import triton_fwd
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DQ64_SWITCH
+
+    q, k, v, do = attention_inputs(2, n, h, h_kv, seed=37, d=64)
+    calls = []
+    dq = cuda_lib.dq_factored
+    monkeypatch.setattr(cuda_lib, "dq_factored", lambda *a, **kw: calls.append(kw["variant"]) or dq(*a, **kw))
+    monkeypatch.setenv(triton_fwd.ACC_PROMOTE_SWITCH, "1" if promote else "0")
+    fn = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
+    monkeypatch.setenv(CUDA_DQ64_SWITCH, "ws3")
+    ours = _fwd_bwd(fn, q, k, v, do)
+    assert calls == ["ws3"]  # the switch took effect
+    monkeypatch.delenv(CUDA_DQ64_SWITCH)
+    theirs = _fwd_bwd(fn, q, k, v, do)
+    assert calls == ["ws3"]  # unset: Triton's dQ launch
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), ours, theirs):
+        assert torch.equal(a, b), f"{name}: relative {relative_error(a, b):.2e} from Triton's dQ launch's"
 
 
 # a ragged second CTA (130), GQA 8 on 2 with a ragged second half (1000), causal or not, promoted or not

@@ -506,6 +506,31 @@ def test_the_d64_cuda_dkdv_is_the_default_only_where_it_can_run(monkeypatch, tmp
         cuda_dkdv64_variant(64, torch.float32)
 
 
+def test_the_d64_cuda_dq_runs_only_when_asked(monkeypatch, tmp_path):
+    """``DELTAMATCH_KERNEL_CUDA_DQ64``: the CUDA dQ kernel's D = 64 build (not yet timed) runs only where the switch names
+    a form, and then the forward writes K̂ᶜ in fragment order; named where it cannot run (another head dim, no
+    library), or a bad value, is an error naming the switch."""
+    from deltamatch.kernels import cuda_lib
+    from deltamatch.kernels.triton_bwd import CUDA_DQ64_SWITCH, CUDA_SWITCH, cuda_dq64_variant, k_fragment_order
+
+    monkeypatch.delenv(CUDA_SWITCH, raising=False)
+    monkeypatch.delenv(CUDA_DQ64_SWITCH, raising=False)
+    monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    monkeypatch.setenv(CUDA_DQ64_SWITCH, "ws3")
+    with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DQ64=ws3 but the CUDA dQ kernel cannot run: .*missing"):
+        cuda_dq64_variant(64, torch.bfloat16)
+    monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
+    assert cuda_dq64_variant(64, torch.bfloat16) == "ws3" and k_fragment_order(64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="head dim 128: built for D = 64 only"):
+        cuda_dq64_variant(128, torch.bfloat16)
+    monkeypatch.setenv(CUDA_DQ64_SWITCH, "ws4")
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DQ64='ws4': expected one of \('ws3',\)"):
+        cuda_dq64_variant(64, torch.bfloat16)
+    for value in ("0", ""):
+        monkeypatch.setenv(CUDA_DQ64_SWITCH, value)
+        assert cuda_dq64_variant(64, torch.bfloat16) is None and not k_fragment_order(64, torch.bfloat16)
+
+
 def test_the_cuda_dkdv_form_with_dq_is_ws3xfdt_unless_asked(monkeypatch):
     """``$DELTAMATCH_KERNEL_CUDA_DKDV`` picks the form of the CUDA dK/dV launch that also forms dQ: unset, ``ws3xfdt``
     (dŜ's tile by lane exchange, 448 folded, dQ's product in a warpgroup of its own, dK and dV by tensor stores);

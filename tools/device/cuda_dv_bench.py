@@ -9,8 +9,7 @@ and how far the CUDA result is from Triton's (``equal``: bit for bit; ``rel``: r
 
 Usage (repo root, on the H200, after the library is built): ``python tools/device/cuda_dv_bench.py --out FILE``;
 ``--once`` launches each kernel once (dV promoted, then Triton's and the CUDA dK) for ``ncu``; ``--head-dim 64
---dkdv-only``: the fused dK/dV's D = 64 build (``cuda_lib.DKDV_D64_VARIANTS``) against Triton's factored dK/dV at
-D = 64.
+--dkdv-only`` (``--dq-only``): the fused dK/dV's (the dQ's) D = 64 build against Triton's factored launch at D = 64.
 """
 
 import argparse
@@ -192,7 +191,7 @@ def dq_rows(ops, args, flop, do_bench):
                 variant=variant)
 
         triton_dq()
-        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=128, causal=True)
+        base = dict(promoted=promote, b_h=args.bh, n=args.n, d=ops["d"], causal=True)
         rows.append(timed("dq_factored_triton", triton_dq, do_bench, base))
         for variant in cuda_lib.DQ_VARIANTS:
             got = cuda_dq(variant)()
@@ -344,8 +343,10 @@ def main(argv=None) -> int:
     parser.add_argument("--fused-only", action="store_true",
                         help="time only the warp-specialised kernels (forward, dK/dV, dQ) and Triton's launches")
     parser.add_argument("--forward-only", action="store_true", help="time only the forward and Triton's")
-    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128), help="64: with --dkdv-only only")
+    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128),
+                        help="64: with --dkdv-only or --dq-only only")
     parser.add_argument("--dkdv-only", action="store_true", help="time only the fused dK/dV and Triton's")
+    parser.add_argument("--dq-only", action="store_true", help="time only the dQ kernel and Triton's")
     parser.add_argument("--dq-fused-only", action="store_true",
                         help="time only dQ inside the dK/dV launch against the dK/dV and dQ launches it replaces")
     parser.add_argument("--sections", type=int, nargs="+", default=[0],
@@ -353,8 +354,8 @@ def main(argv=None) -> int:
     parser.add_argument("--syncs", type=int, nargs="+", default=[0],
                         help="how the ordered form orders its adds, each timed (dqdkdv_factored's sync: 0 .. 4)")
     args = parser.parse_args(argv)
-    if args.head_dim != 128 and not args.dkdv_only:
-        parser.error("--head-dim 64 times the fused dK/dV only: add --dkdv-only")
+    if args.head_dim != 128 and not (args.dkdv_only or args.dq_only):
+        parser.error("--head-dim 64 times the fused dK/dV or the dQ only: add --dkdv-only or --dq-only")
     from triton.testing import do_bench
 
     d, h = args.head_dim, 16
@@ -374,9 +375,11 @@ def main(argv=None) -> int:
         dqdkdv_rows(ops, args, flop * 2.5, lambda fn, **_: 1.0)
         torch.cuda.synchronize()
         return 0
-    if args.dkdv_only or args.dq_fused_only:
+    if args.dkdv_only or args.dq_only or args.dq_fused_only:
         if args.dkdv_only:
             rows += dkdv_rows(ops, args, flop * 2, do_bench)  # four matmuls (S, dP, dV, dK)
+        if args.dq_only:
+            rows += dq_rows(ops, args, flop * 1.5, do_bench)  # three (S, dP, dQ)
         if args.dq_fused_only:
             rows += dqdkdv_rows(ops, args, flop * 2.5, do_bench)  # five matmuls (S, dP, dV, dK, dQ)
         if args.out:
