@@ -109,3 +109,7 @@ def test_variants_table_puts_each_setting_a_row_its_parts_against_the_default(tm
     assert printed.splitlines()[2].startswith("| default") and "CUDA_DELTA-w4pm" in printed.splitlines()[3]
     with pytest.raises(SystemExit, match="no attn_profile_SETTING_R.json of method 'matched_factored'"):
         variants_table.load(str(tmp_path / "none"), "matched_factored")
+    # each kernel's part by name: the CUDA dQ (D = 64's) beside the dK/dV, as Triton's dQ launch is
+    kernels = ("dm_dq_factored_ws3_promoted_d64", "_attn_bwd_dq_kernel", "dm_dkdv_factored_ws3_promoted_d64",
+               "dm_dkdv_dq_epilogue")
+    assert [variants_table.part_of(k) for k in kernels] == ["dkdv_dq", "dkdv_dq", "dkdv_dq", "other"]

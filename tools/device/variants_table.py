@@ -15,7 +15,7 @@ import re
 import pandas as pd
 
 PARTS = (("forward", r"^dm_fwd_|^_attn_fwd_kernel"), ("delta", r"^dm_delta_|^_attn_bwd_delta"),
-         ("dkdv_dq", r"^dm_dkdv_factored_|^_attn_bwd_dkdv_kernel|^_attn_bwd_dq_kernel"),
+         ("dkdv_dq", r"^dm_dkdv_factored_|^dm_dq_factored_|^_attn_bwd_dkdv_kernel|^_attn_bwd_dq_kernel"),
          ("quant", r"^dm_quant_|_quant_|_amax_"))
 """The step's parts by kernel name, the CUDA library's and Triton's (the first pattern that matches; the rest is
 ``other``)."""
