@@ -170,8 +170,8 @@ rounds) ``w4p`` 1.036 ms a step against Triton's 1.064, ``w4pm`` 0.951 (the defa
 is the exponentials and the row arithmetic around them."""
 DELTA_WIDE_BUILT = {DV_HEAD_DIM: DELTA_WIDE_VARIANTS, 64: DELTA_WIDE_D64_VARIANTS}
 """The δ pass's variants over 128-key tiles built at each head dim."""
-WIDE_DEFAULT_HEAD_DIMS = (DV_HEAD_DIM, 64)
-"""Where a kernel over 128-key tiles runs unasked (``triton_fwd.wide_variant``): the head dims whose builds are timed
+DEFAULT_HEAD_DIMS = (DV_HEAD_DIM, 64)
+"""Where a kernel that ``triton_fwd.cuda_variant`` picks runs unasked: the head dims whose builds are timed
 (D = 64 since session 42: the step 8.343 → 8.018 ms on an H100, CUPTI at B 4, H 16, N = 8K); elsewhere only where its
 switch names a variant."""
 DELTA_ROW_MAX = {"w4pm": "w4p", "w4pme8": "w4pe8", "w4pme4": "w4pe4"}
@@ -669,9 +669,8 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     params = DkdvFactoredParams(*pointers, dk.data_ptr(), dv.data_ptr(), dk.stride(0),
                                 dk.stride(1), dk.stride(2), b, h, h_kv, n, n_pad, float(qk_scale), float(softmax_scale),
                                 int(causal), int(dtype == torch.float16), *extra)
-    index = DKDV_D64_VARIANTS.index(variant) if d64 else DKDV_VARIANTS.index(variant)
-    _call(_library(), "dm_dkdv_factored_d64" if d64 else "dm_dkdv_factored", ctypes.byref(params), int(promote), index,
-          *_launch_args(dk))
+    _call(_library(), "dm_dkdv_factored_d64" if d64 else "dm_dkdv_factored", ctypes.byref(params), int(promote),
+          DKDV_VARIANTS.index(variant), *_launch_args(dk))  # the D = 64 build keeps this numbering
     return dq, dk, dv
 
 
@@ -722,11 +721,20 @@ def fwd_factored(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torc
                     dtype, promote)
 
 
+def _d64_build(q8: torch.Tensor, variant: str, built: tuple[str, ...], what: str) -> bool:
+    """Whether ``q8`` holds D = 64 codes, for a kernel's D = 64 build (which keeps its D = 128 entry's numbering of
+    the variants); ``variant`` not one of ``built``, those built at D = 64, is then an error naming ``what``."""
+    if not (q8.dim() == 4 and q8.shape[-1] == 64):
+        return False
+    if variant not in built:
+        raise ValueError(f"variant {variant!r}: at D = 64 the {what} is built as {built} only")
+    return True
+
+
 def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, sq, sk, svc, out_shape, causal,
              qk_scale, dtype, promote, row_max=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``fwd_factored`` and ``fwd_wide``: the operands checked, O and lse2 made, ``entry`` called with ``variant``'s
-    index in ``variants`` (for the D = 64 build in ``FWD_WIDE_VARIANTS``, whose numbering it keeps) and, for
-    ``fwd_wide``, ``row_max``'s pointer, 0 for none, before it."""
+    index in ``variants`` (and, for ``fwd_wide``, ``row_max``'s pointer, 0 for none, before it)."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
     n = out_shape[1]
@@ -743,8 +751,7 @@ def _forward(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8t, s
     params = FwdFactoredParams(*pointers, lse2.data_ptr(), o.data_ptr(), o.stride(0), o.stride(1), o.stride(2), b, h,
                                h_kv, n, n_pad, float(qk_scale), int(causal), int(dtype == torch.float16))
     wide = () if entry == "dm_fwd_factored" else (_row_max_pointer(row_max, (b, h, n_pad), device),)
-    index = FWD_WIDE_VARIANTS.index(variant) if d64 else variants.index(variant)  # the D = 64 build keeps D = 128's
-    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), index, *_launch_args(o))
+    _call(_library(), entry, ctypes.byref(params), *wide, int(promote), variants.index(variant), *_launch_args(o))
     return o, lse2
 
 
@@ -760,13 +767,9 @@ def fwd_wide(q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, sq: torch.Te
     ``FWD_WIDE_VARIANTS``. ``row_max``: a (B, H, N_pad) FP32 tensor that takes each row's m beside lse2 (the max of the
     scaled scores, log2 domain, less log2(448): lse2 = m + log2(l)), what the δ pass's :data:`DELTA_ROW_MAX` variants
     read; None writes none."""
-    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build (dm_fwd_wide_d64)
-        if variant not in FWD_WIDE_D64_VARIANTS:
-            raise ValueError(f"variant {variant!r}: at D = 64 the forward is built as {FWD_WIDE_D64_VARIANTS} only")
-        return _forward("dm_fwd_wide_d64", FWD_WIDE_D64_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal,
-                        qk_scale, dtype, promote, row_max)
-    return _forward("dm_fwd_wide", FWD_WIDE_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal, qk_scale,
-                    dtype, promote, row_max)
+    entry = "dm_fwd_wide_d64" if _d64_build(q8, variant, FWD_WIDE_D64_VARIANTS, "forward") else "dm_fwd_wide"
+    return _forward(entry, FWD_WIDE_VARIANTS, variant, q8, k8, v8t, sq, sk, svc, out_shape, causal, qk_scale, dtype,
+                    promote, row_max)
 
 
 def _row_max_pointer(row_max: torch.Tensor | None, shape: tuple[int, int, int], device: torch.device) -> int:
@@ -804,20 +807,15 @@ def delta_wide(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch.
     if (variant in DELTA_ROW_MAX) != (row_max is not None):
         raise ValueError(f"variant {variant!r} " + ("reads the forward's row maxima: row_max is None"
                                                     if row_max is None else "takes no row_max"))
-    if q8.dim() == 4 and q8.shape[-1] == 64:  # the D = 64 build (dm_delta_wide_d64)
-        if variant not in DELTA_WIDE_D64_VARIANTS:
-            raise ValueError(f"variant {variant!r}: at D = 64 the δ pass is built as {DELTA_WIDE_D64_VARIANTS} only")
-        return _delta("dm_delta_wide_d64", DELTA_WIDE_D64_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n,
-                      causal, qk_scale, row_max)
-    return _delta("dm_delta_wide", DELTA_WIDE_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
-                  qk_scale, row_max)
+    entry = "dm_delta_wide_d64" if _d64_build(q8, variant, DELTA_WIDE_D64_VARIANTS, "δ pass") else "dm_delta_wide"
+    return _delta(entry, DELTA_WIDE_VARIANTS, variant, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal, qk_scale,
+                  row_max)
 
 
 def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8, sq, sk, sv, sdo, lse2, n, causal,
            qk_scale, row_max=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``delta_factored`` and ``delta_wide``: the operands checked, δ, s and 1/s made, ``entry`` called with
-    its index (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it): in ``variants``, or for the
-    D = 64 build in ``DELTA_WIDE_VARIANTS``, whose numbering it keeps."""
+    ``variant``'s index in ``variants`` (and, for ``delta_wide``, ``row_max``'s pointer, 0 for none, before it)."""
     if variant not in variants:
         raise ValueError(f"variant {variant!r}: expected one of {variants}")
     d64 = entry.endswith("_d64")
@@ -830,11 +828,8 @@ def _delta(entry: str, variants: tuple[str, ...], variant: str, q8, k8, v8, do8,
     delta, rs, irs = torch.empty((3, b, h, n_pad), dtype=torch.float32, device=q8.device).unbind()  # one allocation
     params = DeltaFactoredParams(*pointers, delta.data_ptr(), rs.data_ptr(), irs.data_ptr(), b, h, h_kv, n, n_pad,
                                  float(qk_scale), int(causal))
-    if entry == "dm_delta_factored":
-        _call(_library(), entry, ctypes.byref(params), variants.index(variant), *_launch_args(delta))
-        return delta, rs, irs
-    _call(_library(), entry, ctypes.byref(params), _row_max_pointer(row_max, (b, h, n_pad), q8.device),
-          DELTA_WIDE_VARIANTS.index(variant), *_launch_args(delta))
+    wide = () if entry == "dm_delta_factored" else (_row_max_pointer(row_max, (b, h, n_pad), q8.device),)
+    _call(_library(), entry, ctypes.byref(params), *wide, variants.index(variant), *_launch_args(delta))
     return delta, rs, irs
 
 

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from deltamatch.kernels.triton_fwd import (CUDA_FWD_SWITCH, TMA_SWITCH, ensure_allocator, env_switch,
-                                          factored_acc_promote, tma_enabled, wide_variant)
+                                          factored_acc_promote, tma_enabled, cuda_variant)
 from deltamatch.kernels.triton_quant import (BLOCK_KV, fragment_token_order, quantize_per_channel,
                                              round_fp32_in_kernels, to_e4m3)
 
@@ -551,7 +551,7 @@ def cuda_dkdv_variant(ordered: bool = True) -> str:
 CUDA_DKDV64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV64"
 """At D = 64, ``matched_factored``'s dK and dV through the fused CUDA kernel's D = 64 build (``dkdv_factored.cu``,
 ``dm_dkdv_factored_d64``: Triton's bits; dQ stays Triton's launch): a form of ``cuda_lib.DKDV_D64_VARIANTS`` runs it (an
-error where it cannot run), ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the library loads, bf16 or
+error where it cannot run, ``ds_stats`` included), ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the library loads, bf16 or
 fp16, with the default config and no ``ds_stats``, and :data:`CUDA_SWITCH` unset."""
 CUDA_DKDV64_DEFAULT = "ws3"
 """The D = 64 dK/dV form where :data:`CUDA_DKDV64_SWITCH` is unset: ``ws3`` (3 stages) 2.188 ms promoted against
@@ -565,27 +565,30 @@ def cuda_dkdv64_variant(head_dim: int, dtype: torch.dtype, stats: bool = False,
     or a form asked for where it cannot run, is an error that names the switch."""
     from deltamatch.kernels import cuda_lib
 
-    checks = (lambda: "" if dtype in (torch.bfloat16, torch.float16) else
-              f"dtype {dtype}: the CUDA dK/dV kernel writes bf16 or fp16",)
-    return wide_variant(CUDA_DKDV64_SWITCH, {64: cuda_lib.DKDV_D64_VARIANTS}, CUDA_DKDV64_DEFAULT, "dK/dV kernel",
-                        head_dim, env_switch(CUDA_SWITCH) is not None or stats or not default_config, checks)
+    return cuda_variant(CUDA_DKDV64_SWITCH, {64: cuda_lib.DKDV_D64_VARIANTS}, CUDA_DKDV64_DEFAULT, "dK/dV kernel",
+                        head_dim, env_switch(CUDA_SWITCH) is not None or stats or not default_config,
+                        (_no_diagnostics(stats),), dtype)
 
 
 CUDA_DQ64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DQ64"
 """At D = 64, ``matched_factored``'s dQ through the CUDA dQ kernel's D = 64 build (``dq_factored.cu``,
 ``dm_dq_factored_d64``: Triton's bits, K̂ᶜ written in fragment order by the forward): a form of ``cuda_lib.DQ_VARIANTS``
-runs it (an error where it cannot run). Unset or ``0``: Triton's launch (the build is not yet timed, session 42)."""
+runs it (an error where it cannot run, ``ds_stats`` included). Unset or ``0``: Triton's launch (the build is not yet
+timed, session 42)."""
 
 
-def cuda_dq64_variant(head_dim: int, dtype: torch.dtype) -> str | None:
+def cuda_dq64_variant(head_dim: int, dtype: torch.dtype, stats: bool = False) -> str | None:
     """The form of the CUDA dQ kernel's D = 64 build that runs (:data:`CUDA_DQ64_SWITCH`, asked for only), or None; a
     bad value, or a form asked for where it cannot run, is an error that names the switch."""
     from deltamatch.kernels import cuda_lib
 
-    checks = (lambda: "" if dtype in (torch.bfloat16, torch.float16) else
-              f"dtype {dtype}: the CUDA dQ kernel writes bf16 or fp16",)
-    return wide_variant(CUDA_DQ64_SWITCH, {64: cuda_lib.DQ_VARIANTS}, cuda_lib.DQ_VARIANTS[0], "dQ kernel", head_dim,
-                        True, checks)
+    return cuda_variant(CUDA_DQ64_SWITCH, {64: cuda_lib.DQ_VARIANTS}, cuda_lib.DQ_VARIANTS[0], "dQ kernel", head_dim,
+                        True, (_no_diagnostics(stats),), dtype)
+
+
+def _no_diagnostics(stats: bool):
+    """A ``cuda_variant`` check: the ``ds_stats`` diagnostics of dK/dV and dQ are Triton's launches' alone."""
+    return lambda: "ds_stats diagnostics are formed by Triton's kernels only" if stats else ""
 
 
 CUDA_SWITCH = "DELTAMATCH_KERNEL_CUDA"
@@ -629,7 +632,7 @@ CUDA_DELTA_SWITCH = "DELTAMATCH_KERNEL_CUDA_DELTA"
 """``matched_factored``'s δ pass through the CUDA kernel over 128-key tiles (``kernels/cuda/delta_wide.cu``; δ not
 Triton's bits: FP32 summation order): a variant of ``cuda_lib.DELTA_WIDE_VARIANTS`` runs it (an error where it cannot
 run); ``0``: the δ pass :data:`CUDA_SWITCH` picks. Unset: :data:`CUDA_DELTA_DEFAULT` where the library loads, at
-D = 128 or 64 (``cuda_lib.WIDE_DEFAULT_HEAD_DIMS``) with the default config and no ``ds_stats``, and
+D = 128 or 64 (``cuda_lib.DEFAULT_HEAD_DIMS``) with the default config and no ``ds_stats``, and
 ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's pass elsewhere. At D = 64 the D = 64 build runs
 (``cuda_lib.DELTA_WIDE_D64_VARIANTS``)."""
 CUDA_DELTA_DEFAULT = "w4pm"
@@ -647,7 +650,7 @@ def cuda_delta_variant(head_dim: int, stats: bool = False, default_config: bool 
     ``cuda_lib.DELTA_WIDE_D64_VARIANTS`` are built."""
     from deltamatch.kernels import cuda_lib
 
-    return wide_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_BUILT, CUDA_DELTA_DEFAULT, "δ pass", head_dim,
+    return cuda_variant(CUDA_DELTA_SWITCH, cuda_lib.DELTA_WIDE_BUILT, CUDA_DELTA_DEFAULT, "δ pass", head_dim,
                         env_switch(CUDA_SWITCH) is not None or stats or not default_config)
 
 
@@ -889,10 +892,6 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
     qk_scale = softmax_scale * math.log2(math.e)
     stats = ds_stats or {}
 
-    def outputs():
-        return (torch.empty(shapes[0], device=device, dtype=dtypes[0]),
-                *(torch.empty(shapes[1], device=device, dtype=dtypes[1]) for _ in range(2)))
-
     if mode == "matched_factored":
         if factored is None:
             raise ValueError("mode 'matched_factored' needs the factored layout's operands (q, do, k8t, skc)")
@@ -941,7 +940,7 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         else:
             _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel",
                                                    fragment_order=fragments)
-        dq64 = None if stats or config is not None else cuda_dq64_variant(saved["q8"].shape[-1], dtypes[1])
+        dq64 = cuda_dq64_variant(saved["q8"].shape[-1], dtypes[1], bool(stats))
         k8t = factored["k8t"]
         if not (cuda or dq64) and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # ordered for CUDA's dQ
             k8t = _natural_order(k8t)
@@ -951,14 +950,13 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
         if dkdv64:  # Triton's bits, from the CUDA kernel's D = 64 build
             from deltamatch.kernels import cuda_lib
 
-            dq = None if dq64 else torch.empty(shapes[0], device=device, dtype=dtypes[0])
             dk, dv = cuda_lib.dkdv_factored(saved["q8"], saved["k8"], saved["v8"], do8, q8t_c, do8t_c, saved["sq"],
                                             saved["sk"], saved["sv"], sdo, sqc, sdoc, rs, saved["lse2"], delta, n,
                                             causal, qk_scale, softmax_scale, dtype=dtypes[1],
                                             promote=cfg["dkdv"].get("ACC_PROMOTE") is not None, variant=dkdv64,
                                             irs=irs)
         else:
-            dq, dk, dv = outputs()
+            dk, dv = (torch.empty(shapes[1], device=device, dtype=dtypes[1]) for _ in range(2))
             _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
                          cfg["dkdv"], factored=ops)
         if dq64:  # Triton's bits, from the CUDA dQ kernel's D = 64 build (K̂ᶜ in fragment order)
@@ -969,10 +967,12 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
                                       softmax_scale, dtype=dtypes[0], promote=cfg["dq"].get("ACC_PROMOTE") is not None,
                                       variant=dq64)
         else:
+            dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
             _launch_dq(saved, do8, sdo, delta, dq, stats.get("dq"), causal, qk_scale, softmax_scale, n, cfg["dq"],
                        factored=ops)
         return dq, dk, dv
-    dq, dk, dv = outputs()
+    dq = torch.empty(shapes[0], device=device, dtype=dtypes[0])
+    dk, dv = (torch.empty(shapes[1], device=device, dtype=dtypes[1]) for _ in range(2))
     if mode == "matched":
         _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"])
     # atomic dQ (backward_config: 64 x 64 dŜ tiles in the dK launch); the diagnostics' dS row sums need the dQ kernel

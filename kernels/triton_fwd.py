@@ -265,7 +265,7 @@ CUDA_FWD_SWITCH = "DELTAMATCH_KERNEL_CUDA_FWD"
 """``matched_factored``'s forward through the CUDA kernel over 128-key tiles (``kernels/cuda/fwd_wide.cu``, V̂ᶜ written
 in its fragment order): a variant of ``cuda_lib.FWD_WIDE_VARIANTS`` runs it (an error where it cannot run); ``0``:
 the forward :data:`triton_bwd.CUDA_SWITCH` picks (Triton's, or with that switch at ``1`` the CUDA kernel with Triton's
-bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128 or 64 (``cuda_lib.WIDE_DEFAULT_HEAD_DIMS``),
+bits). Unset: :data:`CUDA_FWD_DEFAULT` where the library loads, at D = 128 or 64 (``cuda_lib.DEFAULT_HEAD_DIMS``),
 bf16 or fp16, and ``DELTAMATCH_KERNEL_CUDA`` is unset; Triton's forward elsewhere."""
 CUDA_FWD_DEFAULT = "w4p"
 """The forward where :data:`CUDA_FWD_SWITCH` is unset: on the H200 (session 20 call 4, CUPTI at the reference shape,
@@ -276,17 +276,18 @@ rounds) ``w4p`` 1.106 ms against Triton's 1.328; the emulating forms lost there 
 ``w4pe2`` 1.278)."""
 
 
-def wide_variant(switch: str, built: dict[int, tuple[str, ...]], default: str, what: str, head_dim: int, off: bool,
-                 checks=()) -> str | None:
-    """The variant of a CUDA kernel over 128-key tiles that runs under ``switch`` (a variant built at ``head_dim``,
-    ``0``, or unset: ``default`` unless ``off`` or ``head_dim`` is not one of ``cuda_lib.WIDE_DEFAULT_HEAD_DIMS``), or
-    None. ``built``: the variants built at each head dim. It runs where the library loads at a head dim of ``built``
-    and no ``checks`` (callables giving a reason, or an empty string) object; a bad value, or a variant asked for where
-    it cannot run, is an error that names the switch and ``what``."""
+def cuda_variant(switch: str, built: dict[int, tuple[str, ...]], default: str, what: str, head_dim: int, off: bool,
+                 checks=(), dtype: torch.dtype | None = None) -> str | None:
+    """The variant of a CUDA kernel that runs under ``switch`` (a variant built at ``head_dim``, ``0``, or unset:
+    ``default`` unless ``off`` or ``head_dim`` is not one of ``cuda_lib.DEFAULT_HEAD_DIMS``), or None. ``built``: the
+    variants built at each head dim. It runs where the library loads at a head dim of ``built``, writes ``dtype`` (the
+    kernels write bf16 or fp16; None: no output of the input's dtype) and no ``checks`` (callables giving a reason, or
+    an empty string) object; a bad value, or a variant asked for where it cannot run, is an error that names the switch
+    and ``what``."""
     from deltamatch.kernels import cuda_lib
 
     value = os.environ.get(switch, "")
-    if value == "0" or (not value and (off or head_dim not in cuda_lib.WIDE_DEFAULT_HEAD_DIMS)):
+    if value == "0" or (not value and (off or head_dim not in cuda_lib.DEFAULT_HEAD_DIMS)):
         return None
     variants = built.get(head_dim, built.get(cuda_lib.DV_HEAD_DIM, next(iter(built.values()))))
     if value and value not in variants:
@@ -294,6 +295,8 @@ def wide_variant(switch: str, built: dict[int, tuple[str, ...]], default: str, w
     _, reason = cuda_lib.load()
     if not reason and head_dim not in built:
         reason = f"head dim {head_dim}: built for " + " and ".join(f"D = {d}" for d in built) + " only"
+    if not reason and dtype not in (None, torch.bfloat16, torch.float16):
+        reason = f"dtype {dtype}: the CUDA {what} writes bf16 or fp16"
     for check in checks:
         reason = reason or check()
     if reason and value:
@@ -307,12 +310,10 @@ def cuda_forward_variant(head_dim: int, dtype: torch.dtype) -> str | None:
     from deltamatch.kernels import cuda_lib
     from deltamatch.kernels.triton_bwd import CUDA_SWITCH
 
-    checks = (lambda: "" if dtype in (torch.bfloat16, torch.float16) else
-              f"dtype {dtype}: the CUDA forward writes bf16 or fp16",
-              lambda: f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
-              if env_switch(ONE_READ_SWITCH) else "")
-    return wide_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_BUILT, CUDA_FWD_DEFAULT, "forward", head_dim,
-                        env_switch(CUDA_SWITCH) is not None, checks)
+    checks = (lambda: f"{ONE_READ_SWITCH}=1 writes V̂ᶜ in token order, and this forward reads it in fragment order"
+              if env_switch(ONE_READ_SWITCH) else "",)
+    return cuda_variant(CUDA_FWD_SWITCH, cuda_lib.FWD_WIDE_BUILT, CUDA_FWD_DEFAULT, "forward", head_dim,
+                        env_switch(CUDA_SWITCH) is not None, checks, dtype)
 
 
 TMA_SWITCH = "DELTAMATCH_KERNEL_TMA"

@@ -1140,6 +1140,19 @@ struct DkdvLaunch {
   int threads = dm::factored::kCtaThreads;
   bool tma_out = false;
 };
+// The maps of the operands every form reads, rows of D codes: Q̂, K̂, V̂, dÔ token-major (boxes of 64 rows),
+// Q̂'ᶜ and dÔᶜ channel-major (boxes of D channels x 64 queries). False where the TMA cannot describe one.
+template <int D>
+bool encode_operands(dm::dkdv::Maps& maps, const DkdvFactoredParams& p) {
+  using namespace dm::factored;
+  const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
+  const uint64_t channel_rows = uint64_t(p.b) * p.h * D;
+  return encode_rows<D>(&maps.q, p.q8, q_rows, kBlockM) && encode_rows<D>(&maps.k, p.k8, kv_rows, kBlockN) &&
+         encode_rows<D>(&maps.v, p.v8, kv_rows, kBlockN) && encode_rows<D>(&maps.dout, p.do8, q_rows, kBlockM) &&
+         encode_channels<D>(&maps.qt, p.q8t, n_pad, channel_rows, kBlockM) &&
+         encode_channels<D>(&maps.dot, p.do8t, n_pad, channel_rows, kBlockM);
+}
+
 DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   using namespace dm::dkdv;
   if (dq) {  // promoted only
@@ -1192,12 +1205,8 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
   if (!kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(kernel, launch.smem, device); err != cudaSuccess) return err;
   dm::dkdv::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  const uint64_t channel_rows = uint64_t(p->b) * p->h * kHeadDim;
-  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) ||
-      !encode_rows(&maps.v, p->v8, kv_rows, kBlockN) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
-      !encode_channels(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM) ||
-      !encode_channels(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM) ||
+  const uint64_t n_pad = p->n_pad;
+  if (!encode_operands<kHeadDim>(maps, *p) ||
       (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kCtaRows, kHeadDim,
                            CU_TENSOR_MAP_SWIZZLE_128B)) ||
       (launch.tma_out &&
@@ -1252,14 +1261,7 @@ extern "C" int dm_dkdv_factored_d64(const DkdvFactoredParams* p, int promote, in
     return err;
   }
   dm::dkdv::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  const uint64_t channel_rows = uint64_t(p->b) * p->h * 64;
-  if (!encode_rows<64>(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows<64>(&maps.k, p->k8, kv_rows, kBlockN) ||
-      !encode_rows<64>(&maps.v, p->v8, kv_rows, kBlockN) || !encode_rows<64>(&maps.dout, p->do8, q_rows, kBlockM) ||
-      !encode_channels<64>(&maps.qt, p->q8t, n_pad, channel_rows, kBlockM) ||
-      !encode_channels<64>(&maps.dot, p->do8t, n_pad, channel_rows, kBlockM)) {
-    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
-  }
+  if (!encode_operands<64>(maps, *p)) return cudaErrorInvalidValue;  // no driver entry point, or a bad layout
   kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, smem, stream>>>(*p, maps);
   return cudaGetLastError();
 }

@@ -199,49 +199,46 @@ DM_DQ_D64_KERNEL(dm_dq_factored_ws3_promoted_d64, true, 3)
 DM_DQ_D64_KERNEL(dm_dq_factored_ws3_unpromoted_d64, false, 3)
 #undef DM_DQ_D64_KERNEL
 
-// variant: 0 each tile in turn (ws3), the one form (cuda_lib.DQ_VARIANTS; FA3's ping-pong, ws3pp, gained nothing on
-// the H200 and was removed: kernels/NOTES.md, session 11)
-extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
+namespace {
+
+// A dQ launch at D: the device and shared memory prepared, the maps encoded (rows of D codes, K̂ᶜ in boxes of D
+// channels x 64 keys), one CTA per 128 queries and query head.
+template <int D>
+int launch_dq(void (*kernel)(DqFactoredParams, dm::dq::Maps), const DqFactoredParams& p, int device,
+              cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p) || variant != 0) {
-    return cudaErrorInvalidValue;
-  }
-  auto kernel = promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted;
-  const int smem = dm::dq::smem_bytes<3>();
+  const int smem = dm::dq::smem_bytes<3, D>();
   if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
     return err;
   }
   dm::dq::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_rows(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows(&maps.dout, p->do8, q_rows, kBlockM) ||
-      !encode_rows(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows(&maps.v, p->v8, kv_rows, kBlockN) ||
-      !encode_channels(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kBlockN)) {
+  const uint64_t n_pad = p.n_pad, q_rows = uint64_t(p.b) * p.h * n_pad, kv_rows = uint64_t(p.b) * p.h_kv * n_pad;
+  if (!encode_rows<D>(&maps.q, p.q8, q_rows, kBlockM) || !encode_rows<D>(&maps.dout, p.do8, q_rows, kBlockM) ||
+      !encode_rows<D>(&maps.k, p.k8, kv_rows, kBlockN) || !encode_rows<D>(&maps.v, p.v8, kv_rows, kBlockN) ||
+      !encode_channels<D>(&maps.kt, p.k8t, n_pad, uint64_t(p.b) * p.h_kv * D, kBlockN)) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
-  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
+  kernel<<<cta_grid(p.n, p.b * p.h), kCtaThreads, smem, stream>>>(p, maps);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+// variant: 0 each tile in turn (ws3), the one form (cuda_lib.DQ_VARIANTS; FA3's ping-pong, ws3pp, gained nothing on
+// the H200 and was removed: kernels/NOTES.md, session 11)
+extern "C" int dm_dq_factored(const DqFactoredParams* p, int promote, int variant, int device, cudaStream_t stream) {
+  if (!dm::factored::valid_shape(*p) || variant != 0) return cudaErrorInvalidValue;
+  return launch_dq<dm::factored::kHeadDim>(promote ? dm_dq_factored_ws3_promoted : dm_dq_factored_ws3_unpromoted, *p,
+                                           device, stream);
 }
 
 // dQ at D = 64 (promote and variant as dm_dq_factored's). Operands as dm_dq_factored's with D = 64: K̂ᶜ channel-major
 // in fragment order.
 extern "C" int dm_dq_factored_d64(const DqFactoredParams* p, int promote, int variant, int device,
                                   cudaStream_t stream) {
-  using namespace dm::factored;
-  if (!valid_shape(*p) || variant != 0) return cudaErrorInvalidValue;
-  auto kernel = promote ? dm_dq_factored_ws3_promoted_d64 : dm_dq_factored_ws3_unpromoted_d64;
-  const int smem = dm::dq::smem_bytes<3, 64>();
-  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
-    return err;
-  }
-  dm::dq::Maps maps;
-  const uint64_t n_pad = p->n_pad, q_rows = uint64_t(p->b) * p->h * n_pad, kv_rows = uint64_t(p->b) * p->h_kv * n_pad;
-  if (!encode_rows<64>(&maps.q, p->q8, q_rows, kBlockM) || !encode_rows<64>(&maps.dout, p->do8, q_rows, kBlockM) ||
-      !encode_rows<64>(&maps.k, p->k8, kv_rows, kBlockN) || !encode_rows<64>(&maps.v, p->v8, kv_rows, kBlockN) ||
-      !encode_channels<64>(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * 64, kBlockN)) {
-    return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
-  }
-  kernel<<<cta_grid(p->n, p->b * p->h), kCtaThreads, smem, stream>>>(*p, maps);
-  return cudaGetLastError();
+  if (!dm::factored::valid_shape(*p) || variant != 0) return cudaErrorInvalidValue;
+  return launch_dq<64>(promote ? dm_dq_factored_ws3_promoted_d64 : dm_dq_factored_ws3_unpromoted_d64, *p, device,
+                       stream);
 }
 
 // sizeof(DqFactoredParams), for the loader's check that its ctypes mirror has the same layout.

@@ -49,6 +49,18 @@ def library():
     return lib
 
 
+def assert_same_bits(ours, theirs, name=""):
+    """``ours`` finite and ``theirs`` bit for bit, or a message: how many elements differ, by how much, and the first
+    indices (which tiles to look at)."""
+    prefix = f"{name}: " if name else ""
+    assert torch.isfinite(ours).all(), f"{prefix}not finite"
+    diff = (ours.float() - theirs.float()).abs()
+    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
+    assert torch.equal(ours, theirs), (
+        f"{prefix}{int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
+        f"{relative_error(ours, theirs):.2e}, first at {where}")
+
+
 def integer_codes(rows, gen):
     return torch.randint(-16, 17, (rows, 128), device="cuda", generator=gen).float().to(E4M3)
 
@@ -323,11 +335,7 @@ def test_factored_dv_is_tritons_bit_for_bit(dv_operands, variant, n, causal, pro
     ops = dv_operands(n, causal, *heads(n))
     ours, theirs = cuda_factored_dv(ops, promote, variant), triton_factored_dv(ops, promote)
     torch.cuda.synchronize()
-    assert torch.isfinite(ours).all()
-    diff = (ours.float() - theirs.float()).abs()
-    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]  # (b, key, kv head, d): which tiles to look at
-    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max "
-                                       f"{diff.max().item():.3e}, first at {where}")
+    assert_same_bits(ours, theirs)  # first at (b, key, kv head, d)
 
 
 @pytest.mark.parametrize("n, causal, promote", DV_CASES + GQA_CASES)
@@ -360,11 +368,7 @@ def test_factored_dk_is_tritons_bit_for_bit(dk_operands, n, causal):
     ops = dk_operands(n, causal, *heads(n))
     ours, theirs = cuda_factored_dk(ops), triton_factored_dk(ops)
     torch.cuda.synchronize()
-    assert torch.isfinite(ours).all()
-    diff = (ours.float() - theirs.float()).abs()
-    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
-    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, "
-                                       f"relative {relative_error(ours, theirs):.2e}, first at {where}")
+    assert_same_bits(ours, theirs)
 
 
 @pytest.mark.parametrize("n, causal", DK_CASES)
@@ -398,12 +402,7 @@ def test_fused_factored_dkdv_is_tritons_bit_for_bit(dk_operands, n, causal, prom
     theirs = {"dK": triton_factored_dk(ops, promote), "dV": triton_factored_dv(ops, promote)}
     torch.cuda.synchronize()
     for name, ours in (("dK", dk), ("dV", dv)):
-        assert torch.isfinite(ours).all(), name
-        diff = (ours.float() - theirs[name].float()).abs()
-        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
-        assert torch.equal(ours, theirs[name]), (
-            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
-            f"{relative_error(ours, theirs[name]):.2e}, first at {where}")
+        assert_same_bits(ours, theirs[name], name)
 
 
 @pytest.fixture(scope="module")
@@ -460,12 +459,7 @@ def test_the_d64_dkdv_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promo
                             causal, ops["qk_scale"], ops["scale"], n, cfg, factored=factored)
     torch.cuda.synchronize()
     for name, ours in (("dK", dk), ("dV", dv)):
-        assert torch.isfinite(ours).all(), name
-        diff = (ours.float() - theirs[name].float()).abs()
-        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
-        assert torch.equal(ours, theirs[name]), (
-            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
-            f"{relative_error(ours, theirs[name]):.2e}, first at {where}")
+        assert_same_bits(ours, theirs[name], name)
     with pytest.raises(ValueError, match="at D = 64 the dK/dV kernel is built as"):
         cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"], s["sk"],
                                s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"], n,
@@ -491,12 +485,7 @@ def test_the_d64_dq_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promote
     triton_bwd._launch_dq(s, ops["do8"], ops["sdo"], ops["delta_m"], theirs, None, causal, ops["qk_scale"],
                           ops["scale"], n, cfg, factored=dict(k8t=ops["k8t_n"], skc=ops["skc64"], rs=ops["rs"]))
     torch.cuda.synchronize()
-    assert torch.isfinite(ours).all()
-    diff = (ours.float() - theirs.float()).abs()
-    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
-    assert torch.equal(ours, theirs), (
-        f"dQ: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
-        f"{relative_error(ours, theirs):.2e}, first at {where}")
+    assert_same_bits(ours, theirs, "dQ")
 
 
 @pytest.mark.parametrize("n, causal, h, h_kv, promote", [(130, True, 2, 2, True), (1000, False, 8, 2, False)])
@@ -583,11 +572,7 @@ def test_factored_dq_is_tritons_bit_for_bit(dk_operands, n, causal, promote, var
     ops = dk_operands(n, causal, *heads(n))
     ours, theirs = cuda_factored_dq(ops, promote, variant), triton_factored_dq(ops, promote)
     torch.cuda.synchronize()
-    assert torch.isfinite(ours).all()
-    diff = (ours.float() - theirs.float()).abs()
-    where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]  # (b, query, head, d)
-    assert torch.equal(ours, theirs), (f"{int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, "
-                                       f"relative {relative_error(ours, theirs):.2e}, first at {where}")
+    assert_same_bits(ours, theirs)  # first at (b, query, head, d)
 
 
 def cuda_dqdkdv(ops, **options):
@@ -1162,11 +1147,7 @@ def test_factored_forward_is_tritons_bit_for_bit(forward_operands, n, causal, pr
     rows = -(-n // 64) * 64
     assert torch.isfinite(o).all() and torch.isfinite(lse[..., :rows]).all()
     for name, ours, theirs in (("o", o, o_ref), ("lse2", lse[..., :rows], lse_ref[..., :rows])):
-        diff = (ours.float() - theirs.float()).abs()
-        where = [tuple(i.tolist()) for i in (diff > 0).nonzero()[:4]]
-        assert torch.equal(ours, theirs), (
-            f"{name}: {int((diff > 0).sum())} of {diff.numel()} differ, max {diff.max().item():.3e}, relative "
-            f"{relative_error(ours, theirs):.2e}, first at {where}")
+        assert_same_bits(ours, theirs, name)
 
 
 def _fwd_bwd(fn, q, k, v, do, dtype=None):

@@ -493,6 +493,8 @@ def test_the_d64_cuda_dkdv_is_the_default_only_where_it_can_run(monkeypatch, tmp
     assert cuda_dkdv64_variant(64, torch.bfloat16) is None
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws4")
     assert cuda_dkdv64_variant(64, torch.bfloat16) == "ws4"
+    with pytest.raises(RuntimeError, match="ws4 but the CUDA dK/dV kernel cannot run: ds_stats diagnostics"):
+        cuda_dkdv64_variant(64, torch.bfloat16, stats=True)  # Triton's launch forms them
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "0")
     assert cuda_dkdv64_variant(64, torch.bfloat16) is None
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3xfdt")
@@ -521,6 +523,10 @@ def test_the_d64_cuda_dq_runs_only_when_asked(monkeypatch, tmp_path):
         cuda_dq64_variant(64, torch.bfloat16)
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
     assert cuda_dq64_variant(64, torch.bfloat16) == "ws3" and k_fragment_order(64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="ws3 but the CUDA dQ kernel cannot run: ds_stats diagnostics"):
+        cuda_dq64_variant(64, torch.bfloat16, stats=True)
+    with pytest.raises(RuntimeError, match="dtype torch.float32: the CUDA dQ kernel writes bf16 or fp16"):
+        cuda_dq64_variant(64, torch.float32)
     with pytest.raises(RuntimeError, match="head dim 128: built for D = 64 only"):
         cuda_dq64_variant(128, torch.bfloat16)
     monkeypatch.setenv(CUDA_DQ64_SWITCH, "ws4")
