@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -130,6 +130,10 @@ DKDV_D64_VARIANTS = ("ws3", "ws4")
 """The fused dK/dV's forms built at D = 64 (``dm_dkdv_factored_d64``, without dQ), promoted or not: rows of 64 codes,
 dV and dK by m64n64k32 into 32 accumulators a thread, Triton's bits (session 42: ws3 promoted 2.188 ms against Triton's
 fused launch's 4.037 at B·H = 64, N = 8K, causal, on an H200; ``triton_bwd.CUDA_DKDV64_SWITCH``)."""
+DKDV_D64_WITH_DQ = ("ws3xfd",)
+"""The fused dK/dV's forms built at D = 64 with dQ (``dqdkdv_factored``, promoted, its adds ordered or in any order):
+``ws3xfd``'s dQ warpgroup, 448 folded into the row terms and dQ's dŜ tile by lane exchange, its promotion whole (at
+D = 64 it takes the 32 registers ``ws3xfd`` splits D = 128's into) and dK, dV stored directly (session 43)."""
 DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)
@@ -618,9 +622,9 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
     if variant not in DKDV_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DKDV_VARIANTS}")
     d64 = q8.dim() == 4 and q8.shape[-1] == 64  # the D = 64 build: dm_dkdv_factored_d64
-    if d64 and (variant not in DKDV_D64_VARIANTS or k8t is not None):
+    if d64 and variant not in (DKDV_D64_WITH_DQ if k8t is not None else DKDV_D64_VARIANTS):
         raise ValueError(f"variant {variant!r}" + (" with dQ" if k8t is not None else "") + ": at D = 64 the dK/dV "
-                         f"kernel is built as {DKDV_D64_VARIANTS} without dQ only")
+                         f"kernel is built as {DKDV_D64_VARIANTS} without dQ and {DKDV_D64_WITH_DQ} with it")
     if promote and variant in DKDV_UNPROMOTED_ONLY:
         raise ValueError(f"variant {variant!r} is built unpromoted only: pass promote=False")
     if k8t is not None and variant not in DKDV_WITH_DQ:
@@ -661,7 +665,7 @@ def _dkdv(q8, k8, v8, do8, q8t, do8t, sq, sk, sv, sdo, sqc, sdoc, rs, lse2, delt
             dq_acc = torch.empty((b, h, n_pad, d), dtype=torch.float32, device=device)  # zeroed by the launch if need be
         sem, heads = None, 0
         if ordered:
-            heads = ordered_section_heads(b, h, h_kv, n_pad) if section_heads is None else int(section_heads)
+            heads = ordered_section_heads(b, h, h_kv, n_pad, d) if section_heads is None else int(section_heads)
             # a counter per query tile, and ws3xp's count of key blocks taken; zeroed by the launch
             sem = torch.empty(b * h * (n_pad // 64) + 1, dtype=torch.int32, device=device)
         extra = [k8t_ptr, skc_ptr, dq_acc.data_ptr(), dq.data_ptr(), dq.stride(0), dq.stride(1), dq.stride(2),

@@ -550,8 +550,10 @@ def cuda_dkdv_variant(ordered: bool = True) -> str:
 
 CUDA_DKDV64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV64"
 """At D = 64, ``matched_factored``'s dK and dV through the fused CUDA kernel's D = 64 build (``dkdv_factored.cu``,
-``dm_dkdv_factored_d64``: Triton's bits; dQ stays Triton's launch): a form of ``cuda_lib.DKDV_D64_VARIANTS`` runs it (an
-error where it cannot run, ``ds_stats`` included), ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the library loads, bf16 or
+``dm_dkdv_factored_d64``): a form of ``cuda_lib.DKDV_D64_VARIANTS`` runs it (Triton's bits; dQ stays Triton's launch),
+one of ``cuda_lib.DKDV_D64_WITH_DQ`` forms dQ in the same launch (:func:`dq_in_dkdv64`: promoted, its adds ordered as
+:data:`DQ_ORDERED_SWITCH` and :data:`DQ_ATOMIC_SWITCH` say; the forward then writes K̂ᶜ in fragment order), an error
+where it cannot run (``ds_stats`` included); ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the library loads, bf16 or
 fp16, with the default config and no ``ds_stats``, and :data:`CUDA_SWITCH` unset."""
 CUDA_DKDV64_DEFAULT = "ws3"
 """The D = 64 dK/dV form where :data:`CUDA_DKDV64_SWITCH` is unset: ``ws3`` (3 stages) 2.188 ms promoted against
@@ -565,9 +567,21 @@ def cuda_dkdv64_variant(head_dim: int, dtype: torch.dtype, stats: bool = False,
     or a form asked for where it cannot run, is an error that names the switch."""
     from deltamatch.kernels import cuda_lib
 
-    return cuda_variant(CUDA_DKDV64_SWITCH, {64: cuda_lib.DKDV_D64_VARIANTS}, CUDA_DKDV64_DEFAULT, "dK/dV kernel",
-                        head_dim, env_switch(CUDA_SWITCH) is not None or stats or not default_config,
+    return cuda_variant(CUDA_DKDV64_SWITCH, {64: cuda_lib.DKDV_D64_VARIANTS + cuda_lib.DKDV_D64_WITH_DQ},
+                        CUDA_DKDV64_DEFAULT, "dK/dV kernel", head_dim,
+                        env_switch(CUDA_SWITCH) is not None or stats or not default_config,
                         (_no_diagnostics(stats),), dtype)
+
+
+def dq_in_dkdv64(variant: str | None, promote: bool) -> bool:
+    """Whether the D = 64 dK/dV form ``variant`` (:func:`cuda_dkdv64_variant`) forms dQ in its launch: a form of
+    ``cuda_lib.DKDV_D64_WITH_DQ``, promoted (its only build), with dQ in the dK/dV launch asked for
+    (:data:`DQ_ORDERED_SWITCH` unset or 1, or :data:`DQ_ATOMIC_SWITCH`). Otherwise such a form runs as the D = 64 build
+    without dQ (``cuda_lib.DKDV_D64_VARIANTS[0]``) beside the dQ launch."""
+    from deltamatch.kernels import cuda_lib
+
+    return (variant in cuda_lib.DKDV_D64_WITH_DQ and promote
+            and (dq_atomic_requested() or dq_ordered_requested()))
 
 
 CUDA_DQ64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DQ64"
@@ -714,9 +728,11 @@ def cuda_qprime_selected(q: torch.Tensor) -> bool:
 def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
     dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default
-    config, or where the CUDA dQ's D = 64 build is asked for (:data:`CUDA_DQ64_SWITCH`). A backward that runs
+    config, where the CUDA dQ's D = 64 build is asked for (:data:`CUDA_DQ64_SWITCH`), or where the D = 64 dK/dV forms
+    dQ (:func:`dq_in_dkdv64`). A backward that runs
     Triton's dQ after all (``ds_stats``, a caller's config) reorders K̂ᶜ back."""
-    return cuda_kernels_selected(head_dim, dtype) or cuda_dq64_variant(head_dim, dtype) is not None
+    return (cuda_kernels_selected(head_dim, dtype) or cuda_dq64_variant(head_dim, dtype) is not None
+            or dq_in_dkdv64(cuda_dkdv64_variant(head_dim, dtype), factored_acc_promote() is not None))
 
 
 def _natural_order(x8t: torch.Tensor) -> torch.Tensor:
@@ -922,6 +938,8 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
         dkdv64 = cuda_dkdv64_variant(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
+        from deltamatch.kernels import cuda_lib  # (importing it loads nothing)
+
         # the CUDA dK/dV kernel reads Q̂'ᶜ and dÔᶜ in its A fragments' token order (triton_quant.fragment_token_order)
         fragments = cuda or bool(dkdv64)
         if cuda_qprime_selected(factored["q"]):
@@ -941,12 +959,21 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             _, do8t_c, sdoc = quantize_per_channel(factored["do"], "do", layouts="channel",
                                                    fragment_order=fragments)
         dq64 = cuda_dq64_variant(saved["q8"].shape[-1], dtypes[1], bool(stats))
+        promote = cfg["dkdv"].get("ACC_PROMOTE") is not None
+        dq_inside = dq_in_dkdv64(dkdv64, promote)
+        if dkdv64 and not dq_inside and dkdv64 not in cuda_lib.DKDV_D64_VARIANTS:
+            dkdv64 = cuda_lib.DKDV_D64_VARIANTS[0]  # a form with dQ where dQ is not to be formed in the launch
         k8t = factored["k8t"]
-        if not (cuda or dq64) and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # ordered for CUDA's dQ
+        if not (cuda or dq64 or dq_inside) and k_fragment_order(saved["q8"].shape[-1], dtypes[1]):  # CUDA's order
             k8t = _natural_order(k8t)
         ops = dict(q8t=q8t_c, sqc=sqc, do8t=do8t_c, sdoc=sdoc, rs=rs, irs=irs, k8t=k8t, skc=factored["skc"])
         if cuda:
             return _launch_cuda_backward(saved, do8, sdo, delta, causal, qk_scale, softmax_scale, n, cfg, ops, dtypes)
+        if dq_inside:  # dQ, dK and dV of one launch at D = 64
+            return cuda_lib.dqdkdv_factored(
+                saved["q8"], saved["k8"], saved["v8"], do8, q8t_c, do8t_c, k8t, saved["sq"], saved["sk"], saved["sv"],
+                sdo, sqc, sdoc, factored["skc"], rs, saved["lse2"], delta, n, causal, qk_scale, softmax_scale,
+                dtype=dtypes[1], variant=dkdv64, irs=irs, ordered=not dq_atomic_requested())
         if dkdv64:  # Triton's bits, from the CUDA kernel's D = 64 build
             from deltamatch.kernels import cuda_lib
 

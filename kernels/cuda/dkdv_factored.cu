@@ -95,26 +95,28 @@ struct __align__(1024) Smem {
   int item[2];
 };
 // What the DQ form adds after Smem (whose size is a multiple of 1024).
+template <int D = kHeadDim>
 struct __align__(1024) DqSmem {
-  uint8_t kt[kHeadDim * kCtaRows];      // K̂ᶜᵀ of the CTA's keys: [D channels, 128 keys], 128-byte swizzle
+  uint8_t kt[D * kCtaRows];             // K̂ᶜᵀ of the CTA's keys: [D channels, 128 keys], 128-byte swizzle
   uint8_t ds[2][kBlockM * kCtaRows];    // dŜ of tile j in ds[j % 2]: [64 queries, 128 keys], 128-byte swizzle
-  float dq[kBlockM * kHeadDim];         // the dQ product of the current tile in dq_order, the reduction's source
+  float dq[kBlockM * D];                // the dQ product of the current tile in dq_order, the reduction's source
   uint64_t ds_full[2], ds_empty[2];     // 256 arrivals each: every consumer thread has written / read ds[i]
   uint64_t dq_full[2], dq_empty[2];     // tile j's, [j % 2]: 256 arrivals: dq written; 1 (reducer j % 2): read
 };
 template <int STAGES, bool DQ = false, int D = kHeadDim>
 constexpr int smem_bytes() {  // + room to align the base
-  return int(sizeof(Smem<STAGES, D>)) + (DQ ? int(sizeof(DqSmem)) : 0) + 1024;
+  return int(sizeof(Smem<STAGES, D>)) + (DQ ? int(sizeof(DqSmem<D>)) : 0) + 1024;
 }
-template <int STAGES>
-__device__ __forceinline__ DqSmem& dq_smem(Smem<STAGES>& s) { return *reinterpret_cast<DqSmem*>(&s + 1); }
+template <int STAGES, int D>
+__device__ __forceinline__ DqSmem<D>& dq_smem(Smem<STAGES, D>& s) { return *reinterpret_cast<DqSmem<D>*>(&s + 1); }
 
 // Where a 64-query block's dQ product sits in DqSmem::dq and in its 32 KB block of dq_acc: thread t of consumer h stores
 // its accumulator values 4i .. 4i + 3 (i < 8, channels 64h + 8i ..) as one float4 at dq_order(8h + i, t) = (8h + i) ·
 // 512 + 4t (a warp's stores are 512 contiguous bytes): value 4i + v is query 16w + g + 8(v / 2), channel 64h + 8i + 2q +
-// v % 2 (wgmma.cuh's accumulator layout).
+// v % 2 (wgmma.cuh's accumulator layout). At D = 64 the dQ warpgroup's chunks give i < 8 over channels 8i .. alone.
 __device__ __forceinline__ int dq_order(int i, int t) { return i * 512 + 4 * t; }
-constexpr int kDqBlockFloats = kBlockM * kHeadDim;
+template <int D = kHeadDim>
+constexpr int kDqBlockFloatsOf = kBlockM * D;
 
 struct Maps {
   CUtensorMap q, k, v, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
@@ -304,8 +306,8 @@ __host__ __device__ constexpr bool stores_first(int sync) {
 // `j0`: the tiles the CTA walked before this key block (the persistent form), where the dQ buffers' turns and phases
 // go on from; returns the count after it. `drain`: wait for the last add's writes at the end (not between a persistent
 // CTA's key blocks). `clock_row`: DqClock's row of this key block (the persistent form's linear index; −1: blockIdx).
-template <bool ORDERED, int STAGES, typename Sched>
-__device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w,
+template <bool ORDERED, int STAGES, typename Sched, int D>
+__device__ __forceinline__ uint32_t reduce_dq(DqSmem<D>& x, const DkdvFactoredParams& p, Walk<STAGES, Sched> w,
                                               int block, int r, uint32_t j0 = 0, bool drain = true,
                                               int clock_row = -1) {
   const int blocks = p.n_pad / kCtaRows;
@@ -353,9 +355,9 @@ __device__ __forceinline__ uint32_t reduce_dq(DqSmem& x, const DkdvFactoredParam
     const auto t2 = DqClock::now();
     if (skip_add) {  // DM_DQ_CLOCK's dm_dq_diag bit 4: no dQ traffic into L2 (timing only)
     } else if (store) {
-      bulk_store_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
+      bulk_store_f32(p.dq_acc + tile * kDqBlockFloatsOf<D>, x.dq, kDqBlockFloatsOf<D> * sizeof(float));
     } else {
-      bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloats, x.dq, kDqBlockFloats * sizeof(float));
+      bulk_reduce_add_f32(p.dq_acc + tile * kDqBlockFloatsOf<D>, x.dq, kDqBlockFloatsOf<D> * sizeof(float));
     }
     bulk_wait_read<0>();
     mbar_arrive(&x.dq_empty[r]);
@@ -455,8 +457,10 @@ __device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DkdvFactoredPa
                                         uint64_t* kv_empty = nullptr, Where where = {}, const Maps* out = nullptr) {
   static_assert(!TMA_OUT || DQ_GROUP, "the TMA epilogue is built into the dQ warpgroup's form");
   static_assert(SPLIT == 0 || SPLIT == 2 || SPLIT == 4, "the promotion whole, in halves or in quarters");
-  static_assert(!DQ_GROUP || (DQ && SPLIT), "the dQ warpgroup's registers come from the split promotion");
-  static_assert(D == kHeadDim || (!DQ && SPLIT == 0), "D = 64 is built without dQ, its promotion whole");
+  // at D = 128 the dQ warpgroup's registers come from the split promotion; at D = 64 the whole one takes 32
+  static_assert(!DQ_GROUP || (DQ && (SPLIT || D < kHeadDim)), "the dQ warpgroup needs the split promotion at D = 128");
+  static_assert(D == kHeadDim || ((!DQ || DQ_GROUP) && SPLIT == 0 && !TMA_OUT),
+                "D = 64 is built without dQ or with the dQ warpgroup, its promotion whole, dK and dV stored directly");
   const bool releaser = threadIdx.x % 32 == 0;
   const int diag = diag_bits();  // 0 but in the DM_DQ_CLOCK build
   auto diag_skips = [&](int bit) { return (diag & bit) != 0; };
@@ -588,7 +592,7 @@ __device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DkdvFactoredPa
 
   if constexpr (DQ) {
     static_assert(PROMOTE && !PIPELINED, "dQ is built into the promoted form, each tile in turn");
-    DqSmem& x = dq_smem(s);
+    DqSmem<D>& x = dq_smem(s);
     const int t_in_group = threadIdx.x % kThreads;
     const uint8_t* kt = x.kt + half * (D / 2) * kCtaRows;  // this half's 64 channels x 128 keys
     mbar_wait(&s.kv_full, kv_phase);
@@ -748,11 +752,11 @@ __device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DkdvFactoredPa
 // at 56 (consumers at 216) ptxas serialised every wgmma of the kernel (C7512), at 64 or more with the consumers at 208
 // it spills nothing.
 constexpr int kDqChunk = 32;  // channels a product of the dQ warpgroup
-template <int STAGES, typename Sched>
-__device__ __forceinline__ void dq_group(Smem<STAGES>& s, Walk<STAGES, Sched> w) {
-  DqSmem& x = dq_smem(s);
+template <int STAGES, int D, typename Sched>
+__device__ __forceinline__ void dq_group(Smem<STAGES, D>& s, Walk<STAGES, Sched> w) {
+  DqSmem<D>& x = dq_smem(s);
   const int t = threadIdx.x % kThreads;
-  constexpr int kChunks = kHeadDim / kDqChunk;
+  constexpr int kChunks = D / kDqChunk;
   mbar_wait(&s.kv_full, 0);
   unsigned full_clk = 0, empty_clk = 0;  // DqClock's counts
   const auto loop_start = DqClock::now();
@@ -807,7 +811,7 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
       tma_load_2d(s.v[i], &maps.v, 0, row + kBlockN * i, &s.kv_full);
     }
     if constexpr (DQ) {
-      DqSmem& x = dq_smem(s);
+      DqSmem<D>& x = dq_smem(s);
       for (int i = 0; i < 2; ++i) {
         mbar_init(&x.ds_full[i], kConsumers * kThreads);
         mbar_init(&x.ds_empty[i], kDqArrivals);
@@ -817,7 +821,7 @@ __device__ __forceinline__ void dkdv_block(uint8_t* raw, const DkdvFactoredParam
         mbar_init(&x.dq_empty[i], 1);
       }
       fence_mbar_init();
-      tma_load_2d(x.kt, &maps.kt, cta.block * kCtaRows, cta.bh_kv * kHeadDim, &s.kv_full);
+      tma_load_2d(x.kt, &maps.kt, cta.block * kCtaRows, cta.bh_kv * D, &s.kv_full);
     }
   }
   __syncthreads();  // the barriers are initialised; no block-wide barrier after this point
@@ -887,7 +891,7 @@ __device__ __forceinline__ void dkdv_persistent(uint8_t* raw, const DkdvFactored
                                                 int* taken) {
   using Sched = IncreasingSchedule;
   Smem<STAGES>& s = aligned_smem<Smem<STAGES>>(raw);
-  DqSmem& x = dq_smem(s);
+  DqSmem<>& x = dq_smem(s);
   constexpr int kConsumerWarps = kConsumers * kThreads / 32;
   if (threadIdx.x == 0) {
     init_stage_barriers<STAGES>(s.full, s.empty, &s.kv_full, kConsumerWarps);
@@ -1043,6 +1047,17 @@ DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws3_unpromoted_d64, false, true, 3)
 DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws4_promoted_d64, true, false, 4)
 DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws4_unpromoted_d64, false, true, 4)
 #undef DM_DKDV_D64_KERNEL
+// D = 64 with dQ: ws3xfd's form (the dQ warpgroup, 448 folded, the dŜ tile by lane exchange; promoted, 3 stages), its
+// promotion whole (32 registers at D = 64), dK and dV stored directly; dQ's product in two 32-channel chunks
+#define DM_DKDV_D64_DQ_KERNEL(NAME, ORDERED)                                                                    \
+  extern "C" __global__ void __launch_bounds__(dm::factored::kDqGroupThreads, 1)                              \
+      NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                         \
+    extern __shared__ uint8_t smem[];                                                                       \
+    dm::dkdv::dkdv_block<true, false, 3, true, ORDERED, true, true, 0, true, false, 64>(smem, p, maps);     \
+  }
+DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfd_promoted_dq_d64, false)
+DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfd_promoted_dq_ordered_d64, true)
+#undef DM_DKDV_D64_DQ_KERNEL
 // with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered; ws3x:
 // the dŜ tile written by lane exchange (to_fragments_exchanged), the same bits
 DM_DKDV_KERNEL(dm_dkdv_factored_ws3_promoted_dq, true, false, 3, true, false, false, false)
@@ -1077,16 +1092,19 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kCtaThreads, 1)
 // dQ from dq_acc with dq_factored.cu's epilogue arithmetic, ((x · s) · s_Kᶜ[d]) · softmax_scale, queries < N: one
 // block of 128 threads per 64 queries and query head; each thread reads the float4s a consumer thread wrote (dq_order),
 // the block stages the cast rows in shared memory (rows padded by 8 elements: conflict-free) and writes them whole.
-extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_epilogue(const DkdvFactoredParams p) {
+namespace dm {
+namespace dkdv {
+template <int D>
+__device__ __forceinline__ void dq_epilogue(const DkdvFactoredParams& p) {
   using namespace dm::factored;
-  constexpr int kPitch = kHeadDim + 8;  // elements per staged row
+  constexpr int kPitch = D + 8;  // elements per staged row
   __shared__ __align__(16) uint16_t rows[kBlockM * kPitch];
   const int t = threadIdx.x, warp = t / 32, g = (t % 32) / 4, q = t % 4;
   const int64_t bh = blockIdx.y;
   const int b = int(bh / p.h), h = int(bh % p.h), start = blockIdx.x * kBlockM;
   const int64_t bh_kv = int64_t(b) * p.h_kv + h / (p.h / p.h_kv);
-  const float* acc = p.dq_acc + (bh * (p.n_pad / kBlockM) + blockIdx.x) * dm::dkdv::kDqBlockFloats;
-  const float* skc = p.skc + bh_kv * kHeadDim;
+  const float* acc = p.dq_acc + (bh * (p.n_pad / kBlockM) + blockIdx.x) * dm::dkdv::kDqBlockFloatsOf<D>;
+  const float* skc = p.skc + bh_kv * D;
   float s_row[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1094,7 +1112,7 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_
     s_row[r] = row < p.n ? p.rs[bh * p.n_pad + row] : 1.0f;
   }
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; ++i) {
+  for (int i = 0; i < D / 8; ++i) {
     const float4 x = *reinterpret_cast<const float4*>(acc + dm::dkdv::dq_order(i, t));
     const float vals[4] = {x.x, x.y, x.z, x.w};
     const int col = 8 * i + 2 * q;
@@ -1117,7 +1135,7 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_
     }
   }
   __syncthreads();
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
 #pragma unroll
   for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
     const int at = t + kThreads * j, row = at / kChunks, chunk = at % kChunks;
@@ -1126,6 +1144,14 @@ extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq) + out + 8 * chunk) =
         *reinterpret_cast<const uint4*>(rows + row * kPitch + 8 * chunk);
   }
+}
+}  // namespace dkdv
+}  // namespace dm
+extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_epilogue(const DkdvFactoredParams p) {
+  dm::dkdv::dq_epilogue<dm::factored::kHeadDim>(p);
+}
+extern "C" __global__ void __launch_bounds__(dm::factored::kThreads) dm_dkdv_dq_epilogue_d64(const DkdvFactoredParams p) {
+  dm::dkdv::dq_epilogue<64>(p);
 }
 
 namespace {
@@ -1185,29 +1211,21 @@ DkdvLaunch dkdv_launch(int variant, bool promote, bool dq, bool ordered) {
   }
 }
 
-}  // namespace
-
-// variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
-// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
-// folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
-// 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
-// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA).
-extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
-                                cudaStream_t stream) {
+// The launch of `launch` (or of the persistent form, D = 128 only) on rows of D codes: the operand maps, dQ's FP32
+// scratch and the ordered adds' counters zeroed where the launch needs it, the kernel, then with dQ the epilogue.
+template <int D>
+int run_dkdv(const DkdvFactoredParams* p, const DkdvLaunch& launch, bool persistent, int device,
+             cudaStream_t stream) {
   using namespace dm::factored;
-  if (!valid_shape(*p)) return cudaErrorInvalidValue;
-  const bool dq = p->dq_acc != nullptr, persistent = variant == 4;
-  const DkdvLaunch launch = persistent ? DkdvLaunch{nullptr, dm::dkdv::smem_bytes<3, true>()}
-                                       : dkdv_launch(variant, promote != 0, dq, p->dq_sem != nullptr);
+  const bool dq = p->dq_acc != nullptr;
   const void* kernel = persistent ? reinterpret_cast<const void*>(dm_dkdv_factored_ws3xp_promoted_dq_ordered)
                                   : reinterpret_cast<const void*>(launch.kernel);
-  if (persistent && (!dq || p->dq_sem == nullptr || promote == 0)) return cudaErrorInvalidValue;
   if (!kernel || (dq && p->dq_sem != nullptr && p->dq_section_heads < 1)) return cudaErrorInvalidValue;
   if (cudaError_t err = prepare_launch(kernel, launch.smem, device); err != cudaSuccess) return err;
   dm::dkdv::Maps maps;
   const uint64_t n_pad = p->n_pad;
-  if (!encode_operands<kHeadDim>(maps, *p) ||
-      (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * kHeadDim, kCtaRows, kHeadDim,
+  if (!encode_operands<D>(maps, *p) ||
+      (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * D, kCtaRows, D,
                            CU_TENSOR_MAP_SWIZZLE_128B)) ||
       (launch.tma_out &&
        (!encode_out_rows(&maps.dk, p->dk, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h, kBlockN) ||
@@ -1215,7 +1233,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   if (dq) {
-    const size_t bytes = size_t(p->b) * p->h * n_pad * kHeadDim * sizeof(float);
+    const size_t bytes = size_t(p->b) * p->h * n_pad * D * sizeof(float);
     if (p->dq_sem == nullptr || !dm::dkdv::stores_first(p->dq_sync)) {
       if (cudaError_t err = cudaMemsetAsync(p->dq_acc, 0, bytes, stream); err != cudaSuccess) return err;
     }
@@ -1243,27 +1261,48 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
     launch.kernel<<<grid, launch.threads, launch.smem, stream>>>(*p, maps);
   }
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess || !dq) return err;
-  dm_dkdv_dq_epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);
+  const auto epilogue = D == kHeadDim ? dm_dkdv_dq_epilogue : dm_dkdv_dq_epilogue_d64;
+  epilogue<<<dim3(p->n_pad / kBlockM, p->b * p->h), kThreads, 0, stream>>>(*p);
   return cudaGetLastError();
 }
 
-// dK and dV at D = 64 (promote, variant as dm_dkdv_factored's: 0 ws3, 1 ws4; no dQ, so p->dq_acc must be null).
-// Operands as dm_dkdv_factored's with D = 64: Q̂, K̂, V̂, dÔ token-major, Q̂'ᶜ and dÔᶜ channel-major in fragment order.
+}  // namespace
+
+// variant (cuda_lib.DKDV_VARIANTS): 0 ws3, 1 ws4, 2 ws3s, 3 ws3x, 4 ws3xp (ws3x persistent: dQ, ordered and promoted
+// only; its count of key blocks taken is the int after dq_sem's counters, zeroed with them), 5 ws3xf (ws3x with 448
+// folded into the row terms: p->lse2 holds lse2 − log2(448) and p->irs div.full(1, s) / 448; dQ and promoted only),
+// 6 ws3xfs (ws3xf, its promotion in 64-channel halves), 7 ws3xfd (ws3xfs, dQ's product in a fourth warpgroup),
+// 8 ws3xfdp (ws3xfd, its promotion in quarters, pipelined), 9 ws3xfdt (ws3xfd, dK and dV stored by the TMA).
+extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int variant, int device,
+                                cudaStream_t stream) {
+  using namespace dm::factored;
+  if (!valid_shape(*p)) return cudaErrorInvalidValue;
+  const bool dq = p->dq_acc != nullptr, persistent = variant == 4;
+  const DkdvLaunch launch = persistent ? DkdvLaunch{nullptr, dm::dkdv::smem_bytes<3, true>()}
+                                       : dkdv_launch(variant, promote != 0, dq, p->dq_sem != nullptr);
+  if (persistent && (!dq || p->dq_sem == nullptr || promote == 0)) return cudaErrorInvalidValue;
+  return run_dkdv<dm::factored::kHeadDim>(p, launch, persistent, device, stream);
+}
+
+// dK and dV at D = 64 (promote, variant as dm_dkdv_factored's: 0 ws3, 1 ws4 without dQ, p->dq_acc null; 7 ws3xfd
+// with dQ, promoted, its adds ordered where p->dq_sem is set). Operands as dm_dkdv_factored's with D = 64: Q̂, K̂, V̂,
+// dÔ token-major, Q̂'ᶜ and dÔᶜ channel-major in fragment order, and with dQ K̂ᶜ channel-major in fragment order.
 extern "C" int dm_dkdv_factored_d64(const DkdvFactoredParams* p, int promote, int variant, int device,
                                     cudaStream_t stream) {
-  using namespace dm::factored;
-  if (!valid_shape(*p) || p->dq_acc != nullptr || variant < 0 || variant > 1) return cudaErrorInvalidValue;
-  const DkdvKernel kernels[2][2] = {{dm_dkdv_factored_ws3_unpromoted_d64, dm_dkdv_factored_ws3_promoted_d64},
-                                    {dm_dkdv_factored_ws4_unpromoted_d64, dm_dkdv_factored_ws4_promoted_d64}};
-  const DkdvKernel kernel = kernels[variant][promote ? 1 : 0];
-  const int smem = variant == 0 ? dm::dkdv::smem_bytes<3, false, 64>() : dm::dkdv::smem_bytes<4, false, 64>();
-  if (cudaError_t err = prepare_launch(reinterpret_cast<const void*>(kernel), smem, device); err != cudaSuccess) {
-    return err;
+  using namespace dm::dkdv;
+  if (!dm::factored::valid_shape(*p)) return cudaErrorInvalidValue;
+  const bool dq = p->dq_acc != nullptr, ordered = p->dq_sem != nullptr;
+  DkdvLaunch launch{nullptr, 0};
+  if (!dq && (variant == 0 || variant == 1)) {
+    const DkdvKernel kernels[2][2] = {{dm_dkdv_factored_ws3_unpromoted_d64, dm_dkdv_factored_ws3_promoted_d64},
+                                      {dm_dkdv_factored_ws4_unpromoted_d64, dm_dkdv_factored_ws4_promoted_d64}};
+    launch = {kernels[variant][promote ? 1 : 0],
+              variant == 0 ? smem_bytes<3, false, 64>() : smem_bytes<4, false, 64>()};
+  } else if (dq && variant == 7 && promote) {
+    launch = {ordered ? dm_dkdv_factored_ws3xfd_promoted_dq_ordered_d64 : dm_dkdv_factored_ws3xfd_promoted_dq_d64,
+              smem_bytes<3, true, 64>(), dm::factored::kDqGroupThreads};
   }
-  dm::dkdv::Maps maps;
-  if (!encode_operands<64>(maps, *p)) return cudaErrorInvalidValue;  // no driver entry point, or a bad layout
-  kernel<<<cta_grid(p->n, p->b * p->h_kv), kCtaThreads, smem, stream>>>(*p, maps);
-  return cudaGetLastError();
+  return run_dkdv<64>(p, launch, false, device, stream);
 }
 
 // sizeof(DkdvFactoredParams), for the loader's check that its ctypes mirror has the same layout.

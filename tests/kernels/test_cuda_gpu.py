@@ -409,15 +409,16 @@ def test_fused_factored_dkdv_is_tritons_bit_for_bit(dk_operands, n, causal, prom
 def d64_dkdv_operands():
     """What the dK/dV kernel's D = 64 build and Triton's factored dK/dV launch at D = 64 read, made as the backward
     makes them (the D = 64 forward and δ pass of this tree's defaults; Q' = s ⊙ Q per channel from the δ pass's row
-    scales), cached by (n, causal)."""
+    scales), cached by (n, causal, h, h_kv) (heads: ``heads(n)`` unless given)."""
     from deltamatch.kernels import triton_bwd
     from deltamatch.kernels.triton_quant import quantize_per_channel, token_mean
 
     cache = {}
 
-    def get(n, causal):
-        if (n, causal) not in cache:
-            q, k, v, do = attention_inputs(2, n, *heads(n), seed=n + 640, d=64)
+    def get(n, causal, h=None, h_kv=None):
+        h, h_kv = (h, h_kv) if h else heads(n)
+        if (n, causal, h, h_kv) not in cache:
+            q, k, v, do = attention_inputs(2, n, h, h_kv, seed=n + 640, d=64)
             ops = factored_dv_operands(q, k, v, do, causal)
             delta, rs = ops["delta"].clone(), torch.empty_like(ops["delta"])
             cfg = triton_bwd.factored_config(triton_bwd.backward_config(64), 64)
@@ -428,9 +429,9 @@ def d64_dkdv_operands():
             # K̂ᶜ for dQ: natural for Triton's launch, in fragment order for the CUDA kernel
             _, k8t_n, skc = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel")
             _, k8t_o, _ = quantize_per_channel(k, "k", mean=token_mean(k), layouts="channel", fragment_order=True)
-            cache[n, causal] = dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc, cfg=cfg["dkdv"],
-                                    dq_cfg=cfg["dq"], k8t_n=k8t_n, k8t_o=k8t_o, skc64=skc)
-        return cache[n, causal]
+            cache[n, causal, h, h_kv] = dict(ops, delta_m=delta, rs=rs, q8t_c=q8t_c, q8t_f=q8t_f, sqc=sqc,
+                                             cfg=cfg["dkdv"], dq_cfg=cfg["dq"], k8t_n=k8t_n, k8t_o=k8t_o, skc64=skc)
+        return cache[n, causal, h, h_kv]
 
     return get
 
@@ -538,6 +539,105 @@ def test_the_d64_backward_takes_the_cuda_dkdv_with_tritons_bits(n, causal, h, h_
     for name, a, b, c in zip(("O", "dQ", "dK", "dV"), ours, again, theirs):
         assert torch.equal(a, b), name
         assert torch.equal(a, c), f"{name}: relative {relative_error(a, c):.2e} from Triton's dK/dV launch's"
+
+
+def d64_dqdkdv(ops, **options):
+    """dQ, dK, dV of the D = 64 dK/dV launch with dQ (``ws3xfd``) on ``d64_dkdv_operands``."""
+    s = ops["saved"]
+    return cuda_lib.dqdkdv_factored(
+        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
+        ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"],
+        ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant="ws3xfd", **options)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("n, causal", [(130, True), (130, False), (256, False), (1000, True), (1000, False),
+                                       (1024, True)])
+def test_the_d64_dkdv_with_dq_against_the_d64_dkdv_and_dq(d64_dkdv_operands, n, causal, ordered):
+    """The D = 64 dK/dV launch with dQ (``ws3xfd``: the dQ warpgroup, 448 folded into the row terms) against the D = 64
+    dK/dV without dQ and the D = 64 dQ kernel (each Triton's bits, tests above) on the same operands, held as the
+    D = 128 forms are (``test_dkdv_with_dq_keeps_dk_dv_bits_and_dq_to_roundoff``): dK and dV within 10^-4 in norm
+    (448 folded moves P̂ by an ulp here and there; ordered, the query tiles summed diagonal first), dQ within 10^-3
+    and every query row within a quarter of its norm (a layout, channel-chunk, swizzle or scale mistake moves whole
+    rows). N = 130: a ragged second CTA without a second half; 1000: GQA 8 on 2; 256: one CTA."""
+    ops = d64_dkdv_operands(n, causal)
+    s = ops["saved"]
+    dq, dk, dv = d64_dqdkdv(ops, ordered=ordered)
+    dk0, dv0 = cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"],
+                                      s["sk"], s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"],
+                                      ops["delta_m"], n, causal, ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
+    dq0 = cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
+                               ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
+                               ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
+    torch.cuda.synchronize()
+    assert dq.shape == dq0.shape and dk.shape == dk0.shape and dv.shape == dv0.shape
+    for name, ours, theirs in (("dK", dk, dk0), ("dV", dv, dv0)):
+        assert_within_rounding(name, ours, theirs, 1e-4)
+    assert torch.isfinite(dq).all()
+    assert_within_rounding("dQ", dq, dq0, 1e-3, rows=True)
+    with pytest.raises(ValueError, match=r"at D = 64 the dK/dV kernel is built as .* and \('ws3xfd',\) with it"):
+        cuda_lib.dqdkdv_factored(
+            s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_o"], s["sq"], s["sk"],
+            s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n,
+            causal, ops["qk_scale"], ops["scale"], variant="ws3xfdt")
+
+
+@pytest.mark.parametrize("n, causal, h, h_kv", [(8192, True, 8, 8), (4096, False, 4, 2), (1000, True, 8, 2)])
+def test_the_d64_ordered_dq_is_bit_reproducible_however_sectioned(d64_dkdv_operands, n, causal, h, h_kv):
+    """At D = 64 the ordered adds give dQ one set of bits, as at D = 128: run after run, whichever kv heads the launch
+    interleaves (``section_heads``; 3 leaves a smaller last section) and whichever count the adds wait on (``sync`` 0
+    or 11), and from a scratch of NaN (each tile's first add stores); 8192 queries on 2 × 8 heads make 1,024 CTAs, so
+    CTAs wait on ones launched earlier, running or done."""
+    ops = d64_dkdv_operands(n, causal, h, h_kv)
+    s = ops["saved"]
+    nan_acc = torch.full(s["q8"].shape, float("nan"), device=s["q8"].device)
+    runs = [d64_dqdkdv(ops, ordered=True, section_heads=sections, sync=sync, dq_acc=acc)
+            for sections, sync, acc in ((None, None, None), (1, 11, None), (3, 0, None), (None, 11, nan_acc))]
+    torch.cuda.synchronize()
+    first = runs[0]
+    for dq, dk, dv in runs[1:]:
+        assert torch.equal(dk, first[1]) and torch.equal(dv, first[2])
+        assert torch.equal(dq, first[0]), f"dQ differs: relative {relative_error(dq, first[0]):.2e}"
+    dq0 = cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
+                               ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
+                               ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
+    assert_within_rounding("dQ", first[0], dq0, 1e-3, rows=True)
+
+
+@pytest.mark.parametrize("n, causal, h, h_kv", [(130, True, 2, 2), (1000, True, 8, 2), (1000, False, 8, 2)])
+def test_the_d64_backward_with_dq_in_the_dkdv_launch(n, causal, h, h_kv, monkeypatch):
+    """matched_factored at D = 64 with ``DELTAMATCH_KERNEL_CUDA_DKDV64=ws3xfd`` runs one launch for dQ, dK and dV (the
+    forward writes K̂ᶜ in fragment order for it) and gives O's bits and dQ, dK, dV within rounding of the default's
+    (the D = 64 dK/dV without dQ, then Triton's dQ launch), twice the same bits (ordered adds); with
+    ``DELTAMATCH_KERNEL_DQ_ORDERED=0`` the form runs without dQ, beside the dQ launch, and gives the default's bits."""
+    from deltamatch.kernels.triton_attention import triton_attention
+    from deltamatch.kernels.triton_bwd import CUDA_DKDV64_SWITCH, DQ_ORDERED_SWITCH
+
+    q, k, v, do = attention_inputs(2, n, h, h_kv, seed=43, d=64)
+    calls = []
+    fused, with_dq = cuda_lib.dkdv_factored, cuda_lib.dqdkdv_factored
+    monkeypatch.setattr(cuda_lib, "dkdv_factored", lambda *a, **kw: calls.append(kw["variant"]) or fused(*a, **kw))
+    monkeypatch.setattr(cuda_lib, "dqdkdv_factored",
+                        lambda *a, **kw: calls.append(("dq", kw["variant"], kw["ordered"])) or with_dq(*a, **kw))
+    monkeypatch.delenv(DQ_ORDERED_SWITCH, raising=False)
+    fn = lambda a, b, c: triton_attention(a, b, c, causal, "matched_factored")  # noqa: E731
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3xfd")
+    ours, again = _fwd_bwd(fn, q, k, v, do), _fwd_bwd(fn, q, k, v, do)
+    assert calls == [("dq", "ws3xfd", True)] * 2
+    monkeypatch.setenv(DQ_ORDERED_SWITCH, "0")
+    apart = _fwd_bwd(fn, q, k, v, do)
+    assert calls[2:] == ["ws3"]
+    monkeypatch.delenv(DQ_ORDERED_SWITCH)
+    monkeypatch.delenv(CUDA_DKDV64_SWITCH)
+    theirs = _fwd_bwd(fn, q, k, v, do)
+    assert calls[3:] == ["ws3"]
+    for name, a, b, c, d in zip(("O", "dQ", "dK", "dV"), ours, again, apart, theirs):
+        assert torch.equal(a, b), name
+        assert torch.equal(c, d), f"{name}: relative {relative_error(c, d):.2e} from the default's"
+        if name == "O":
+            assert torch.equal(a, d)
+        else:
+            assert_within_rounding(name, a, d, 1e-3, rows=name == "dQ")
 
 
 def triton_factored_dq(ops, promote):
