@@ -689,7 +689,8 @@ def dq_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: torch
     ``triton_quant.fragment_token_order`` (``quantize_per_channel(..., fragment_order=True)``), with ``skc``
     (B, H_kv, D); ``rs`` dŜ's row scales s, ``lse2`` and matched's ``delta``, each (B, H, N_pad). ``promote``: each
     64-key tile's product added into dQ in FP32 (``ACC_PROMOTE=64``), else accumulated by the wgmma. ``variant``: one of
-    ``DQ_VARIANTS``. At D = 64 its D = 64 build runs (``dm_dq_factored_d64``, session 42; not yet run on a GPU)."""
+    ``DQ_VARIANTS``. At D = 64 its D = 64 build runs (``dm_dq_factored_d64``: Triton's bits, but 1.707 ms promoted against
+    Triton's 1.481 at B·H = 64, N = 8K, causal on an H100, session 43)."""
     if variant not in DQ_VARIANTS:
         raise ValueError(f"variant {variant!r}: expected one of {DQ_VARIANTS}")
     d64 = q8.dim() == 4 and q8.shape[-1] == 64  # the D = 64 build (dm_dq_factored_d64), the same forms
