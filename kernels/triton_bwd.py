@@ -553,12 +553,18 @@ CUDA_DKDV64_SWITCH = "DELTAMATCH_KERNEL_CUDA_DKDV64"
 ``dm_dkdv_factored_d64``): a form of ``cuda_lib.DKDV_D64_VARIANTS`` runs it (Triton's bits; dQ stays Triton's launch),
 one of ``cuda_lib.DKDV_D64_WITH_DQ`` forms dQ in the same launch (:func:`dq_in_dkdv64`: promoted, its adds ordered as
 :data:`DQ_ORDERED_SWITCH` and :data:`DQ_ATOMIC_SWITCH` say; the forward then writes K̂ᶜ in fragment order), an error
-where it cannot run (``ds_stats`` included); ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the library loads, bf16 or
-fp16, with the default config and no ``ds_stats``, and :data:`CUDA_SWITCH` unset."""
-CUDA_DKDV64_DEFAULT = "ws3"
-"""The D = 64 dK/dV form where :data:`CUDA_DKDV64_SWITCH` is unset: ``ws3`` (3 stages) 2.188 ms promoted against
-Triton's fused launch's 4.037 at B·H = 64, N = 8K, causal (an H200, session 42, ``tools/device/cuda_dv_bench.py
---head-dim 64 --dkdv-only``, one run; ``ws4`` 2.172, within the spread; unpromoted 1.807 and 1.942 against 3.873)."""
+where it cannot run (``ds_stats`` included); ``0`` Triton's launch. Unset: :data:`CUDA_DKDV64_DEFAULT` where the
+library loads, bf16 or fp16, with the default config and no ``ds_stats``, and :data:`CUDA_SWITCH` unset. Where the
+CUDA dQ's D = 64 build is asked for (:data:`CUDA_DQ64_SWITCH`) a form with dQ runs without it, beside that kernel."""
+CUDA_DKDV64_DEFAULT = "ws3xfd"
+"""The D = 64 dK/dV form where :data:`CUDA_DKDV64_SWITCH` is unset: ``ws3xfd``, dQ in the same launch with its adds
+ordered (dQ bit-reproducible; dK and dV within rounding of Triton's, as D = 128's default): CUPTI of a step at
+B 4, H 16, N = 8K, causal 6.227 / 6.268 → 5.427 / 5.401 ms (the launch 2.790 / 2.777 and its epilogue 0.070, where
+``ws3`` took 2.186 / 2.201 and Triton's dQ 1.482 / 1.495), fwd+bwd 315 / 315 → 361 / 358 TFLOP/s at 8K and 342 / 344
+→ 400 / 400 at 16K (an H100, session 43, call 2, two rounds). ``ws3`` (3 stages, Triton's bits, dQ by Triton's launch)
+2.188 ms promoted against Triton's fused launch's 4.037 at B·H = 64, N = 8K, causal (an H200, session 42,
+``tools/device/cuda_dv_bench.py --head-dim 64 --dkdv-only``, one run; ``ws4`` 2.172, within the spread; unpromoted
+1.807 and 1.942 against 3.873)."""
 
 
 def cuda_dkdv64_variant(head_dim: int, dtype: torch.dtype, stats: bool = False,
@@ -961,7 +967,7 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
                                                    fragment_order=fragments)
         dq64 = cuda_dq64_variant(saved["q8"].shape[-1], dtypes[1], bool(stats))
         promote = cfg["dkdv"].get("ACC_PROMOTE") is not None
-        dq_inside = dq_in_dkdv64(dkdv64, promote)
+        dq_inside = dq_in_dkdv64(dkdv64, promote) and not dq64  # the dQ kernel asked for runs beside dK/dV
         if dkdv64 and not dq_inside and dkdv64 not in cuda_lib.DKDV_D64_VARIANTS:
             dkdv64 = cuda_lib.DKDV_D64_VARIANTS[0]  # a form with dQ where dQ is not to be formed in the launch
         k8t = factored["k8t"]

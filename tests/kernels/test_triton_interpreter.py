@@ -483,7 +483,7 @@ def test_the_d64_cuda_dkdv_is_the_default_only_where_it_can_run(monkeypatch, tmp
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     assert cuda_dkdv64_variant(64, torch.bfloat16) is None
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
-    assert cuda_dkdv64_variant(64, torch.bfloat16) == CUDA_DKDV64_DEFAULT in cuda_lib.DKDV_D64_VARIANTS
+    assert cuda_dkdv64_variant(64, torch.bfloat16) == CUDA_DKDV64_DEFAULT in cuda_lib.DKDV_D64_WITH_DQ
     assert cuda_dkdv64_variant(64, torch.float16) == CUDA_DKDV64_DEFAULT
     assert cuda_dkdv64_variant(128, torch.bfloat16) is None and cuda_dkdv64_variant(256, torch.bfloat16) is None
     assert cuda_dkdv64_variant(64, torch.float32) is None
@@ -523,6 +523,8 @@ def test_the_d64_dkdv_forms_dq_only_promoted_and_with_dq_in_the_launch(monkeypat
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
     assert cuda_lib.DKDV_D64_WITH_DQ == ("ws3xfd",)
+    monkeypatch.delenv(CUDA_DKDV64_SWITCH, raising=False)
+    assert k_fragment_order(64, torch.bfloat16)  # the default forms dQ in its launch
     assert dq_in_dkdv64("ws3xfd", True) and not dq_in_dkdv64("ws3xfd", False)
     assert not any(dq_in_dkdv64(v, True) for v in (*cuda_lib.DKDV_D64_VARIANTS, None))
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3")
@@ -547,6 +549,7 @@ def test_the_d64_cuda_dq_runs_only_when_asked(monkeypatch, tmp_path):
 
     monkeypatch.delenv(CUDA_SWITCH, raising=False)
     monkeypatch.delenv(CUDA_DQ64_SWITCH, raising=False)
+    monkeypatch.setenv("DELTAMATCH_KERNEL_CUDA_DKDV64", "ws3")  # its default forms dQ in its launch (K̂ᶜ then ordered)
     monkeypatch.setenv(cuda_lib.LIBRARY_ENV, str(tmp_path / "missing.so"))
     monkeypatch.setenv(CUDA_DQ64_SWITCH, "ws3")
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DQ64=ws3 but the CUDA dQ kernel cannot run: .*missing"):
