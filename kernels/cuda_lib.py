@@ -567,7 +567,8 @@ def dqdkdv_factored(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, do8: t
     product, so the scratch needs no zeroing.
     ``dq_acc``: the FP32 (B, H, N_pad, D) scratch to use (a new one when None), for a caller that reads the sums
     before the epilogue's cast (tools/device/dq_stress.py); its 64-row blocks are in the kernel's order.
-    ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s."""
+    ``q8t``, ``do8t`` (fragment order) and ``irs`` as ``dkdv_factored``'s. At D = 64 ``variant`` is one of
+    :data:`DKDV_D64_WITH_DQ` (the D = 64 build, ``dm_dkdv_factored_d64``, session 43)."""
     if section_heads is None and ordered:
         section_heads = section_heads_from_env()
     if section_heads is not None and (not ordered or int(section_heads) < 1):
