@@ -736,8 +736,8 @@ def k_fragment_order(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether ``matched_factored``'s forward writes K̂ᶜ in ``triton_quant.fragment_token_order`` (what the CUDA dQ and
     dQ-in-dK/dV kernels read): where its backward runs through the CUDA kernels with no diagnostics and the default
     config, where the CUDA dQ's D = 64 build is asked for (:data:`CUDA_DQ64_SWITCH`), or where the D = 64 dK/dV forms
-    dQ (:func:`dq_in_dkdv64`). A backward that runs
-    Triton's dQ after all (``ds_stats``, a caller's config) reorders K̂ᶜ back."""
+    dQ (:func:`dq_in_dkdv64`). A backward that runs Triton's dQ after all (``ds_stats``, a caller's config) reorders
+    K̂ᶜ back."""
     return (cuda_kernels_selected(head_dim, dtype) or cuda_dq64_variant(head_dim, dtype) is not None
             or dq_in_dkdv64(cuda_dkdv64_variant(head_dim, dtype), factored_acc_promote() is not None))
 
@@ -945,13 +945,11 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             irs = _launch_delta_matched(saved, do8, sdo, delta, causal, qk_scale, n, cfg["delta"], row_scales=rs)
         cuda = cuda_kernels_selected(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
         dkdv64 = cuda_dkdv64_variant(saved["q8"].shape[-1], dtypes[1], bool(stats), config is None)
-        from deltamatch.kernels import cuda_lib  # (importing it loads nothing)
+        from deltamatch.kernels import cuda_lib  # (importing it loads no library)
 
         # the CUDA dK/dV kernel reads Q̂'ᶜ and dÔᶜ in its A fragments' token order (triton_quant.fragment_token_order)
         fragments = cuda or bool(dkdv64)
         if cuda_qprime_selected(factored["q"]):
-            from deltamatch.kernels import cuda_lib
-
             q8t_c, sqc = cuda_lib.quantize_channel_scaled(factored["q"], rs, fragment_order=fragments)
         else:
             _, q8t_c, sqc = quantize_per_channel(factored["q"], "q", row_scales=rs, layouts="channel",
@@ -982,8 +980,6 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
                 sdo, sqc, sdoc, factored["skc"], rs, saved["lse2"], delta, n, causal, qk_scale, softmax_scale,
                 dtype=dtypes[1], variant=dkdv64, irs=irs, ordered=not dq_atomic_requested())
         if dkdv64:  # Triton's bits, from the CUDA kernel's D = 64 build
-            from deltamatch.kernels import cuda_lib
-
             dk, dv = cuda_lib.dkdv_factored(saved["q8"], saved["k8"], saved["v8"], do8, q8t_c, do8t_c, saved["sq"],
                                             saved["sk"], saved["sv"], sdo, sqc, sdoc, rs, saved["lse2"], delta, n,
                                             causal, qk_scale, softmax_scale, dtype=dtypes[1],
@@ -994,8 +990,6 @@ def attention_backward(saved: dict, do8, do8t, sdo, delta, mode: str, causal: bo
             _launch_dkdv(saved, do8, do8t, sdo, delta, dk, dv, stats.get("dkdv"), causal, qk_scale, softmax_scale, n,
                          cfg["dkdv"], factored=ops)
         if dq64:  # Triton's bits, from the CUDA dQ kernel's D = 64 build (K̂ᶜ in fragment order)
-            from deltamatch.kernels import cuda_lib
-
             dq = cuda_lib.dq_factored(saved["q8"], saved["k8"], saved["v8"], do8, k8t, saved["sq"], saved["sk"],
                                       saved["sv"], sdo, factored["skc"], rs, saved["lse2"], delta, n, causal, qk_scale,
                                       softmax_scale, dtype=dtypes[0], promote=cfg["dq"].get("ACC_PROMOTE") is not None,
