@@ -175,15 +175,18 @@ KERNELS = (
     *(CudaKernel(f"dm_fwd_wide_w4_{promoted}", {_qgmma(128): 12}) for promoted in ("promoted", "unpromoted")),
     *(CudaKernel(f"dm_fwd_wide_{v}_{promoted}", {_qgmma(128): 16})
       for v in ("w4p", "w4pp", "w4po", "w4pe8", "w4pe4", "w4pe2") for promoted in ("promoted", "unpromoted")),
-    # matched_factored's quantisation of K, V and dO (quant_passes.cu): per-channel statistics, then both casts
-    *(CudaKernel(f"dm_quant_stats_{stat}_{dtype}", {}) for stat in ("centred", "absmax") for dtype in ("bf16", "fp16")),
-    *(CudaKernel(f"dm_quant_dual_{rows}{centred}_{order}_{dtype}", {}) for rows in (64, 128)
-      for centred in ("", "_centred") for order in ("natural", "fragment") for dtype in ("bf16", "fp16")),
-    *(CudaKernel(f"dm_quant_block_128_{dtype}", {}) for dtype in ("bf16", "fp16")),  # Q's token-major cast alone
+    # matched_factored's quantisation of K, V and dO (quant_passes.cu): per-channel statistics, then both casts; each
+    # at D = 128 and (suffix _d64) at D = 64
+    *(CudaKernel(f"dm_quant_stats_{stat}_{dtype}{d}", {}) for stat in ("centred", "absmax")
+      for dtype in ("bf16", "fp16") for d in ("", "_d64")),
+    *(CudaKernel(f"dm_quant_dual_{rows}{centred}_{order}_{dtype}{d}", {}) for rows in (64, 128)
+      for centred in ("", "_centred") for order in ("natural", "fragment") for dtype in ("bf16", "fp16")
+      for d in ("", "_d64")),
+    *(CudaKernel(f"dm_quant_block_128_{dtype}{d}", {}) for dtype in ("bf16", "fp16") for d in ("", "_d64")),  # Q's
     # Q'ᶜ (the rows times their scales): the max |x| statistics, then the channel-major cast alone
-    *(CudaKernel(f"dm_quant_stats_scaled_{dtype}", {}) for dtype in ("bf16", "fp16")),
-    *(CudaKernel(f"dm_quant_channel_scaled_{order}_{dtype}", {}) for order in ("natural", "fragment")
-      for dtype in ("bf16", "fp16")),
+    *(CudaKernel(f"dm_quant_stats_scaled_{dtype}{d}", {}) for dtype in ("bf16", "fp16") for d in ("", "_d64")),
+    *(CudaKernel(f"dm_quant_channel_scaled_{order}_{dtype}{d}", {}) for order in ("natural", "fragment")
+      for dtype in ("bf16", "fp16") for d in ("", "_d64")),
 )
 
 

@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -90,8 +90,11 @@ SIGNATURES = {
     "dm_delta_wide_d64": ((_P, _P, _I, _I, _P), _I),
     "dm_delta_factored_params_size": ((), _I),
     "dm_quant_stats": ((_P, _I, _I, _P), _I),
+    "dm_quant_stats_d64": ((_P, _I, _I, _P), _I),
     "dm_quant_dual": ((_P, _I, _I, _P), _I),
+    "dm_quant_dual_d64": ((_P, _I, _I, _P), _I),
     "dm_quant_channel_scaled": ((_P, _I, _P, _I, _P), _I),
+    "dm_quant_channel_scaled_d64": ((_P, _I, _P, _I, _P), _I),
     "dm_quant_params_size": ((), _I),
 }
 DV_HEAD_DIM = 128
@@ -848,17 +851,28 @@ kept their gain (0.054 → 0.041) and the max |x| did not (0.046 each at 128 row
 one), so those stay at 128."""
 
 
+QUANT_HEAD_DIMS = (128, 64)
+"""The head dims the CUDA quantisation passes are built at (``kernels/cuda/quant_passes.cu``; D = 64's kernels are
+named ``..._d64``, session 43, built and not yet run on a GPU; ``triton_bwd.CUDA_QUANT_DEFAULT_HEAD_DIMS`` says where
+they run unasked)."""
+
+
+def _quant_entry(name: str, d: int) -> str:
+    """The entry point of the quantisation pass ``name`` at head dim ``d`` (one of :data:`QUANT_HEAD_DIMS`)."""
+    return name if d == DV_HEAD_DIM else f"{name}_d64"
+
+
 def quant_reason(x: torch.Tensor) -> str:
     """Why ``quantize_block_and_channel`` cannot take ``x``, or ``""``: a CUDA (B, N, H, D) tensor of bf16 or fp16 at
-    D = 128 whose rows are 16-byte aligned (D contiguous, every stride a multiple of 8 elements)."""
+    D = 128 or 64 whose rows are 16-byte aligned (D contiguous, every stride a multiple of 8 elements)."""
     if x.dim() != 4:
         return f"x has {x.dim()} dims, expected (B, N, H, D)"
     if x.device.type != "cuda":
         return f"x is on {x.device}, expected a CUDA tensor"
     if x.dtype not in (torch.bfloat16, torch.float16):
         return f"x is {x.dtype}, expected torch.bfloat16 or torch.float16"
-    if x.shape[-1] != DV_HEAD_DIM:
-        return f"head dim {x.shape[-1]}: the CUDA quantisation is built for D = {DV_HEAD_DIM} only"
+    if x.shape[-1] not in QUANT_HEAD_DIMS:
+        return f"head dim {x.shape[-1]}: the CUDA quantisation is built for D = 128 and 64 only"
     if x.shape[1] == 0:
         return "x has no tokens"
     if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:3]) or x.data_ptr() % 16:
@@ -895,7 +909,7 @@ def quantize_block(x: torch.Tensor, block_rows: int = 128) -> tuple[torch.Tensor
     x8 = torch.empty((b, h, n_pad, d), dtype=torch.float8_e4m3fn, device=x.device)
     sx = torch.empty((b, h, n_pad // block_rows), dtype=torch.float32, device=x.device)
     params = _quant_params(x, shape, block_rows, x8=x8.data_ptr(), sx=sx.data_ptr())
-    _call(_library(), "dm_quant_dual", ctypes.byref(params), 0, *_launch_args(x))  # the token-major half alone
+    _call(_library(), _quant_entry("dm_quant_dual", d), ctypes.byref(params), 0, *_launch_args(x))  # token-major alone
     return x8, sx
 
 
@@ -939,8 +953,8 @@ def quantize_block_and_channel(x: torch.Tensor, block_rows: int, *, centre: bool
                            tickets=tickets.data_ptr(), mean=mean.data_ptr() if centre else None,
                            scale_c=sxc.data_ptr(), x8=x8.data_ptr(), sx=sx.data_ptr(), x8t=x8t.data_ptr())
     lib = _library()
-    _call(lib, "dm_quant_stats", ctypes.byref(params), stats_rows, *_launch_args(x))
-    _call(lib, "dm_quant_dual", ctypes.byref(params), 1, *_launch_args(x))
+    _call(lib, _quant_entry("dm_quant_stats", d), ctypes.byref(params), stats_rows, *_launch_args(x))
+    _call(lib, _quant_entry("dm_quant_dual", d), ctypes.byref(params), 1, *_launch_args(x))
     return x8, sx, x8t, sxc, mean
 
 
@@ -962,6 +976,7 @@ def quantize_channel_scaled(x: torch.Tensor, row_scales: torch.Tensor, *, fragme
     params = _quant_params(x, shape, 128, n_blocks=n_blocks, centre=0, fragment_order=int(fragment_order),
                            part=part.data_ptr(), tickets=tickets.data_ptr(), mean=None, scale_c=sxc.data_ptr(),
                            x8=None, sx=None, x8t=x8t.data_ptr())
-    _call(_library(), "dm_quant_channel_scaled", ctypes.byref(params), stats_rows, row_scales.data_ptr(),
+    _call(_library(), _quant_entry("dm_quant_channel_scaled", d), ctypes.byref(params), stats_rows,
+          row_scales.data_ptr(),
           *_launch_args(x))
     return x8t, sxc

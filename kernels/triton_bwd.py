@@ -685,7 +685,11 @@ a backward will follow, since a forward alone writes one copy of each), and ``DE
 ``DELTAMATCH_KERNEL_ONE_READ`` are unset. The codes and scales are Triton's bits given the same K mean; the mean is the
 CUDA fold's, not ``token_mean``'s."""
 CUDA_QUANT_DEFAULT = True
-"""Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset."""
+"""Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset (at the head dims of
+:data:`CUDA_QUANT_DEFAULT_HEAD_DIMS`)."""
+CUDA_QUANT_DEFAULT_HEAD_DIMS = (128,)
+"""Where the CUDA quantisation passes (and Q'ᶜ's, :data:`CUDA_QPRIME_SWITCH`) run unasked: D = 128. Their D = 64
+build (session 43) is built and not yet run on a GPU, so it runs only where the switch asks for it (``=1``)."""
 
 
 def _cuda_quant_pass_selected(x: torch.Tensor, name: str, default, what: str) -> bool:
@@ -709,7 +713,8 @@ def cuda_quant_selected(x: torch.Tensor) -> bool:
     from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
     def default():
-        return CUDA_QUANT_DEFAULT and env_switch(CUDA_SWITCH) is None and not env_switch(ONE_READ_SWITCH)
+        return (CUDA_QUANT_DEFAULT and x.shape[-1] in CUDA_QUANT_DEFAULT_HEAD_DIMS and env_switch(CUDA_SWITCH) is None
+                and not env_switch(ONE_READ_SWITCH))
 
     return _cuda_quant_pass_selected(x, CUDA_QUANT_SWITCH, default, "the CUDA quantisation")
 
@@ -728,7 +733,8 @@ step's quantisation 0.664 → 0.656 ms, H100, session 32: kernels/NOTES.md, Vers
 def cuda_qprime_selected(q: torch.Tensor) -> bool:
     """Whether ``matched_factored``'s backward quantises Q'ᶜ of ``q`` by the CUDA passes
     (:data:`CUDA_QPRIME_SWITCH`)."""
-    return _cuda_quant_pass_selected(q, CUDA_QPRIME_SWITCH, lambda: CUDA_QPRIME_DEFAULT,
+    return _cuda_quant_pass_selected(q, CUDA_QPRIME_SWITCH,
+                                     lambda: CUDA_QPRIME_DEFAULT and q.shape[-1] in CUDA_QUANT_DEFAULT_HEAD_DIMS,
                                      "the CUDA quantisation of Q'ᶜ")
 
 

@@ -1472,21 +1472,23 @@ def test_factored_dv_runs_on_torchs_current_stream(dv_operands, variant):
     assert torch.equal(got, expected)
 
 
-def _quant_input(b, n, h, dtype, seed):
-    """A (B, N, H, 128) view with the strides of a packed projection (the middle third of 3H heads), an outlier
+def _quant_input(b, n, h, dtype, seed, d=128):
+    """A (B, N, H, D) view with the strides of a packed projection (the middle third of 3H heads), an outlier
     channel, an offset channel (what K's centring removes) and an all-zero channel (scale 1)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn((b, n, 3 * h, 128), device="cuda", generator=gen)
+    x = torch.randn((b, n, 3 * h, d), device="cuda", generator=gen)
     x[..., 5] *= 40
     x[..., 7] += 3
     x[..., 9] = 0
     return x.to(dtype)[:, :, h:2 * h]
 
 
-# one token, a ragged scale block (130), ragged statistics blocks (1000), the 8K reference length
+# one token, a ragged scale block (130), ragged statistics blocks (1000), the 8K reference length; D = 128 and 64 (its
+# kernels ..._d64: 32-row slabs of the thread layout)
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("n", [1, 130, 1000, 8192])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
+def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype, d):
     """``cuda_lib.quantize_block_and_channel`` (kernels/cuda/quant_passes.cu) against the two Triton passes it replaces
     in matched_factored's default step, given its K mean: the block-scaled token-major codes and scales of
     ``quantize_operand`` and the per-channel channel-major codes and scales of ``quantize_per_channel``, bit for bit,
@@ -1496,7 +1498,7 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
     from deltamatch.kernels import triton_quant as tq
 
     bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
-    x = _quant_input(2, n, 3, dtype, seed=n)
+    x = _quant_input(2, n, 3, dtype, seed=n, d=d)
     q8, sq = cuda_lib.quantize_block(x)  # Q's pass: the token-major cast alone
     want = tq.quantize_operand(x, 128, layouts="token")
     assert torch.equal(bits(q8), bits(want[0])) and torch.equal(bits(sq), bits(want[2]))
@@ -1518,9 +1520,10 @@ def test_cuda_quantisation_gives_the_triton_passes_bits(n, dtype):
                 assert mean is None
 
 
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("n", [1, 130, 1000, 8192])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype):
+def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype, d):
     """``cuda_lib.quantize_channel_scaled`` (Q'ᶜ: ``dm_quant_channel_scaled``) against the two Triton launches it
     replaces, ``quantize_per_channel(x, row_scales=s, layouts="channel")``: the channel-major codes and the channel
     scales bit for bit, in natural and fragment token order, 128 to 1024 rows a statistics CTA, with row scales over
@@ -1528,7 +1531,7 @@ def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype):
     from deltamatch.kernels import triton_quant as tq
 
     bits = lambda t: t.view(torch.uint8) if t.dtype == E4M3 else t.view(torch.int32)  # noqa: E731
-    x = _quant_input(2, n, 3, dtype, seed=n + 1)
+    x = _quant_input(2, n, 3, dtype, seed=n + 1, d=d)
     n_pad = tq.padded_len(n)
     gen = torch.Generator(device="cuda").manual_seed(n)
     rs = torch.exp2(torch.randint(-20, -8, (2, 3, n_pad), device="cuda", generator=gen).float())
@@ -1545,14 +1548,17 @@ def test_cuda_q_prime_gives_the_triton_passes_bits(n, dtype):
     assert torch.isfinite(want_s).all() and (want_s > 0).all()
 
 
-@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
-def test_q_prime_switch_keeps_the_backward_bits(n, causal, h, h_kv, monkeypatch):
+@pytest.mark.parametrize("n, causal, h, h_kv, d", [(129, True, 2, 2, 128), (1000, False, 4, 2, 128),
+                                                   (8192, True, 2, 1, 128), (129, True, 2, 2, 64),
+                                                   (1000, False, 4, 2, 64)])
+def test_q_prime_switch_keeps_the_backward_bits(n, causal, h, h_kv, d, monkeypatch):
     """matched_factored's backward with Q'ᶜ from the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QPRIME=1``: one call a step,
-    with the δ pass's row scales) gives the bits of the step with Triton's (``0``): O, dQ, dK and dV, GQA and odd N."""
+    with the δ pass's row scales) gives the bits of the step with Triton's (``0``): O, dQ, dK and dV, GQA and odd N,
+    D = 128 and 64."""
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_QPRIME_SWITCH
 
-    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=19)
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=19, d=d)
     calls = []
     scaled = cuda_lib.quantize_channel_scaled
     monkeypatch.setattr(cuda_lib, "quantize_channel_scaled", lambda *a, **kw: calls.append(kw) or scaled(*a, **kw))
@@ -1566,15 +1572,18 @@ def test_q_prime_switch_keeps_the_backward_bits(n, causal, h, h_kv, monkeypatch)
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("n, causal, h, h_kv", [(129, True, 2, 2), (1000, False, 4, 2), (8192, True, 2, 1)])
-def test_cuda_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, monkeypatch):
+@pytest.mark.parametrize("n, causal, h, h_kv, d", [(129, True, 2, 2, 128), (1000, False, 4, 2, 128),
+                                                   (8192, True, 2, 1, 128), (129, True, 2, 2, 64),
+                                                   (1000, False, 4, 2, 64), (8192, True, 2, 1, 64)])
+def test_cuda_quantisation_in_the_step_against_reference_and_fp64(n, causal, h, h_kv, d, monkeypatch):
     """matched_factored with Q, K, V and dO quantised by the CUDA passes (``DELTAMATCH_KERNEL_CUDA_QUANT=1``: four
-    calls a step) against the reference simulation and FP64, as the other CUDA kernels are held; ``0`` runs none."""
+    calls a step) against the reference simulation and FP64, as the other CUDA kernels are held; ``0`` runs none.
+    D = 128 and 64."""
     from deltamatch.kernels.reference import attention_exact, attention_reference
     from deltamatch.kernels.triton_attention import triton_attention
     from deltamatch.kernels.triton_bwd import CUDA_QUANT_SWITCH
 
-    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=17)
+    q, k, v, do = attention_inputs(1 if n == 8192 else 2, n, h, h_kv, seed=17, d=d)
     calls = []
     quantize = cuda_lib.quantize_block_and_channel
     monkeypatch.setattr(cuda_lib, "quantize_block_and_channel",

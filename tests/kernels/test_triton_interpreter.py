@@ -654,6 +654,11 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
     assert not cuda_quant_selected(k)  # a CPU tensor
     monkeypatch.setattr(cuda_lib, "quant_reason", lambda x: "")  # as if k were a CUDA tensor
     assert cuda_quant_selected(k)
+    k64 = k[..., :64]  # the D = 64 build runs only when asked (not yet run on a GPU)
+    assert not cuda_quant_selected(k64)
+    monkeypatch.setenv(CUDA_QUANT_SWITCH, "1")
+    assert cuda_quant_selected(k64)
+    monkeypatch.delenv(CUDA_QUANT_SWITCH)
     for name in (CUDA_SWITCH, ONE_READ_SWITCH):
         monkeypatch.setenv(name, "1")
         assert not cuda_quant_selected(k), name
@@ -676,7 +681,8 @@ def test_the_cuda_quantisation_runs_only_where_it_can_and_says_why_not(monkeypat
     assert cuda_lib.quant_reason(k) == "x is on cpu, expected a CUDA tensor"
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))  # CUDA-like tensors
     assert cuda_lib.quant_reason(k) == ""
-    for x, why in ((k[0], "x has 3 dims"), (k.float(), "torch.float32"), (k[..., :64], "head dim 64"),
+    assert cuda_lib.quant_reason(k[..., :64]) == ""  # D = 64 is built too
+    for x, why in ((k[0], "x has 3 dims"), (k.float(), "torch.float32"), (k[..., :32], "head dim 32"),
                    (k[:, :0], "no tokens")):
         assert why in cuda_lib.quant_reason(x), (why, cuda_lib.quant_reason(x))
     odd = torch.empty(1, 64, 2, 132, dtype=torch.bfloat16)[..., 2:130]  # rows 4 bytes off a 16-byte boundary
@@ -716,6 +722,9 @@ def test_the_cuda_quantisation_of_q_prime_says_why_not(monkeypatch, tmp_path):
     assert cuda_qprime_selected(q)
     monkeypatch.delenv(CUDA_QPRIME_SWITCH)
     assert cuda_qprime_selected(q) is CUDA_QPRIME_DEFAULT is True
+    assert not cuda_qprime_selected(q[..., :64])  # the D = 64 build runs only when asked
+    monkeypatch.setenv(CUDA_QPRIME_SWITCH, "1")
+    assert cuda_qprime_selected(q[..., :64])
     monkeypatch.setenv(CUDA_QPRIME_SWITCH, "0")
     assert not cuda_qprime_selected(q)
     monkeypatch.setenv(CUDA_QPRIME_SWITCH, "yes")
@@ -729,5 +738,5 @@ def test_the_cuda_quantisation_of_q_prime_says_why_not(monkeypatch, tmp_path):
             cuda_lib.quantize_channel_scaled(q, scales)
     with pytest.raises(ValueError, match="stats_rows 100"):
         cuda_lib.quantize_channel_scaled(q, rs, stats_rows=100)
-    with pytest.raises(ValueError, match="head dim 64"):
-        cuda_lib.quantize_channel_scaled(q[..., :64], rs)
+    with pytest.raises(ValueError, match="head dim 32"):  # D = 128 and 64 are built
+        cuda_lib.quantize_channel_scaled(q[..., :32], rs)
