@@ -1,6 +1,6 @@
 // dK and dV of the factored scale layout (matched_factored, kernels/README.md) in one warp-specialised kernel, D = 128
-// (and D = 64 without dQ: dm_dkdv_factored_d64, below), causal or not, any GQA group: M3 of kernels/CUDA_BACKWARD.md on
-// M6's structure.
+// (and D = 64, dm_dkdv_factored_d64 below: without dQ, or ws3xfd's form with it), causal or not, any GQA group: M3 of
+// kernels/CUDA_BACKWARD.md on M6's structure.
 //
 // One CTA per 128 keys and kv head, three warpgroups:
 //   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread issues the TMA loads: K̂ and V̂
