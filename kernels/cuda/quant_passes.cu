@@ -445,47 +445,33 @@ using CastKernel = void (*)(const Params);
 using ScaledKernel = void (*)(const Params, const float*);
 using ScaledStatsKernel = void (*)(const Params, int, const float*);
 
-// The kernels of each entry at head dim D, in the entries' order.
+// The kernels of each entry at head dim D (S: their names' ending), in the entries' order.
 template <int D>
 struct Kernels;
-template <>
-struct Kernels<128> {
-  static constexpr StatsKernel stats[4] = {dm_quant_stats_absmax_bf16, dm_quant_stats_centred_bf16,
-                                           dm_quant_stats_absmax_fp16, dm_quant_stats_centred_fp16};
-  static constexpr CastKernel block[2] = {dm_quant_block_128_bf16, dm_quant_block_128_fp16};
-  static constexpr CastKernel dual[16] = {
-      dm_quant_dual_64_natural_bf16,          dm_quant_dual_64_fragment_bf16,
-      dm_quant_dual_64_centred_natural_bf16,  dm_quant_dual_64_centred_fragment_bf16,
-      dm_quant_dual_128_natural_bf16,         dm_quant_dual_128_fragment_bf16,
-      dm_quant_dual_128_centred_natural_bf16, dm_quant_dual_128_centred_fragment_bf16,
-      dm_quant_dual_64_natural_fp16,          dm_quant_dual_64_fragment_fp16,
-      dm_quant_dual_64_centred_natural_fp16,  dm_quant_dual_64_centred_fragment_fp16,
-      dm_quant_dual_128_natural_fp16,         dm_quant_dual_128_fragment_fp16,
-      dm_quant_dual_128_centred_natural_fp16, dm_quant_dual_128_centred_fragment_fp16};
-  static constexpr ScaledStatsKernel stats_scaled[2] = {dm_quant_stats_scaled_bf16, dm_quant_stats_scaled_fp16};
-  static constexpr ScaledKernel channel_scaled[4] = {
-      dm_quant_channel_scaled_natural_bf16, dm_quant_channel_scaled_fragment_bf16,
-      dm_quant_channel_scaled_natural_fp16, dm_quant_channel_scaled_fragment_fp16};
-};
-template <>
-struct Kernels<64> {
-  static constexpr StatsKernel stats[4] = {dm_quant_stats_absmax_bf16_d64, dm_quant_stats_centred_bf16_d64,
-                                           dm_quant_stats_absmax_fp16_d64, dm_quant_stats_centred_fp16_d64};
-  static constexpr CastKernel block[2] = {dm_quant_block_128_bf16_d64, dm_quant_block_128_fp16_d64};
-  static constexpr CastKernel dual[16] = {
-      dm_quant_dual_64_natural_bf16_d64,          dm_quant_dual_64_fragment_bf16_d64,
-      dm_quant_dual_64_centred_natural_bf16_d64,  dm_quant_dual_64_centred_fragment_bf16_d64,
-      dm_quant_dual_128_natural_bf16_d64,         dm_quant_dual_128_fragment_bf16_d64,
-      dm_quant_dual_128_centred_natural_bf16_d64, dm_quant_dual_128_centred_fragment_bf16_d64,
-      dm_quant_dual_64_natural_fp16_d64,          dm_quant_dual_64_fragment_fp16_d64,
-      dm_quant_dual_64_centred_natural_fp16_d64,  dm_quant_dual_64_centred_fragment_fp16_d64,
-      dm_quant_dual_128_natural_fp16_d64,         dm_quant_dual_128_fragment_fp16_d64,
-      dm_quant_dual_128_centred_natural_fp16_d64, dm_quant_dual_128_centred_fragment_fp16_d64};
-  static constexpr ScaledStatsKernel stats_scaled[2] = {dm_quant_stats_scaled_bf16_d64, dm_quant_stats_scaled_fp16_d64};
-  static constexpr ScaledKernel channel_scaled[4] = {
-      dm_quant_channel_scaled_natural_bf16_d64, dm_quant_channel_scaled_fragment_bf16_d64,
-      dm_quant_channel_scaled_natural_fp16_d64, dm_quant_channel_scaled_fragment_fp16_d64};
-};
+#define DM_QUANT_KERNEL_TABLE(D, S)                                                                             \
+  template <>                                                                                                  \
+  struct Kernels<D> {                                                                                          \
+    static constexpr StatsKernel stats[4] = {dm_quant_stats_absmax_bf16##S, dm_quant_stats_centred_bf16##S,    \
+                                             dm_quant_stats_absmax_fp16##S, dm_quant_stats_centred_fp16##S};   \
+    static constexpr CastKernel block[2] = {dm_quant_block_128_bf16##S, dm_quant_block_128_fp16##S};           \
+    static constexpr CastKernel dual[16] = {                                                                   \
+        dm_quant_dual_64_natural_bf16##S,          dm_quant_dual_64_fragment_bf16##S,                          \
+        dm_quant_dual_64_centred_natural_bf16##S,  dm_quant_dual_64_centred_fragment_bf16##S,                  \
+        dm_quant_dual_128_natural_bf16##S,         dm_quant_dual_128_fragment_bf16##S,                         \
+        dm_quant_dual_128_centred_natural_bf16##S, dm_quant_dual_128_centred_fragment_bf16##S,                 \
+        dm_quant_dual_64_natural_fp16##S,          dm_quant_dual_64_fragment_fp16##S,                          \
+        dm_quant_dual_64_centred_natural_fp16##S,  dm_quant_dual_64_centred_fragment_fp16##S,                  \
+        dm_quant_dual_128_natural_fp16##S,         dm_quant_dual_128_fragment_fp16##S,                         \
+        dm_quant_dual_128_centred_natural_fp16##S, dm_quant_dual_128_centred_fragment_fp16##S};                \
+    static constexpr ScaledStatsKernel stats_scaled[2] = {dm_quant_stats_scaled_bf16##S,                       \
+                                                          dm_quant_stats_scaled_fp16##S};                      \
+    static constexpr ScaledKernel channel_scaled[4] = {                                                        \
+        dm_quant_channel_scaled_natural_bf16##S, dm_quant_channel_scaled_fragment_bf16##S,                     \
+        dm_quant_channel_scaled_natural_fp16##S, dm_quant_channel_scaled_fragment_fp16##S};                    \
+  };
+DM_QUANT_KERNEL_TABLE(128, )
+DM_QUANT_KERNEL_TABLE(64, _d64)
+#undef DM_QUANT_KERNEL_TABLE
 
 template <int D>
 int quant_stats(const Params& p, int stats_rows, int device, cudaStream_t stream) {

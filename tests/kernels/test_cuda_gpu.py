@@ -436,6 +436,31 @@ def d64_dkdv_operands():
     return get
 
 
+def d64_cuda_dkdv(ops, **options):
+    """dK, dV of the dK/dV kernel's D = 64 build without dQ on ``d64_dkdv_operands``."""
+    s = ops["saved"]
+    return cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"], s["sk"],
+                                  s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"],
+                                  ops["n"], ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], **options)
+
+
+def d64_cuda_dq(ops, **options):
+    """dQ of the dQ kernel's D = 64 build on ``d64_dkdv_operands`` (K̂ᶜ in fragment order)."""
+    s = ops["saved"]
+    return cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
+                                ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"],
+                                ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], **options)
+
+
+def d64_dqdkdv(ops, variant="ws3xfd", **options):
+    """dQ, dK, dV of the D = 64 dK/dV launch with dQ (``ws3xfd``) on ``d64_dkdv_operands``."""
+    s = ops["saved"]
+    return cuda_lib.dqdkdv_factored(
+        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
+        ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"],
+        ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant=variant, **options)
+
+
 # a ragged second CTA with no second half (130), GQA 8 on 2 with a ragged second half (1000), many tiles (1024)
 @pytest.mark.parametrize("n, causal, promote, variant",
                          [(n, causal, promote, "ws3") for n in (130, 1000, 1024) for causal in (True, False)
@@ -449,10 +474,7 @@ def test_the_d64_dkdv_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promo
 
     ops = d64_dkdv_operands(n, causal)
     s = ops["saved"]
-    dk, dv = cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"],
-                                    s["sk"], s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"],
-                                    ops["delta_m"], n, causal, ops["qk_scale"], ops["scale"], dtype=ops["dtype"],
-                                    promote=promote, variant=variant)
+    dk, dv = d64_cuda_dkdv(ops, promote=promote, variant=variant)
     cfg = {**ops["cfg"], "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     theirs = {"dK": torch.empty_like(dk), "dV": torch.empty_like(dv)}
     factored = dict(q8t=ops["q8t_c"], sqc=ops["sqc"], do8t=ops["do8t_c"], sdoc=ops["sdoc"], rs=ops["rs"])
@@ -462,9 +484,7 @@ def test_the_d64_dkdv_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promo
     for name, ours in (("dK", dk), ("dV", dv)):
         assert_same_bits(ours, theirs[name], name)
     with pytest.raises(ValueError, match="at D = 64 the dK/dV kernel is built as"):
-        cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"], s["sk"],
-                               s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"], ops["delta_m"], n,
-                               causal, ops["qk_scale"], ops["scale"], variant="ws3s")
+        d64_cuda_dkdv(ops, variant="ws3s")
 
 
 @pytest.mark.parametrize("n, causal, promote", [(n, causal, promote) for n in (130, 1000, 1024)
@@ -478,9 +498,7 @@ def test_the_d64_dq_is_tritons_bit_for_bit(d64_dkdv_operands, n, causal, promote
 
     ops = d64_dkdv_operands(n, causal)
     s = ops["saved"]
-    ours = cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
-                                ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
-                                ops["qk_scale"], ops["scale"], dtype=ops["dtype"], promote=promote)
+    ours = d64_cuda_dq(ops, promote=promote)
     theirs = torch.empty(ops["q_shape"], device="cuda", dtype=ops["dtype"])
     cfg = {**ops["dq_cfg"], "ACC_PROMOTE": FACTORED_ACC_PROMOTE if promote else None}
     triton_bwd._launch_dq(s, ops["do8"], ops["sdo"], ops["delta_m"], theirs, None, causal, ops["qk_scale"],
@@ -543,15 +561,6 @@ def test_the_d64_backward_takes_the_cuda_dkdv_with_tritons_bits(n, causal, h, h_
         assert torch.equal(a, c), f"{name}: relative {relative_error(a, c):.2e} from Triton's dK/dV launch's"
 
 
-def d64_dqdkdv(ops, **options):
-    """dQ, dK, dV of the D = 64 dK/dV launch with dQ (``ws3xfd``) on ``d64_dkdv_operands``."""
-    s = ops["saved"]
-    return cuda_lib.dqdkdv_factored(
-        s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
-        ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], ops["n"],
-        ops["causal"], ops["qk_scale"], ops["scale"], dtype=ops["dtype"], variant="ws3xfd", **options)
-
-
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("n, causal", [(130, True), (130, False), (256, False), (1000, True), (1000, False),
                                        (1024, True)])
@@ -566,24 +575,16 @@ def test_the_d64_dkdv_with_dq_against_the_d64_dkdv_and_dq(d64_dkdv_operands, n, 
     swizzle or scale mistake moves whole rows). N = 130: a ragged second CTA without a second half; 1000: GQA 8 on 2;
     256: one CTA."""
     ops = d64_dkdv_operands(n, causal)
-    s = ops["saved"]
     dq, dk, dv = d64_dqdkdv(ops, ordered=ordered)
-    dk0, dv0 = cuda_lib.dkdv_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], s["sq"],
-                                      s["sk"], s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["rs"], s["lse2"],
-                                      ops["delta_m"], n, causal, ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
-    dq0 = cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
-                               ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
-                               ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
+    dk0, dv0 = d64_cuda_dkdv(ops)
+    dq0 = d64_cuda_dq(ops)
     torch.cuda.synchronize()
     assert dq.shape == dq0.shape and dk.shape == dk0.shape and dv.shape == dv0.shape
     for name, ours, theirs in (("dQ", dq, dq0), ("dK", dk, dk0), ("dV", dv, dv0)):
         assert torch.isfinite(ours).all(), name
         assert_within_rounding(name, ours, theirs, 1e-3, rows=True)
     with pytest.raises(ValueError, match=r"at D = 64 the dK/dV kernel is built as .* and \('ws3xfd',\) with it"):
-        cuda_lib.dqdkdv_factored(
-            s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_o"], s["sq"], s["sk"],
-            s["sv"], ops["sdo"], ops["sqc"], ops["sdoc"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n,
-            causal, ops["qk_scale"], ops["scale"], variant="ws3xfdt")
+        d64_dqdkdv(ops, variant="ws3xfdt")
 
 
 @pytest.mark.parametrize("n, causal, h, h_kv", [(8192, True, 8, 8), (4096, False, 4, 2), (1000, True, 8, 2)])
@@ -602,10 +603,7 @@ def test_the_d64_ordered_dq_is_bit_reproducible_however_sectioned(d64_dkdv_opera
     for dq, dk, dv in runs[1:]:
         assert torch.equal(dk, first[1]) and torch.equal(dv, first[2])
         assert torch.equal(dq, first[0]), f"dQ differs: relative {relative_error(dq, first[0]):.2e}"
-    dq0 = cuda_lib.dq_factored(s["q8"], s["k8"], s["v8"], ops["do8"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
-                               ops["sdo"], ops["skc64"], ops["rs"], s["lse2"], ops["delta_m"], n, causal,
-                               ops["qk_scale"], ops["scale"], dtype=ops["dtype"])
-    assert_within_rounding("dQ", first[0], dq0, 1e-3, rows=True)
+    assert_within_rounding("dQ", first[0], d64_cuda_dq(ops), 1e-3, rows=True)
 
 
 @pytest.mark.parametrize("n, causal, h, h_kv", [(130, True, 2, 2), (1000, True, 8, 2), (1000, False, 8, 2)])
