@@ -853,8 +853,7 @@ one), so those stay at 128."""
 
 QUANT_HEAD_DIMS = (128, 64)
 """The head dims the CUDA quantisation passes are built at (``kernels/cuda/quant_passes.cu``; D = 64's kernels are
-named ``..._d64``, session 43, built and not yet run on a GPU; ``triton_bwd.CUDA_QUANT_DEFAULT_HEAD_DIMS`` says where
-they run unasked)."""
+named ``..._d64``); matched_factored runs them at both unasked (``triton_bwd.CUDA_QUANT_DEFAULT``)."""
 
 
 def _quant_entry(name: str, d: int) -> str:

@@ -685,11 +685,9 @@ a backward will follow, since a forward alone writes one copy of each), and ``DE
 ``DELTAMATCH_KERNEL_ONE_READ`` are unset. The codes and scales are Triton's bits given the same K mean; the mean is the
 CUDA fold's, not ``token_mean``'s."""
 CUDA_QUANT_DEFAULT = True
-"""Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset (at the head dims of
-:data:`CUDA_QUANT_DEFAULT_HEAD_DIMS`)."""
-CUDA_QUANT_DEFAULT_HEAD_DIMS = (128,)
-"""Where the CUDA quantisation passes (and Q'ᶜ's, :data:`CUDA_QPRIME_SWITCH`) run unasked: D = 128. Their D = 64
-build (session 43) is built and not yet run on a GPU, so it runs only where the switch asks for it (``=1``)."""
+"""Whether the CUDA quantisation runs where :data:`CUDA_QUANT_SWITCH` is unset: at every head dim they are built for
+(``cuda_lib.QUANT_HEAD_DIMS``, D = 128 and 64). At D = 64 (session 44, H100, 8K): the step's quantisation 0.49 →
+0.37 ms, the step 5.40 → 5.26 ms, the same bits (kernels/NOTES.md, Versions row "the quantisation passes at D = 64")."""
 
 
 def _cuda_quant_pass_selected(x: torch.Tensor, name: str, default, what: str) -> bool:
@@ -713,8 +711,7 @@ def cuda_quant_selected(x: torch.Tensor) -> bool:
     from deltamatch.kernels.triton_quant import ONE_READ_SWITCH
 
     def default():
-        return (CUDA_QUANT_DEFAULT and x.shape[-1] in CUDA_QUANT_DEFAULT_HEAD_DIMS and env_switch(CUDA_SWITCH) is None
-                and not env_switch(ONE_READ_SWITCH))
+        return CUDA_QUANT_DEFAULT and env_switch(CUDA_SWITCH) is None and not env_switch(ONE_READ_SWITCH)
 
     return _cuda_quant_pass_selected(x, CUDA_QUANT_SWITCH, default, "the CUDA quantisation")
 
@@ -734,7 +731,7 @@ def cuda_qprime_selected(q: torch.Tensor) -> bool:
     """Whether ``matched_factored``'s backward quantises Q'ᶜ of ``q`` by the CUDA passes
     (:data:`CUDA_QPRIME_SWITCH`)."""
     return _cuda_quant_pass_selected(q, CUDA_QPRIME_SWITCH,
-                                     lambda: CUDA_QPRIME_DEFAULT and q.shape[-1] in CUDA_QUANT_DEFAULT_HEAD_DIMS,
+                                     lambda: CUDA_QPRIME_DEFAULT,
                                      "the CUDA quantisation of Q'ᶜ")
 
 
