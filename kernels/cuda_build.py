@@ -125,9 +125,10 @@ KERNELS = (
     # reducers' (24 registers: the walk of each key block) but for one word a consumer thread keeps a block
     CudaKernel("dm_dkdv_factored_ws3xp_promoted_dq_ordered", {_qgmma(64): 12, _qgmma(128): 4}, spill_bytes=96),
     # at D = 64 with dQ, ws3xfd's form: the consumers' products over 64 channels (2 x two SS m64n64k32, 2 x two RS
-    # m64n64k32), the dQ warpgroup's two 32-channel chunks of 4 SS m64n32k32; the spills the reducers' as at D = 128
-    *(CudaKernel(f"dm_dkdv_factored_ws3xfd_promoted_dq{o}_d64", {_qgmma(64): 8, _qgmma(32): 8}, spill_bytes=32)
-      for o in ("", "_ordered")),
+    # m64n64k32), the dQ warpgroup's two 32-channel chunks of 4 SS m64n32k32; the spills the reducers' as at D = 128;
+    # ws3xfdt's the same with dK and dV through shared memory and tensor stores
+    *(CudaKernel(f"dm_dkdv_factored_{form}_promoted_dq{o}_d64", {_qgmma(64): 8, _qgmma(32): 8}, spill_bytes=32)
+      for form in ("ws3xfd", "ws3xfdt") for o in ("", "_ordered")),
     CudaKernel("dm_dkdv_dq_epilogue", {}),
     CudaKernel("dm_dkdv_dq_epilogue_d64", {}),
     # the factored dQ (dq_factored.cu), one loop body per key tile: S and dP̂ (8 SS m64n64k32), then dQ (2 RS

@@ -43,7 +43,7 @@ import torch
 
 from deltamatch.kernels.cuda_build import BUILD_DIR, LIBRARY
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 """Must equal ``dm_attn_sm90_abi_version()`` in ``kernels/cuda/primitives.cu``."""
 DQ_SYNC_ENV = "DELTAMATCH_KERNEL_DQ_SYNC"
 """Environment variable giving ``dqdkdv_factored``'s ``sync`` where the caller gives none (a control of
@@ -133,10 +133,12 @@ DKDV_D64_VARIANTS = ("ws3", "ws4")
 """The fused dK/dV's forms built at D = 64 (``dm_dkdv_factored_d64``, without dQ), promoted or not: rows of 64 codes,
 dV and dK by m64n64k32 into 32 accumulators a thread, Triton's bits (session 42: ws3 promoted 2.188 ms against Triton's
 fused launch's 4.037 at B·H = 64, N = 8K, causal, on an H200; ``triton_bwd.CUDA_DKDV64_SWITCH``)."""
-DKDV_D64_WITH_DQ = ("ws3xfd",)
+DKDV_D64_WITH_DQ = ("ws3xfd", "ws3xfdt")
 """The fused dK/dV's forms built at D = 64 with dQ (``dqdkdv_factored``, promoted, its adds ordered or in any order):
 ``ws3xfd``'s dQ warpgroup, 448 folded into the row terms and dQ's dŜ tile by lane exchange, its promotion whole (at
-D = 64 it takes the 32 registers ``ws3xfd`` splits D = 128's into) and dK, dV stored directly (session 43)."""
+D = 64 it takes the 32 registers ``ws3xfd`` splits D = 128's into) and dK, dV stored directly (session 43);
+``ws3xfdt`` that with dK and dV through each consumer's freed K̂ and V̂ buffers (4 KB each at D = 64: two 32-row boxes
+of the 64 channels in the 128-byte swizzle) and tensor stores, as at D = 128 (session 44), the same bits."""
 DKDV_DQ_ONLY = ("ws3x", "ws3xp", "ws3xf", "ws3xfs", "ws3xfd", "ws3xfdp", "ws3xfdt")
 """The forms built with dQ only (``dkdv_factored`` refuses them)."""
 DKDV_ORDERED_ONLY = ("ws3xp",)

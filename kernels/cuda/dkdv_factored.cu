@@ -1,6 +1,6 @@
 // dK and dV of the factored scale layout (matched_factored, kernels/README.md) in one warp-specialised kernel, D = 128
-// (and D = 64, dm_dkdv_factored_d64 below: without dQ, or ws3xfd's form with it), causal or not, any GQA group: M3 of
-// kernels/CUDA_BACKWARD.md on M6's structure.
+// (and D = 64, dm_dkdv_factored_d64 below: without dQ, or ws3xfd's or ws3xfdt's form with it), causal or not, any GQA
+// group: M3 of kernels/CUDA_BACKWARD.md on M6's structure.
 //
 // One CTA per 128 keys and kv head, three warpgroups:
 //   - a producer warpgroup that gives its registers back (setmaxnreg 24); one thread issues the TMA loads: K̂ and V̂
@@ -122,7 +122,7 @@ struct Maps {
   CUtensorMap q, k, v, dout;  // rows of 128 codes, boxes of 64 rows, 128-byte swizzle
   CUtensorMap qt, dot;        // channel-major codes, boxes of 128 channels x 64 queries, 64-byte swizzle
   CUtensorMap kt;             // DQ: K̂ᶜ channel-major, boxes of 128 channels x 128 keys, 128-byte swizzle
-  CUtensorMap dk, dv;         // TMA_OUT: the outputs, boxes of 64 channels x 64 keys (encode_out_rows)
+  CUtensorMap dk, dv;         // TMA_OUT: the outputs, boxes of 64 channels x kOutBoxRows<D> keys (encode_out_rows)
 };
 
 // e4m3(dpt), a consumer's dŜᵀ [64 keys, 64 queries] in accumulator order, as the A fragments of dK's product
@@ -459,8 +459,8 @@ __device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DkdvFactoredPa
   static_assert(SPLIT == 0 || SPLIT == 2 || SPLIT == 4, "the promotion whole, in halves or in quarters");
   // at D = 128 the dQ warpgroup's registers come from the split promotion; at D = 64 the whole one takes 32
   static_assert(!DQ_GROUP || (DQ && (SPLIT || D < kHeadDim)), "the dQ warpgroup needs the split promotion at D = 128");
-  static_assert(D == kHeadDim || ((!DQ || DQ_GROUP) && SPLIT == 0 && !TMA_OUT),
-                "D = 64 is built without dQ or with the dQ warpgroup, its promotion whole, dK and dV stored directly");
+  static_assert(D == kHeadDim || ((!DQ || DQ_GROUP) && SPLIT == 0),
+                "D = 64 is built without dQ or with the dQ warpgroup, its promotion whole");
   const bool releaser = threadIdx.x % 32 == 0;
   const int diag = diag_bits();  // 0 but in the DM_DQ_CLOCK build
   auto diag_skips = [&](int bit) { return (diag & bit) != 0; };
@@ -581,9 +581,9 @@ __device__ __forceinline__ void consume(Smem<STAGES, D>& s, const DkdvFactoredPa
       uint8_t* const box0 = s.k[half];
       uint8_t* const box1 = s.v[half];
       group_sync(half);  // every warp of this half is past its last product, which read box0 and box1
-      store_rows_tma(yv, p.out_fp16, box0, box1, &out->dv, at.b, at.h_kv, at.start_n, half);
+      store_rows_tma<D>(yv, p.out_fp16, box0, box1, &out->dv, at.b, at.h_kv, at.start_n, half);
       group_sync(half);  // dV's boxes have been read (the issuer waited)
-      store_rows_tma(yk, p.out_fp16, box0, box1, &out->dk, at.b, at.h_kv, at.start_n, half);
+      store_rows_tma<D>(yk, p.out_fp16, box0, box1, &out->dk, at.b, at.h_kv, at.start_n, half);
       return;
     }
     store_finished_pairs(yv, p.dv, p.out_fp16, p.stride_b, p.stride_n, p.stride_h, at.b, at.h_kv, at.start_n, p.n);
@@ -1048,15 +1048,18 @@ DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws4_promoted_d64, true, false, 4)
 DM_DKDV_D64_KERNEL(dm_dkdv_factored_ws4_unpromoted_d64, false, true, 4)
 #undef DM_DKDV_D64_KERNEL
 // D = 64 with dQ: ws3xfd's form (the dQ warpgroup, 448 folded, the dŜ tile by lane exchange; promoted, 3 stages), its
-// promotion whole (32 registers at D = 64), dK and dV stored directly; dQ's product in two 32-channel chunks
-#define DM_DKDV_D64_DQ_KERNEL(NAME, ORDERED)                                                                    \
+// promotion whole (32 registers at D = 64), dK and dV stored directly; dQ's product in two 32-channel chunks.
+// ws3xfdt at D = 64: dK and dV through this half's K̂ and V̂ buffers (4 KB each) as two 32-row boxes, by the TMA
+#define DM_DKDV_D64_DQ_KERNEL(NAME, ORDERED, TMA_OUT)                                                           \
   extern "C" __global__ void __launch_bounds__(dm::factored::kDqGroupThreads, 1)                              \
       NAME(const DkdvFactoredParams p, const __grid_constant__ dm::dkdv::Maps maps) {                         \
     extern __shared__ uint8_t smem[];                                                                       \
-    dm::dkdv::dkdv_block<true, false, 3, true, ORDERED, true, true, 0, true, false, 64>(smem, p, maps);     \
+    dm::dkdv::dkdv_block<true, false, 3, true, ORDERED, true, true, 0, true, TMA_OUT, 64>(smem, p, maps);   \
   }
-DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfd_promoted_dq_d64, false)
-DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfd_promoted_dq_ordered_d64, true)
+DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfd_promoted_dq_d64, false, false)
+DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfd_promoted_dq_ordered_d64, true, false)
+DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfdt_promoted_dq_d64, false, true)
+DM_DKDV_D64_DQ_KERNEL(dm_dkdv_factored_ws3xfdt_promoted_dq_ordered_d64, true, true)
 #undef DM_DKDV_D64_DQ_KERNEL
 // with dQ (promoted, 3 stages: with 4 its 64 KB of DqSmem would not fit), its adds in any order or ordered; ws3x:
 // the dŜ tile written by lane exchange (to_fragments_exchanged), the same bits
@@ -1228,8 +1231,8 @@ int run_dkdv(const DkdvFactoredParams* p, const DkdvLaunch& launch, bool persist
       (dq && !encode_codes(&maps.kt, p->k8t, n_pad, uint64_t(p->b) * p->h_kv * D, kCtaRows, D,
                            CU_TENSOR_MAP_SWIZZLE_128B)) ||
       (launch.tma_out &&
-       (!encode_out_rows(&maps.dk, p->dk, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h, kBlockN) ||
-        !encode_out_rows(&maps.dv, p->dv, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h, kBlockN)))) {
+       (!encode_out_rows<D>(&maps.dk, p->dk, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h) ||
+        !encode_out_rows<D>(&maps.dv, p->dv, p->b, p->n, p->h_kv, p->stride_b, p->stride_n, p->stride_h)))) {
     return cudaErrorInvalidValue;  // no driver entry point, or a layout the TMA cannot describe
   }
   if (dq) {
@@ -1285,7 +1288,7 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
 }
 
 // dK and dV at D = 64 (promote, variant as dm_dkdv_factored's: 0 ws3, 1 ws4 without dQ, p->dq_acc null; 7 ws3xfd
-// with dQ, promoted, its adds ordered where p->dq_sem is set). Operands as dm_dkdv_factored's with D = 64: Q̂, K̂, V̂,
+// and 9 ws3xfdt with dQ, promoted, its adds ordered where p->dq_sem is set). Operands as dm_dkdv_factored's with D = 64: Q̂, K̂, V̂,
 // dÔ token-major, Q̂'ᶜ and dÔᶜ channel-major in fragment order, and with dQ K̂ᶜ channel-major in fragment order.
 extern "C" int dm_dkdv_factored_d64(const DkdvFactoredParams* p, int promote, int variant, int device,
                                     cudaStream_t stream) {
@@ -1301,6 +1304,9 @@ extern "C" int dm_dkdv_factored_d64(const DkdvFactoredParams* p, int promote, in
   } else if (dq && variant == 7 && promote) {
     launch = {ordered ? dm_dkdv_factored_ws3xfd_promoted_dq_ordered_d64 : dm_dkdv_factored_ws3xfd_promoted_dq_d64,
               smem_bytes<3, true, 64>(), dm::factored::kDqGroupThreads};
+  } else if (dq && variant == 9 && promote) {
+    launch = {ordered ? dm_dkdv_factored_ws3xfdt_promoted_dq_ordered_d64 : dm_dkdv_factored_ws3xfdt_promoted_dq_d64,
+              smem_bytes<3, true, 64>(), dm::factored::kDqGroupThreads, true};
   }
   return run_dkdv<64>(p, launch, false, device, stream);
 }

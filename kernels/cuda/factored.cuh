@@ -567,42 +567,67 @@ __device__ __forceinline__ void group_sync(int half) {
   }
 }
 
-// The finished rows y (finish_rows' layout) packed to 16 bits into `box[c]` (channels 64c .. 64c + 63; each 8 KB,
-// 1024-byte aligned) in the 128-byte swizzle: row r's 16-byte chunk c at r · 128 + ((c ^ r % 8) · 16). An
-// stmatrix_x4 writes chunks i and i + 1 of the warp's 16 rows (matrices: rows 0-7 and 8-15 of chunk i, then of i + 1);
-// each 8 x 8 matrix's rows land in eight distinct chunks of 128 bytes, so no bank is written twice.
-template <bool FP16>
-__device__ __forceinline__ void stage_swizzled(const float (&y)[kHeadDim / 2], uint8_t* box0, uint8_t* box1) {
+// The finished rows y (finish_rows' layout) packed to 16 bits in the 128-byte swizzle: row r's 16-byte chunk c at
+// r · 128 + ((c ^ r % 8) · 16), each box 1024-byte aligned. At D = 128 into `box[c]`, channels 64c .. 64c + 63 of the
+// 64 rows (8 KB each); at D = 64 into `box[w / 2]`, rows 32 · (w / 2) .. + 31 of the 64 channels (4 KB each; warp w
+// holds rows 16w .. 16w + 15). An stmatrix_x4 writes chunks i and i + 1 of the warp's 16 rows (matrices: rows 0-7 and
+// 8-15 of chunk i, then of i + 1); each 8 x 8 matrix's rows land in eight distinct chunks of 128 bytes, so no bank is
+// written twice.
+template <bool FP16, int D = kHeadDim>
+__device__ __forceinline__ void stage_swizzled(const float (&y)[D / 2], uint8_t* box0, uint8_t* box1) {
+  static_assert(D == kHeadDim || D == 64, "128-byte rows: two 64-channel boxes at D = 128, two 32-row boxes at 64");
   const int warp = lane().warp, l = int(threadIdx.x % 32), m = l / 8, r = l % 8;
-  const uint32_t row = uint32_t(16 * warp + 8 * (m & 1) + r) * 128;
-  const uint32_t at[2] = {smem_addr(box0) + row, smem_addr(box1) + row};
+  if constexpr (D == kHeadDim) {
+    const uint32_t row = uint32_t(16 * warp + 8 * (m & 1) + r) * 128;
+    const uint32_t at[2] = {smem_addr(box0) + row, smem_addr(box1) + row};
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 8; i += 2) {
-    const uint32_t chunk = uint32_t(i % 8 + (m >> 1));
-    stmatrix_x4(at[i / 8] + ((chunk ^ uint32_t(r)) << 4), pack_pair<FP16>(y[4 * i], y[4 * i + 1]),
-                pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]), pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]),
-                pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
+    for (int i = 0; i < D / 8; i += 2) {
+      const uint32_t chunk = uint32_t(i % 8 + (m >> 1));
+      stmatrix_x4(at[i / 8] + ((chunk ^ uint32_t(r)) << 4), pack_pair<FP16>(y[4 * i], y[4 * i + 1]),
+                  pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]), pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]),
+                  pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
+    }
+  } else {
+    const uint32_t at = smem_addr(warp < 2 ? box0 : box1) + uint32_t(16 * (warp % 2) + 8 * (m & 1) + r) * 128;
+#pragma unroll
+    for (int i = 0; i < D / 8; i += 2) {
+      const uint32_t chunk = uint32_t(i + (m >> 1));
+      stmatrix_x4(at + ((chunk ^ uint32_t(r)) << 4), pack_pair<FP16>(y[4 * i], y[4 * i + 1]),
+                  pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]), pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]),
+                  pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
+    }
   }
 }
 
-// y into `out` (the map of a (B, N, heads, D) tensor: encode_out_rows) at head `head`, rows start_n .., by consumer
-// warpgroup `half` through its free buffers box0, box1. Every thread of the warpgroup calls it; before the first call
-// the warpgroup is done reading the buffers (a group_sync after its last product), and between two calls a group_sync
-// lets the issuer's wait for the first stores' reads order the second staging after them. The issuer (one thread of
-// the warpgroup) waits for the reads before it returns, so the buffers are free again and the CTA may exit.
-__device__ __forceinline__ void store_rows_tma(const float (&y)[kHeadDim / 2], bool fp16, uint8_t* box0,
-                                               uint8_t* box1, const CUtensorMap* out, int b, int head, int start_n,
-                                               int half) {
+// Rows a box of store_rows_tma holds at head dim D (encode_out_rows' box_rows): 64 at D = 128 (a box is 64 of the
+// channels), 32 at D = 64 (a box is every channel of half the rows).
+template <int D = kHeadDim>
+constexpr uint32_t kOutBoxRows = D == kHeadDim ? kBlockN : kBlockN / 2;
+
+// y into `out` (the map of a (B, N, heads, D) tensor: encode_out_rows<D>) at head `head`, rows start_n .., by consumer
+// warpgroup `half` through its free buffers box0, box1 (stage_swizzled's boxes). Every thread of the warpgroup calls
+// it; before the first call the warpgroup is done reading the buffers (a group_sync after its last product), and
+// between two calls a group_sync lets the issuer's wait for the first stores' reads order the second staging after
+// them. The issuer (one thread of the warpgroup) waits for the reads before it returns, so the buffers are free again
+// and the CTA may exit. Rows past N are left out by the TMA.
+template <int D = kHeadDim>
+__device__ __forceinline__ void store_rows_tma(const float (&y)[D / 2], bool fp16, uint8_t* box0, uint8_t* box1,
+                                               const CUtensorMap* out, int b, int head, int start_n, int half) {
   if (fp16) {
-    stage_swizzled<true>(y, box0, box1);
+    stage_swizzled<true, D>(y, box0, box1);
   } else {
-    stage_swizzled<false>(y, box0, box1);
+    stage_swizzled<false, D>(y, box0, box1);
   }
   fence_async_shared();
   group_sync(half);
   if (threadIdx.x % kThreads == 0) {
-    tma_store_4d(out, box0, 0, head, start_n, b);
-    tma_store_4d(out, box1, kHeadDim / 2, head, start_n, b);
+    if constexpr (D == kHeadDim) {
+      tma_store_4d(out, box0, 0, head, start_n, b);
+      tma_store_4d(out, box1, D / 2, head, start_n, b);
+    } else {
+      tma_store_4d(out, box0, 0, head, start_n, b);
+      tma_store_4d(out, box1, 0, head, start_n + int(kOutBoxRows<D>), b);
+    }
     bulk_wait_read<0>();
   }
 }
@@ -878,15 +903,16 @@ inline bool encode_codes(CUtensorMap* map, const void* base, uint64_t row_bytes,
 }
 
 // A (B, N, heads, D) tensor of 16-bit values (dK, dV) at element strides stride_b, stride_n, stride_h (D contiguous,
-// each stride a multiple of 8 elements) for store_rows_tma: boxes of 64 channels x 1 head x box_rows rows x 1 batch,
-// the 128-byte swizzle. False where the TMA cannot describe it (or no driver entry point).
+// each stride a multiple of 8 elements) for store_rows_tma<D>: boxes of 64 channels x 1 head x kOutBoxRows<D> rows x
+// 1 batch, the 128-byte swizzle. False where the TMA cannot describe it (or no driver entry point).
+template <int D = kHeadDim>
 inline bool encode_out_rows(CUtensorMap* map, void* base, int b, int n, int heads, int64_t stride_b, int64_t stride_n,
-                            int64_t stride_h, uint32_t box_rows) {
+                            int64_t stride_h) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_tiled();
   if (!encode || stride_b < 0 || stride_n < 0 || stride_h < 0) return false;
-  const cuuint64_t dims[4] = {kHeadDim, cuuint64_t(heads), cuuint64_t(n), cuuint64_t(b)};
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(heads), cuuint64_t(n), cuuint64_t(b)};
   const cuuint64_t strides[3] = {cuuint64_t(stride_h) * 2, cuuint64_t(stride_n) * 2, cuuint64_t(stride_b) * 2};
-  const cuuint32_t box[4] = {kHeadDim / 2, 1, box_rows, 1}, unit[4] = {1, 1, 1, 1};
+  const cuuint32_t box[4] = {64, 1, kOutBoxRows<D>, 1}, unit[4] = {1, 1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, base, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;

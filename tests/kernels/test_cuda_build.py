@@ -629,8 +629,8 @@ def test_the_d64_dkdv_takes_its_variants_without_dq_only():
     for variant in ("ws3s", "ws3x", "ws3xfdt"):
         with pytest.raises(ValueError, match=f"variant '{variant}': at D = 64 the dK/dV kernel is built as"):
             cuda_lib.dkdv_factored(*args, variant=variant, promote=False)
-    with pytest.raises(ValueError, match="variant 'ws3xfdt' with dQ: at D = 64 the dK/dV kernel is built as"):
-        cuda_lib.dqdkdv_factored(*args[:6], q8t, *args[6:12], sqc, *args[12:], variant="ws3xfdt")
+    with pytest.raises(ValueError, match="variant 'ws3xfdp' with dQ: at D = 64 the dK/dV kernel is built as"):
+        cuda_lib.dqdkdv_factored(*args[:6], q8t, *args[6:12], sqc, *args[12:], variant="ws3xfdp")
     with pytest.raises(ValueError, match="expected a CUDA tensor"):
         cuda_lib.dkdv_factored(*args, variant="ws4")
 

@@ -453,7 +453,8 @@ def d64_cuda_dq(ops, **options):
 
 
 def d64_dqdkdv(ops, variant="ws3xfd", **options):
-    """dQ, dK, dV of the D = 64 dK/dV launch with dQ (``ws3xfd``) on ``d64_dkdv_operands``."""
+    """dQ, dK, dV of the D = 64 dK/dV launch with dQ (``variant``, ``ws3xfd`` or ``ws3xfdt``) on
+    ``d64_dkdv_operands``."""
     s = ops["saved"]
     return cuda_lib.dqdkdv_factored(
         s["q8"], s["k8"], s["v8"], ops["do8"], ops["q8t_f"], ops["do8t_f"], ops["k8t_o"], s["sq"], s["sk"], s["sv"],
@@ -583,8 +584,31 @@ def test_the_d64_dkdv_with_dq_against_the_d64_dkdv_and_dq(d64_dkdv_operands, n, 
     for name, ours, theirs in (("dQ", dq, dq0), ("dK", dk, dk0), ("dV", dv, dv0)):
         assert torch.isfinite(ours).all(), name
         assert_within_rounding(name, ours, theirs, 1e-3, rows=True)
-    with pytest.raises(ValueError, match=r"at D = 64 the dK/dV kernel is built as .* and \('ws3xfd',\) with it"):
-        d64_dqdkdv(ops, variant="ws3xfdt")
+    with pytest.raises(ValueError, match=r"at D = 64 the dK/dV kernel is built as .* and \('ws3xfd', 'ws3xfdt'\) "
+                                         "with it"):
+        d64_dqdkdv(ops, variant="ws3xfdp")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("n, causal, h, h_kv", [(130, True, 2, 2), (1000, False, 8, 2), (1024, True, 2, 2),
+                                                (8192, True, 8, 8)])
+def test_the_d64_tma_epilogue_gives_the_store_epilogues_bits(d64_dkdv_operands, n, causal, h, h_kv, ordered, dtype):
+    """``ws3xfdt`` at D = 64 stages dK and dV in each consumer's freed K̂ and V̂ buffers as two 32-row boxes of the 64
+    channels (``stmatrix``, the 128-byte swizzle) and writes them by tensor stores: ``ws3xfd``'s bits for dK and dV in
+    bf16 and fp16, and for dQ where its adds are ordered (any order: within rounding), rows past a ragged N left out
+    (130: a second CTA with 2 of its 128 keys; 1000: its last box holds 40 rows, its second 32-row box 8)."""
+    ops = dict(d64_dkdv_operands(n, causal, h, h_kv), dtype=dtype)
+    base = d64_dqdkdv(ops, ordered=ordered)
+    ours = d64_dqdkdv(ops, variant="ws3xfdt", ordered=ordered)
+    torch.cuda.synchronize()
+    for name, a, b in zip(("dQ", "dK", "dV"), ours, base):
+        assert a.dtype == dtype and a.shape == b.shape and a.shape[1] == n, name
+        assert torch.isfinite(a).all(), name
+        if ordered or name != "dQ":
+            assert torch.equal(a, b), f"{name} differs: relative {relative_error(a, b):.2e}"
+        else:
+            assert_within_rounding(name, a, b, 1e-3, rows=True)
 
 
 @pytest.mark.parametrize("n, causal, h, h_kv", [(8192, True, 8, 8), (4096, False, 4, 2), (1000, True, 8, 2)])

@@ -498,8 +498,10 @@ def test_the_d64_cuda_dkdv_is_the_default_only_where_it_can_run(monkeypatch, tmp
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "0")
     assert cuda_dkdv64_variant(64, torch.bfloat16) is None
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3xfdt")
-    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DKDV64='ws3xfdt': expected one of "
-                                         r"\('ws3', 'ws4', 'ws3xfd'\)"):
+    assert cuda_dkdv64_variant(64, torch.bfloat16) == "ws3xfdt"
+    monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3xfdp")  # built at D = 128 only
+    with pytest.raises(ValueError, match=r"DELTAMATCH_KERNEL_CUDA_DKDV64='ws3xfdp': expected one of "
+                                         r"\('ws3', 'ws4', 'ws3xfd', 'ws3xfdt'\)"):
         cuda_dkdv64_variant(64, torch.bfloat16)
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3")
     with pytest.raises(RuntimeError, match="DELTAMATCH_KERNEL_CUDA_DKDV64=ws3 but the CUDA dK/dV kernel cannot run: "
@@ -510,8 +512,8 @@ def test_the_d64_cuda_dkdv_is_the_default_only_where_it_can_run(monkeypatch, tmp
 
 
 def test_the_d64_dkdv_forms_dq_only_promoted_and_with_dq_in_the_launch(monkeypatch):
-    """``DELTAMATCH_KERNEL_CUDA_DKDV64=ws3xfd`` (the D = 64 dK/dV with dQ in its launch) forms dQ only promoted (its one
-    build) and while dQ in the dK/dV launch is asked for (``DELTAMATCH_KERNEL_DQ_ORDERED`` unset or 1, or
+    """``DELTAMATCH_KERNEL_CUDA_DKDV64=ws3xfd`` or ``ws3xfdt`` (the D = 64 dK/dV with dQ in its launch) forms dQ only
+    promoted (its one build) and while dQ in the dK/dV launch is asked for (``DELTAMATCH_KERNEL_DQ_ORDERED`` unset or 1, or
     ``DELTAMATCH_KERNEL_DQ_ATOMIC``); the forward then writes K̂ᶜ in fragment order, and only then. The forms without
     dQ never do."""
     from deltamatch.kernels import cuda_lib, triton_fwd
@@ -522,15 +524,18 @@ def test_the_d64_dkdv_forms_dq_only_promoted_and_with_dq_in_the_launch(monkeypat
                  "DELTAMATCH_KERNEL_CUDA_DQ64"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(cuda_lib, "load", lambda *a: (object(), ""))  # as if it loaded on an sm90 GPU
-    assert cuda_lib.DKDV_D64_WITH_DQ == ("ws3xfd",)
+    assert cuda_lib.DKDV_D64_WITH_DQ == ("ws3xfd", "ws3xfdt")
     monkeypatch.delenv(CUDA_DKDV64_SWITCH, raising=False)
     assert k_fragment_order(64, torch.bfloat16)  # the default forms dQ in its launch
-    assert dq_in_dkdv64("ws3xfd", True) and not dq_in_dkdv64("ws3xfd", False)
+    for form in cuda_lib.DKDV_D64_WITH_DQ:
+        assert dq_in_dkdv64(form, True) and not dq_in_dkdv64(form, False)
     assert not any(dq_in_dkdv64(v, True) for v in (*cuda_lib.DKDV_D64_VARIANTS, None))
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3")
     assert not k_fragment_order(64, torch.bfloat16)
+    for form in cuda_lib.DKDV_D64_WITH_DQ:
+        monkeypatch.setenv(CUDA_DKDV64_SWITCH, form)
+        assert k_fragment_order(64, torch.bfloat16), form
     monkeypatch.setenv(CUDA_DKDV64_SWITCH, "ws3xfd")
-    assert k_fragment_order(64, torch.bfloat16)
     monkeypatch.setenv(triton_fwd.ACC_PROMOTE_SWITCH, "0")  # unpromoted: the D = 64 build without dQ, Triton's dQ
     assert not k_fragment_order(64, torch.bfloat16)
     monkeypatch.delenv(triton_fwd.ACC_PROMOTE_SWITCH)
