@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Session 44, call 3 (back to back with call 2, carrying .fa4b): the GPU suite's other half, then ws3xfdt at D = 64
-# (DELTAMATCH_KERNEL_CUDA_DKDV64=ws3xfdt: dK and dV by tensor stores) against the default ws3xfd: CUPTI and bench, two
-# rounds each.
-LIMIT=300 TESTS="tests/models tests/evals" bash benchmarks/results/h100_kernel_2026-12-06_s44/call2.sh
+# Session 44, call 3 (back to back with call 2, carrying .fa4b): ws3xfdt at D = 64 (DELTAMATCH_KERNEL_CUDA_DKDV64=ws3xfdt:
+# dK and dV by tensor stores) against the default ws3xfd, CUPTI and bench, two rounds each; then the GPU suite's other
+# half (tests/models tests/evals) in what time is left.
 source tools/device/setup.sh
 t0=$SECONDS; stamp() { echo "== $1 at $((SECONDS - t0)) s"; }
 for r in 1 2; do
@@ -24,5 +23,7 @@ for r in 1 2; do
       --causal-only --methods matched_factored sdpa_cudnn_bf16 2>&1 | grep -v "it/s" | tee $OUT/b64_${tag}_$r.log
   done
 done
+stamp "suite's other half"
+LIMIT=${LIMIT:-240} TESTS="tests/models tests/evals" bash benchmarks/results/h100_kernel_2026-12-06_s44/call2.sh
 stamp done
 cd $OUT && tar czf /tmp/all.tgz --exclude=all.tgz . && mv /tmp/all.tgz $OUT/all.tgz
