@@ -39,6 +39,15 @@ if fa4_paths=$(fa4_parts); then
 elif [[ -d .fa4a || -d .fa4b ]]; then
   echo "flash-attn-4: not every part of .fa4a, .fa4b, ... is here yet (MANIFEST's parts); not installed"
 fi
+# The CUDA library carried packed (build/cuda.xz: tools/device/pack_library.sh, 2.8 MB where the library is 30) is
+# unpacked into build/cuda, where cuda_lib looks for it.
+if [[ -f build/cuda.xz/libdm_attn_sm90.so.xz ]] && \
+   ! cmp -s build/cuda.xz/libdm_attn_sm90.so.stamp build/cuda/libdm_attn_sm90.so.stamp 2>/dev/null; then
+  mkdir -p build/cuda && xz -dc build/cuda.xz/libdm_attn_sm90.so.xz > build/cuda/libdm_attn_sm90.so.tmp \
+    && mv build/cuda/libdm_attn_sm90.so.tmp build/cuda/libdm_attn_sm90.so \
+    && cp build/cuda.xz/libdm_attn_sm90.so.stamp build/cuda/libdm_attn_sm90.so.stamp \
+    && echo "CUDA library unpacked from build/cuda.xz ($(cut -c1-12 build/cuda/libdm_attn_sm90.so.stamp))"
+fi
 if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1; then
   mkdir -p /tmp/shim/deltamatch && cp deltamatch/__init__.py /tmp/shim/deltamatch/
   for sub in kernels models evals reports; do ln -sfn "$PWD/$sub" "/tmp/shim/deltamatch/$sub"; done
