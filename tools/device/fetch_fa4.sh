@@ -14,9 +14,9 @@
 # The CUDA 13 library wheel is 92 MB and a device call carries 64 MiB with the working tree, so it travels in calls
 # made back to back on one warm machine (a carried ignored folder stays there until the machine goes back): its files,
 # recompressed with xz (≈ 61 MiB), split into parts. .fa4a/ holds the first, sized so that the first call also fits
-# the working tree and CALL1_CARRY (default: the CUDA library and its stamp, the kernel work's first call); .fa4b/ the
-# other wheels, the source, MANIFEST (its last line "parts N") and the second part; .fa4c/ and on the rest, each sized
-# to travel with the tree alone. tools/device/setup.sh installs them into /tmp/site once every part is there. The
+# the working tree and CALL1_CARRY (default: build/cuda.xz, the CUDA library packed by pack_library.sh; add .carry for
+# cuDNN FP8 and fla); .fa4b/ the other wheels, the source, MANIFEST (its last line "parts N") and the second part;
+# .fa4c/ and on the rest, each sized to travel with the tree alone. tools/device/setup.sh installs them into /tmp/site once every part is there. The
 # folders are git-ignored. Prints each call's size against the limit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,9 +47,12 @@ cp "$stage"/wheels/*.whl .fa4b/
 echo "xz of the CUDA 13 libraries (a few minutes)"
 tar c -C "$stage/libs" . | xz -9e -T2 > "$stage/libs_cu13.tar.xz"
 
-bytes() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
-tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)  # what travels
-call1_extra=$(bytes ${CALL1_CARRY:-build/cuda/libdm_attn_sm90.so build/cuda/libdm_attn_sm90.so.stamp})
+# sizes on disk (KiB blocks, as the device tool counts a call's 64 MiB: a tree of many small files takes more than
+# their bytes)
+bytes() { du -sk "$@" 2>/dev/null | awk '{s += $1} END {print s * 1024}'; }
+tree=$(git ls-files -z --cached --others --exclude-standard | du -ck --files0-from=- | tail -1 | cut -f1)
+tree=$((tree * 1024))  # what travels
+call1_extra=$(bytes ${CALL1_CARRY:-build/cuda.xz})
 room=$((limit - tree - 1024 * 1024))  # a call's room beside the tree, 1 MiB to spare
 total=$(bytes "$stage/libs_cu13.tar.xz")
 # the parts' sizes: .fa4a's beside CALL1_CARRY, .fa4b's beside the wheels and the source (MANIFEST: 4 KB), then a
