@@ -16,8 +16,8 @@
 # recompressed with xz (≈ 61 MiB), split into parts. .fa4a/ holds the first, sized so that the first call also fits
 # the working tree and CALL1_CARRY (default: build/cuda.xz, the CUDA library packed by pack_library.sh; add .carry for
 # cuDNN FP8 and fla); .fa4b/ the other wheels, the source, MANIFEST (its last line "parts N") and the second part;
-# .fa4c/ and on the rest, each sized to travel with the tree alone. tools/device/setup.sh installs them into /tmp/site once every part is there. The
-# folders are git-ignored. Prints each call's size against the limit.
+# .fa4c/ and on the rest, each sized to travel with the tree alone. tools/device/setup.sh installs them into /tmp/site
+# once every part is there. The folders are git-ignored. Prints each call's size against the limit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=${1:?usage: fetch_fa4.sh REPO [REV]}
