@@ -8,7 +8,7 @@ t0=$SECONDS; stamp() { echo "== $1 at $((SECONDS - t0)) s"; }
 stamp tests_new
 timeout 120 python3 -m pytest -q -rfE -p no:cacheprovider tests/kernels/test_cuda_gpu.py -k "d64_tma_epilogue" 2>&1 \
   | tail -25 | tee $OUT/tests_new.log
-for r in 1 2; do
+for r in $(seq 1 ${ROUNDS:-2}); do
   for tag in old new; do
     stamp "profile $tag $r"
     envs=(X=0)
@@ -18,7 +18,7 @@ for r in 1 2; do
     grep -B2 -A6 "ms_per_step" $OUT/profile_${tag}_$r.log | head -9
   done
 done
-for r in 1 2; do
+for r in $(seq 1 ${ROUNDS:-2}); do
   for tag in old new; do
     stamp "bench $tag $r"
     envs=(X=0)
