@@ -1288,8 +1288,9 @@ extern "C" int dm_dkdv_factored(const DkdvFactoredParams* p, int promote, int va
 }
 
 // dK and dV at D = 64 (promote, variant as dm_dkdv_factored's: 0 ws3, 1 ws4 without dQ, p->dq_acc null; 7 ws3xfd
-// and 9 ws3xfdt with dQ, promoted, its adds ordered where p->dq_sem is set). Operands as dm_dkdv_factored's with D = 64: Q̂, K̂, V̂,
-// dÔ token-major, Q̂'ᶜ and dÔᶜ channel-major in fragment order, and with dQ K̂ᶜ channel-major in fragment order.
+// and 9 ws3xfdt with dQ, promoted, its adds ordered where p->dq_sem is set). Operands as dm_dkdv_factored's with
+// D = 64: Q̂, K̂, V̂, dÔ token-major, Q̂'ᶜ and dÔᶜ channel-major in fragment order, and with dQ K̂ᶜ channel-major in
+// fragment order.
 extern "C" int dm_dkdv_factored_d64(const DkdvFactoredParams* p, int promote, int variant, int device,
                                     cudaStream_t stream) {
   using namespace dm::dkdv;
