@@ -40,7 +40,8 @@ elif [[ -d .fa4a || -d .fa4b ]]; then
   echo "flash-attn-4: not every part of .fa4a, .fa4b, ... is here yet (MANIFEST's parts); not installed"
 fi
 # The CUDA library carried packed (build/cuda.xz: tools/device/pack_library.sh, 2.8 MB where the library is 30) is
-# unpacked into build/cuda, where cuda_lib looks for it.
+# unpacked into build/cuda, where cuda_lib looks for it, unless the one there has its stamp (carry one or the other:
+# a packed one left by an earlier call on this machine would replace a library carried unpacked).
 if [[ -f build/cuda.xz/libdm_attn_sm90.so.xz ]] && \
    ! cmp -s build/cuda.xz/libdm_attn_sm90.so.stamp build/cuda/libdm_attn_sm90.so.stamp 2>/dev/null; then
   mkdir -p build/cuda && xz -dc build/cuda.xz/libdm_attn_sm90.so.xz > build/cuda/libdm_attn_sm90.so.tmp \
