@@ -576,26 +576,17 @@ __device__ __forceinline__ void group_sync(int half) {
 template <bool FP16, int D = kHeadDim>
 __device__ __forceinline__ void stage_swizzled(const float (&y)[D / 2], uint8_t* box0, uint8_t* box1) {
   static_assert(D == kHeadDim || D == 64, "128-byte rows: two 64-channel boxes at D = 128, two 32-row boxes at 64");
+  constexpr bool kChannelBoxes = D == kHeadDim;  // else row boxes: warp w's rows in box w / 2
   const int warp = lane().warp, l = int(threadIdx.x % 32), m = l / 8, r = l % 8;
-  if constexpr (D == kHeadDim) {
-    const uint32_t row = uint32_t(16 * warp + 8 * (m & 1) + r) * 128;
-    const uint32_t at[2] = {smem_addr(box0) + row, smem_addr(box1) + row};
+  const uint32_t row = uint32_t(16 * (kChannelBoxes ? warp : warp % 2) + 8 * (m & 1) + r) * 128;
+  const uint32_t at[2] = {smem_addr(box0) + row, smem_addr(box1) + row};
 #pragma unroll
-    for (int i = 0; i < D / 8; i += 2) {
-      const uint32_t chunk = uint32_t(i % 8 + (m >> 1));
-      stmatrix_x4(at[i / 8] + ((chunk ^ uint32_t(r)) << 4), pack_pair<FP16>(y[4 * i], y[4 * i + 1]),
-                  pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]), pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]),
-                  pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
-    }
-  } else {
-    const uint32_t at = smem_addr(warp < 2 ? box0 : box1) + uint32_t(16 * (warp % 2) + 8 * (m & 1) + r) * 128;
-#pragma unroll
-    for (int i = 0; i < D / 8; i += 2) {
-      const uint32_t chunk = uint32_t(i + (m >> 1));
-      stmatrix_x4(at + ((chunk ^ uint32_t(r)) << 4), pack_pair<FP16>(y[4 * i], y[4 * i + 1]),
-                  pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]), pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]),
-                  pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
-    }
+  for (int i = 0; i < D / 8; i += 2) {
+    const uint32_t chunk = uint32_t(i % 8 + (m >> 1));
+    const uint32_t box = kChannelBoxes ? at[i / 8] : warp < 2 ? at[0] : at[1];  // no runtime index into at
+    stmatrix_x4(box + ((chunk ^ uint32_t(r)) << 4),
+                pack_pair<FP16>(y[4 * i], y[4 * i + 1]), pack_pair<FP16>(y[4 * i + 2], y[4 * i + 3]),
+                pack_pair<FP16>(y[4 * i + 4], y[4 * i + 5]), pack_pair<FP16>(y[4 * i + 6], y[4 * i + 7]));
   }
 }
 
@@ -621,13 +612,9 @@ __device__ __forceinline__ void store_rows_tma(const float (&y)[D / 2], bool fp1
   fence_async_shared();
   group_sync(half);
   if (threadIdx.x % kThreads == 0) {
-    if constexpr (D == kHeadDim) {
-      tma_store_4d(out, box0, 0, head, start_n, b);
-      tma_store_4d(out, box1, D / 2, head, start_n, b);
-    } else {
-      tma_store_4d(out, box0, 0, head, start_n, b);
-      tma_store_4d(out, box1, 0, head, start_n + int(kOutBoxRows<D>), b);
-    }
+    constexpr bool kChannelBoxes = D == kHeadDim;  // box1: the second 64 channels, else the second 32 rows
+    tma_store_4d(out, box0, 0, head, start_n, b);
+    tma_store_4d(out, box1, kChannelBoxes ? 64 : 0, head, start_n + (kChannelBoxes ? 0 : int(kOutBoxRows<D>)), b);
     bulk_wait_read<0>();
   }
 }
