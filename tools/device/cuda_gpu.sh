@@ -21,7 +21,7 @@
 # interleaved ($OUT/host_ab.log): for Python-only changes .ab needs no library (this tree's is loaded).
 # Usage (repo root, on the H200; carry build/cuda so the library built on the CPU machine is the one tested):
 #   [TESTS_K=<pytest -k expression>] [BENCH_ARGS="--fused-only"] [NCU_KERNELS=<regex>] [VARIANTS="default;VAR=x ..."]
-#   [AB_ROUNDS=2] [ROUNDS=2 DELTA_BENCH=1 VARIANTS_BUDGET_S=480 (variants)]
+#   [AB_ROUNDS=2] [ROUNDS=2 DELTA_BENCH=1 VARIANTS_BUDGET_S=480 PROFILE_ARGS="--head-dim 64" (variants)]
 #   [HOST_N=2048 HOST_METHODS=matched_factored HOST_ROUNDS=2 (hostab)]
 #   bash tools/device/cuda_gpu.sh [tests,bench,variants,ab,hostab,ncu]
 set -uo pipefail
@@ -91,8 +91,9 @@ if has variants; then  # each setting a space-separated list of VAR=value (or "d
       tag=$(echo "$setting" | tr -c 'A-Za-z0-9=\n' '_' | sed 's/DELTAMATCH_KERNEL_//g; s/=/-/g')_$round
       if [[ $setting == default ]]; then envs=(); else read -ra envs <<< "$setting"; fi
       t0=$(date +%s)
-      env "${envs[@]}" timeout 120 python3 tools/device/attn_profile.py --out "$OUT/profiles" --tag "$tag" \
-        > "$OUT/profiles/$tag.log" 2>&1
+      # shellcheck disable=SC2086  # PROFILE_ARGS: attn_profile.py's options, one word each
+      env "${envs[@]}" timeout 120 python3 tools/device/attn_profile.py ${PROFILE_ARGS:-} --out "$OUT/profiles" \
+        --tag "$tag" > "$OUT/profiles/$tag.log" 2>&1
       rc=$?
       if (( rc != 0 )); then
         failed[$setting]=$round
