@@ -77,12 +77,11 @@ done
   echo "parts $parts"
 } > .fa4b/MANIFEST
 over=0
-for (( i = 0; i < parts; i++ )); do
-  extra=0
-  (( i == 0 )) && extra=$call1_extra
-  size=$((tree + extra + $(bytes ".fa4${letters[$i]}")))
-  echo "call $((i + 1)): the tree, .fa4${letters[$i]}$( (( i == 0 )) && echo " and CALL1_CARRY"): $size of $limit bytes"
-  (( size <= limit )) || over=1
+for (( i = 0; i < parts; i++ )); do  # each call as the device counts it (carry_size.sh)
+  echo "call $((i + 1)):"
+  # shellcheck disable=SC2086  # CALL1_CARRY: paths, one word each
+  bash tools/device/carry_size.sh $( (( i == 0 )) && echo "${CALL1_CARRY:-build/cuda.xz}") ".fa4${letters[$i]}" \
+    | tail -1 || over=1
 done
 (( over == 0 )) || { echo "a call is over the limit" >&2; exit 1; }
 echo "send the calls back to back on one warm machine (its 30 s idle window); setup.sh installs once all are there"
